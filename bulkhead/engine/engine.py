@@ -1,0 +1,213 @@
+"""The engine: one thread that owns the scheduler, the pool and the model.
+
+Everything that touches pages happens on this thread, so the ledger needs no
+locks. Other threads talk to it through `submit` and `abort`, which only
+enqueue commands. A step is: take commands, schedule, run, sample, record,
+scrub what was freed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bulkhead.engine.admission import Admitted
+from bulkhead.engine.request import FinishReason, Request
+from bulkhead.engine.runner import ModelRunner
+from bulkhead.engine.sampler import Sampler, TokenLogprobs
+from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
+from bulkhead.engine.stops import OutputTracker
+from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
+from bulkhead.kv.pool import KVPool
+from bulkhead.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One update for one request: what is new since the last update."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprobs, ...]
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: BulkheadError | None = None
+
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    failures: int = 0
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.pool = pool
+        self.ledger = scheduler.ledger
+        self.tokenizer = tokenizer
+        self.stats = EngineStats()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._trackers: dict[str, OutputTracker] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        # Serialises whole steps against readers of engine state (tests, /server_info).
+        self.lock = threading.Lock()
+
+    # -- called from any thread ---------------------------------------------
+    def submit(self, ticket: Admitted, sink: Sink) -> None:
+        if not isinstance(ticket, Admitted):
+            raise TypeError(f"the engine only accepts Admitted tickets, not {type(ticket).__name__}")
+        self._commands.put(("add", ticket, sink))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id, None))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="bulkhead-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._commands.put(("wake", None, None))
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the engine thread ------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            block = not self.scheduler.has_work()
+            try:
+                self._take_commands(block=block)
+                self.step()
+            except Exception:  # never let the serving thread die silently
+                log.exception("engine step failed")
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, kind: str, arg, sink: Sink | None) -> None:
+        with self.lock:
+            if kind == "add":
+                try:
+                    req = self.scheduler.add(arg)
+                except QueueFull as e:
+                    sink(_error_output(arg.request_id, len(arg.prompt_token_ids), Overloaded(str(e))))
+                    return
+                self._sinks[req.request_id] = sink
+                self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
+            elif kind == "abort":
+                self._finish(arg, FinishReason.ABORT)
+                self._scrub()
+
+    def run_until_idle(self, max_steps: int = 100_000) -> None:
+        """Drive the engine on the caller's thread (tests without a server)."""
+        for _ in range(max_steps):
+            self._take_commands(block=False)
+            if not self.scheduler.has_work():
+                return
+            self.step()
+        raise RuntimeError("engine did not become idle")
+
+    def step(self) -> bool:
+        with self.lock:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                self._scrub()
+                return False
+            self._scrub()  # preemption released pages
+            try:
+                ids, logits = self.runner.run(plan)
+                requests = [self.scheduler.requests[i] for i in ids]
+                tokens, logprobs = self.sampler.sample(requests, logits)
+            except Exception as e:
+                log.exception("step failed; failing its requests closed")
+                self._fail_plan(plan, e)
+                return True
+            self.stats.steps += 1
+            self.stats.prefill_tokens += len(plan.prefill.token_ids) if plan.prefill else 0
+            self.stats.decode_tokens += len(plan.decode)
+            sampled = dict(zip(ids, tokens))
+            lp_by_id = dict(zip(ids, logprobs))
+            for req in self.scheduler.complete(plan, sampled):
+                self._emit_token(req, sampled[req.request_id], lp_by_id[req.request_id])
+            self._scrub()
+            return True
+
+    def _emit_token(self, req: Request, token_id: int, lp: TokenLogprobs | None) -> None:
+        tracker = self._trackers[req.request_id]
+        text, reason = tracker.push(token_id)
+        out = RequestOutput(
+            req.request_id, (token_id,), text, (lp,) if lp is not None else (), reason is not None,
+            reason.value if reason else None, len(req.prompt_token_ids), len(req.output_token_ids),
+        )
+        sink = self._sinks.get(req.request_id)
+        if reason is not None:
+            self._finish(req.request_id, reason, notify=False)
+        if sink is not None:
+            sink(out)
+
+    def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
+        req = self.scheduler.finish(request_id, reason)
+        sink = self._sinks.pop(request_id, None)
+        self._trackers.pop(request_id, None)
+        self.sampler.forget(request_id)
+        if req is None:
+            return
+        self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
+        if notify and sink is not None:
+            out = RequestOutput(request_id, (), "", (), True, reason.value, len(req.prompt_token_ids),
+                                len(req.output_token_ids), error)
+            sink(out)
+
+    def _fail_plan(self, plan: StepPlan, exc: Exception) -> None:
+        self.stats.failures += 1
+        ids = [w.request_id for w in plan.decode]
+        if plan.prefill is not None:
+            ids.append(plan.prefill.request_id)
+        err = EngineFailure(f"the engine failed this request and will not answer from unverified state: {exc}")
+        for rid in ids:
+            self._finish(rid, FinishReason.ERROR, error=err)
+        self._scrub()
+
+    def _scrub(self) -> None:
+        dirty = self.ledger.dirty_pages()
+        if dirty:
+            self.pool.scrub(dirty)
+            self.ledger.mark_scrubbed(dirty)
+
+    def check_integrity(self) -> None:
+        with self.lock:
+            self.scheduler.check_integrity()
+            if set(self._sinks) - set(self.scheduler.requests):
+                raise AssertionError("sinks kept for finished requests")
+
+
+def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:
+    return RequestOutput(request_id, (), "", (), True, FinishReason.ERROR.value, prompt_tokens, 0, error)

@@ -1,0 +1,77 @@
+"""Request state for the engine. Pure Python: ids and ints, no torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; k >= 0 = sampled token plus top k
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # admitted, holds no pages (or was preempted and gave them back)
+    RUNNING = "running"  # holds pages; prefilling or decoding
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # client went away or cancelled
+    ERROR = "error"  # the engine failed this request (fail closed)
+
+
+@dataclass
+class Request:
+    request_id: str
+    tenant: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    output_token_ids: list[int] = field(default_factory=list)
+    # Positions [0, num_computed) have KV written in this request's pages:
+    # the written watermark that attention may read below.
+    num_computed: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    @property
+    def decoding(self) -> bool:
+        """All tokens but the last sampled one have KV: the next step is a decode step."""
+        return self.status is RequestStatus.RUNNING and self.num_computed == self.num_tokens - 1 and bool(
+            self.output_token_ids
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

@@ -1,0 +1,104 @@
+"""The model runner: the only place that turns a step plan into tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bulkhead.engine.scheduler import StepPlan
+from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.pool import KVPool
+from bulkhead.model.batch import PagedBatch, SequenceSlice
+from bulkhead.model.llama import LlamaModel
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    # Decode rows are padded to a multiple of this and pushed through the
+    # linear layers one tile at a time: a row's result then does not depend on
+    # its batch-mates (CPU GEMM kernels pick different reduction orders for
+    # different row counts). 0 turns batch invariance off.
+    decode_tile: int = 16
+    # Check on every step that each page in a plan is owned by the request
+    # that will read it (invariant 5). Costs microseconds per step.
+    safe_mode: bool = True
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, pool: KVPool, ledger: PageLedger, config: RunnerConfig):
+        self.model = model
+        self.pool = pool
+        self.ledger = ledger
+        self.config = config
+        self.page_size = pool.layout.page_size
+        self._layers = pool.layer_views()
+
+    def run(self, plan: StepPlan) -> tuple[list[str], torch.Tensor]:
+        """Compute a step. Returns (request ids, logits [len(ids), V]) for the rows to sample."""
+        if self.config.safe_mode:
+            self._check_ownership(plan)
+        batch, ids = self._build_batch(plan)
+        if not ids:
+            return [], torch.empty(0)
+        logits = self.model.forward(batch, self._layers)
+        return ids, logits[: len(ids)]
+
+    def _check_ownership(self, plan: StepPlan) -> None:
+        if plan.prefill is not None:
+            self.ledger.check_owned(plan.prefill.request_id, list(plan.prefill.pages))
+        for work in plan.decode:
+            self.ledger.check_owned(work.request_id, list(work.pages))
+
+    def _build_batch(self, plan: StepPlan) -> tuple[PagedBatch, list[str]]:
+        ps = self.page_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        pages: list[int] = []
+        seqs: list[SequenceSlice] = []
+        logit_rows: list[int] = []
+        ids: list[str] = []
+
+        def add_sequence(request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool) -> None:
+            row = len(tokens)
+            for i, tok in enumerate(seq_tokens):
+                pos = start + i
+                tokens.append(tok)
+                positions.append(pos)
+                slots.append(seq_pages[pos // ps] * ps + pos % ps)
+            kv_len = start + len(seq_tokens)
+            used = -(-kv_len // ps)
+            seqs.append(SequenceSlice(row, len(tokens), kv_len, len(pages), used))
+            pages.extend(seq_pages[:used])
+            if wants_logits:
+                logit_rows.append(len(tokens) - 1)
+                ids.append(request_id)
+
+        tile = 0
+        if plan.prefill is not None:
+            w = plan.prefill
+            add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
+        else:
+            for w in plan.decode:
+                add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True)
+            tile = self.config.decode_tile
+            if tile:
+                padded = -(-len(tokens) // tile) * tile
+                # Padding rows: token 0 at position 0; they write no KV and are
+                # never sampled. The lm_head sees them so its tiles stay whole.
+                pad = padded - len(tokens)
+                tokens.extend([0] * pad)
+                positions.extend([0] * pad)
+                logit_rows = list(range(padded))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+        batch = PagedBatch(
+            token_ids=as_long(tokens),
+            positions=as_long(positions),
+            write_slots=as_long(slots),
+            pages=as_long(pages),
+            sequences=tuple(seqs),
+            logit_rows=as_long(logit_rows),
+            row_tile=tile,
+        )
+        return batch, ids

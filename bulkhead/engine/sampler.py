@@ -1,0 +1,89 @@
+"""Turn a step's logits into tokens (and logprobs) under each request's params."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bulkhead.engine.request import Request
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: tuple[int, ...]):
+        self.eos_token_ids = eos_token_ids
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, req: Request) -> torch.Generator | None:
+        if req.params.seed is None:
+            return None
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            gen = torch.Generator().manual_seed(req.params.seed)
+            self._generators[req.request_id] = gen
+        return gen
+
+    def sample(self, requests: list[Request], logits: torch.Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """logits: [len(requests), V] float32 raw model output."""
+        tokens: list[int] = []
+        logprobs: list[TokenLogprobs | None] = []
+        plain_greedy = all(r.params.greedy and not r.params.logit_bias and not self._suppressed(r) for r in requests)
+        if plain_greedy:
+            tokens = logits.argmax(dim=-1).tolist()
+        for i, req in enumerate(requests):
+            row = logits[i]
+            if not plain_greedy:
+                tokens.append(self._sample_row(req, row))
+            logprobs.append(self._logprobs(req, row, tokens[i]) if req.params.logprobs is not None else None)
+        return tokens, logprobs
+
+    def _suppressed(self, req: Request) -> tuple[int, ...]:
+        # min_tokens: the request may not end before it has that many tokens.
+        if len(req.output_token_ids) >= req.params.min_tokens:
+            return ()
+        eos = () if req.params.ignore_eos else self.eos_token_ids
+        return tuple(eos) + req.params.stop_token_ids
+
+    def _sample_row(self, req: Request, row: torch.Tensor) -> int:
+        p = req.params
+        row = row.clone()
+        for token_id, bias in p.logit_bias:
+            row[token_id] += bias
+        banned = self._suppressed(req)
+        if banned:
+            row[list(banned)] = float("-inf")
+        if p.greedy:
+            return int(row.argmax())
+        row = row / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(row, min(p.top_k, row.shape[0])).values[-1]
+            row[row < kth] = float("-inf")
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            cumulative = sorted_probs.cumsum(0)
+            # Keep the smallest prefix whose mass reaches top_p (always >= 1 token).
+            drop = cumulative - sorted_probs > p.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self._generator(req)))
+
+    @staticmethod
+    def _logprobs(req: Request, row: torch.Tensor, token_id: int) -> TokenLogprobs:
+        lp = torch.log_softmax(row, dim=-1)
+        k = req.params.logprobs or 0
+        top = ()
+        if k:
+            values, ids = torch.topk(lp, k)
+            top = tuple(zip(ids.tolist(), values.tolist()))
+        return TokenLogprobs(token_id, float(lp[token_id]), top)

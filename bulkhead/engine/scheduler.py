@@ -1,0 +1,217 @@
+"""Continuous batching over the page ledger. Pure Python: no torch.
+
+Each step is either one prefill chunk of one request or one decode step of
+every request that is ready to decode. Prefill goes first (short time to
+first token) but never more than `max_prefill_streak` chunks in a row while
+decoders wait. When the pool runs out of pages, the newest running request is
+preempted: its pages are released (and scrubbed) and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from bulkhead.engine.admission import Admitted
+from bulkhead.engine.request import FinishReason, Request, RequestStatus
+from bulkhead.kv.ledger import OutOfPages, PageLedger
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    page_size: int
+    # Requests holding pages at once: the largest decode batch.
+    max_running: int = 32
+    # Prompt tokens per prefill pass; bounds how long decoders can stall.
+    prefill_chunk: int = 512
+    # Prefill passes in a row before waiting decoders get a step.
+    max_prefill_streak: int = 4
+    # Admitted requests waiting for pages; beyond it new ones get a 503.
+    max_waiting: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "max_running", "prefill_chunk", "max_prefill_streak", "max_waiting"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    request_id: str
+    start: int  # first position computed in this pass
+    token_ids: tuple[int, ...]  # tokens at positions [start, start + len)
+    pages: tuple[int, ...]  # every page the request owns, in position order
+    samples: bool  # the chunk ends the sequence: sample the next token
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    request_id: str
+    position: int
+    token_id: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one engine step computes: only ids and ints, for the model runner."""
+
+    prefill: PrefillWork | None
+    decode: tuple[DecodeWork, ...]
+    preempted: tuple[str, ...]
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, ledger: PageLedger):
+        self.config = config
+        self.ledger = ledger
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._prefill_streak = 0
+        self.num_preemptions = 0
+
+    # -- intake --------------------------------------------------------------
+    def add(self, ticket: Admitted) -> Request:
+        # Only an admission ticket enters a queue; a Rejection never does.
+        if not isinstance(ticket, Admitted):
+            raise TypeError(f"the scheduler only queues Admitted tickets, not {type(ticket).__name__}")
+        if ticket.request_id in self.requests:
+            raise ValueError(f"request id {ticket.request_id} is already live")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests already waiting")
+        req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params, time.monotonic())
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- planning --------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        preempted: list[str] = []
+        decoders = [r for r in self.running if r.decoding]
+        if not decoders or self._prefill_streak < self.config.max_prefill_streak:
+            work = self._plan_prefill(preempted)
+            if work is not None:
+                self._prefill_streak += 1
+                return StepPlan(work, (), tuple(preempted))
+        self._prefill_streak = 0
+        decode = self._plan_decode(preempted)
+        if not decode and not preempted:
+            return None
+        return StepPlan(None, tuple(decode), tuple(preempted))
+
+    def _plan_prefill(self, preempted: list[str]) -> PrefillWork | None:
+        req = next((r for r in self.running if r.num_computed < r.num_tokens), None)
+        if req is None:
+            if not self.waiting or len(self.running) >= self.config.max_running:
+                return None
+            req = self.waiting[0]
+        end = min(req.num_tokens, req.num_computed + self.config.prefill_chunk)
+        if not self._grow(req, end, preempted, may_preempt=req.status is RequestStatus.RUNNING):
+            return None
+        if req.status is RequestStatus.WAITING:
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+        tokens = tuple(req.token_at(i) for i in range(req.num_computed, end))
+        return PrefillWork(req.request_id, req.num_computed, tokens, tuple(self.ledger.pages_of(req.request_id)),
+                           samples=end == req.num_tokens)
+
+    def _plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
+        work = []
+        for req in sorted((r for r in self.running if r.decoding), key=lambda r: r.arrival):
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted while making room for an older request
+            if not self._grow(req, req.num_computed + 1, preempted, may_preempt=True):
+                continue
+            work.append(DecodeWork(req.request_id, req.num_computed, req.token_at(req.num_computed),
+                                   tuple(self.ledger.pages_of(req.request_id))))
+        return [w for w in work if self.requests[w.request_id].status is RequestStatus.RUNNING]
+
+    def _grow(self, req: Request, tokens: int, preempted: list[str], may_preempt: bool) -> bool:
+        """Make req hold pages for `tokens` positions, preempting the newest others if allowed."""
+        held = len(self.ledger.pages_of(req.request_id))
+        need = -(-tokens // self.config.page_size) - held
+        while need > 0:
+            try:
+                self.ledger.allocate(req.request_id, req.tenant, need)
+                return True
+            except OutOfPages:
+                if not may_preempt:
+                    return False
+                victim = max(self.running, key=lambda r: r.arrival)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.ledger.release(req.request_id)
+        self.running.remove(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- results -------------------------------------------------------------
+    def complete(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+        """Record what a step computed; returns the requests that got a new token."""
+        advanced = []
+        if plan.prefill is not None:
+            req = self.requests.get(plan.prefill.request_id)
+            if req is not None and req.status is RequestStatus.RUNNING:
+                req.num_computed = plan.prefill.end
+                if plan.prefill.samples:
+                    req.output_token_ids.append(sampled[req.request_id])
+                    advanced.append(req)
+        for work in plan.decode:
+            req = self.requests.get(work.request_id)
+            if req is not None and req.status is RequestStatus.RUNNING:
+                req.num_computed = work.position + 1
+                req.output_token_ids.append(sampled[req.request_id])
+                advanced.append(req)
+        return advanced
+
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
+        """End a request in any state; its pages (if any) go back to be scrubbed."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.status is RequestStatus.RUNNING:
+            self.ledger.release(request_id)
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        return req
+
+    def check_integrity(self) -> None:
+        running = {r.request_id for r in self.running}
+        waiting = {r.request_id for r in self.waiting}
+        if running & waiting:
+            raise AssertionError(f"requests both running and waiting: {running & waiting}")
+        if running | waiting != set(self.requests):
+            raise AssertionError("scheduler queues disagree with its request table")
+        for r in self.waiting:
+            if self.ledger.pages_of(r.request_id):
+                raise AssertionError(f"waiting request {r.request_id} holds pages")
+        for r in self.running:
+            held = len(self.ledger.pages_of(r.request_id)) * self.config.page_size
+            if held < r.num_computed:
+                raise AssertionError(f"request {r.request_id} computed {r.num_computed} tokens in {held} slots")
+        self.ledger.check_integrity(live_requests=running)

@@ -1,0 +1,76 @@
+"""Typed errors in the OpenAI error shape.
+
+Each carries what the user needs to fix the request: which parameter, the
+limit and the value that broke it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BulkheadError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        limit: int | float | None = None,
+        value: Any = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.limit = limit
+        self.value = value
+
+    def to_dict(self) -> dict:
+        body: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        if self.limit is not None:
+            body["limit"] = self.limit
+        if self.value is not None:
+            body["value"] = self.value
+        return {"error": body}
+
+
+class InvalidRequest(BulkheadError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationFailed(BulkheadError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(BulkheadError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Overloaded(BulkheadError):
+    status = 503
+    type = "server_error"
+    code = "server_overloaded"
+
+
+class EngineFailure(BulkheadError):
+    """The engine failed this request and refused to answer from unverified state."""
+
+    status = 500
+    type = "server_error"
+    code = "engine_failure"

@@ -1,0 +1,160 @@
+"""The page allocator and its ownership ledger. Pure Python: no torch.
+
+Every page of the pool is in exactly one of three states:
+
+    state   | owner / tenant | may be handed out | how it leaves the state
+    --------+----------------+-------------------+-------------------------------
+    FREE    | None           | yes               | allocate(): generation += 1
+    OWNED   | request,tenant | no                | release(): -> DIRTY
+    DIRTY   | None           | no                | mark_scrubbed(): -> FREE
+
+A page is FREE only after the pool has scrubbed it, so a new owner can never
+read what the previous owner wrote. Free pages are handed out newest-first,
+like the allocator in the incident: the tests then exercise the worst case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LedgerError(RuntimeError):
+    """A violation of the ledger's rules: always a bug, never a user error."""
+
+
+class OutOfPages(LedgerError):
+    def __init__(self, wanted: int, free: int):
+        super().__init__(f"wanted {wanted} pages, {free} free")
+        self.wanted, self.free = wanted, free
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    page: int
+    owner: str | None
+    tenant: str | None
+    generation: int
+    dirty: bool
+
+
+class PageLedger:
+    def __init__(self, num_pages: int):
+        if num_pages <= 0:
+            raise ValueError(f"num_pages must be positive, got {num_pages}")
+        self.num_pages = num_pages
+        self._owner: list[str | None] = [None] * num_pages
+        self._tenant: list[str | None] = [None] * num_pages
+        self._generation = [0] * num_pages
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # a stack
+        self._dirty: list[int] = []
+        self._pages_of: dict[str, list[int]] = {}
+        self._tenant_of: dict[str, str] = {}
+
+    # -- queries ---------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_dirty(self) -> int:
+        return len(self._dirty)
+
+    @property
+    def num_owned(self) -> int:
+        return self.num_pages - len(self._free) - len(self._dirty)
+
+    def owners(self) -> set[str]:
+        return set(self._pages_of)
+
+    def pages_of(self, request_id: str) -> list[int]:
+        return list(self._pages_of.get(request_id, ()))
+
+    def generation(self, page: int) -> int:
+        return self._generation[page]
+
+    def record(self, page: int) -> PageRecord:
+        return PageRecord(page, self._owner[page], self._tenant[page], self._generation[page], page in self._dirty)
+
+    def owned_by_tenant(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for rid, pages in self._pages_of.items():
+            t = self._tenant_of[rid]
+            counts[t] = counts.get(t, 0) + len(pages)
+        return counts
+
+    # -- transitions ---------------------------------------------------------
+    def allocate(self, request_id: str, tenant: str, count: int) -> list[int]:
+        """Give `count` scrubbed pages to request_id (appended to what it holds)."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        held_by = self._tenant_of.get(request_id)
+        if held_by is not None and held_by != tenant:
+            raise LedgerError(f"request {request_id} belongs to tenant {held_by}, not {tenant}")
+        if count > len(self._free):
+            raise OutOfPages(count, len(self._free))
+        pages = [self._free.pop() for _ in range(count)]
+        for p in pages:
+            self._owner[p] = request_id
+            self._tenant[p] = tenant
+            self._generation[p] += 1
+        self._pages_of.setdefault(request_id, []).extend(pages)
+        self._tenant_of[request_id] = tenant
+        return pages
+
+    def release(self, request_id: str) -> list[int]:
+        """Take every page from request_id; they stay unusable until scrubbed."""
+        pages = self._pages_of.pop(request_id, None)
+        if pages is None:
+            raise LedgerError(f"release of {request_id}, which holds no pages (double free?)")
+        del self._tenant_of[request_id]
+        for p in pages:
+            self._owner[p] = None
+            self._tenant[p] = None
+        self._dirty.extend(pages)
+        return pages
+
+    def dirty_pages(self) -> list[int]:
+        return list(self._dirty)
+
+    def mark_scrubbed(self, pages: list[int]) -> None:
+        dirty = set(self._dirty)
+        stray = [p for p in pages if p not in dirty]
+        if stray:
+            raise LedgerError(f"pages {stray} marked scrubbed but were not dirty")
+        done = set(pages)
+        self._dirty = [p for p in self._dirty if p not in done]
+        self._free.extend(pages)
+
+    # -- guards ------------------------------------------------------------
+    def check_owned(self, request_id: str, pages: list[int], generations: list[int] | None = None) -> None:
+        """Raise unless every page is currently owned by request_id (at the given generations)."""
+        for i, p in enumerate(pages):
+            if self._owner[p] != request_id:
+                raise LedgerError(f"request {request_id} used page {p} owned by {self._owner[p]}")
+            if generations is not None and self._generation[p] != generations[i]:
+                raise LedgerError(
+                    f"request {request_id} used page {p} at generation {generations[i]}, "
+                    f"current is {self._generation[p]}"
+                )
+
+    def check_integrity(self, live_requests: set[str] | None = None) -> None:
+        """free + owned + dirty = total; no page twice; owners consistent and alive."""
+        seen: dict[int, str] = {}
+        for where, pages in (("free", self._free), ("dirty", self._dirty)):
+            for p in pages:
+                if p in seen:
+                    raise LedgerError(f"page {p} is both {seen[p]} and {where}")
+                seen[p] = where
+                if self._owner[p] is not None:
+                    raise LedgerError(f"{where} page {p} still names owner {self._owner[p]}")
+        for rid, pages in self._pages_of.items():
+            for p in pages:
+                if p in seen:
+                    raise LedgerError(f"page {p} is both {seen[p]} and owned by {rid}")
+                seen[p] = rid
+                if self._owner[p] != rid or self._tenant[p] != self._tenant_of[rid]:
+                    raise LedgerError(f"page {p} ledger entry disagrees with owner {rid}")
+            if live_requests is not None and rid not in live_requests:
+                raise LedgerError(f"request {rid} owns pages but is not alive")
+        if len(seen) != self.num_pages:
+            raise LedgerError(f"{self.num_pages - len(seen)} pages are in no state (leaked)")

@@ -1,0 +1,52 @@
+"""The physical KV cache: one preallocated tensor; layers get views of it."""
+
+from __future__ import annotations
+
+import torch
+
+from bulkhead.kv.layout import KVLayout
+
+SCRUB_MODES = ("zero", "poison")
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class KVPool:
+    """data: [num_layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim].
+
+    Freed pages are scrubbed before the ledger may hand them out again:
+    "zero" in production; "poison" fills them with NaN so that any read of KV
+    this request did not write shows up as NaN logits in tests.
+    """
+
+    def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero"):
+        if scrub_mode not in SCRUB_MODES:
+            raise ValueError(f"scrub mode {scrub_mode!r} is not one of {SCRUB_MODES}")
+        self.layout = layout
+        self.num_pages = num_pages
+        self.scrub_mode = scrub_mode
+        self.data = torch.zeros(
+            layout.num_layers, 2, num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim,
+            dtype=_TORCH_DTYPES[layout.dtype],
+        )
+        if scrub_mode == "poison":
+            self.data.fill_(float("nan"))  # never-used pages are as unreadable as freed ones
+        self.pages_scrubbed = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_pages * self.layout.page_size
+
+    def layer_views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(k, v) per layer, each [num_pages, page_size, kv_heads, head_dim], sharing storage."""
+        return [(self.data[i, 0], self.data[i, 1]) for i in range(self.layout.num_layers)]
+
+    def scrub(self, pages: list[int]) -> None:
+        if not pages:
+            return
+        value = float("nan") if self.scrub_mode == "poison" else 0.0
+        self.data.index_fill_(2, torch.tensor(pages, dtype=torch.long), value)
+        self.pages_scrubbed += len(pages)
+
+    def page_bytes(self, page: int) -> torch.Tensor:
+        """A copy of one page across all layers (tests and digests)."""
+        return self.data[:, :, page].clone()

@@ -1,0 +1,53 @@
+"""The tensors of one forward pass over the paged KV cache.
+
+Built only by the model runner (bulkhead.engine.runner); the model reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceSlice:
+    """One sequence's part of a forward pass.
+
+    Query rows [row_start, row_end) of the batch belong to this sequence; its
+    KV lives in `num_pages` pages starting at `page_offset` in the batch's
+    gathered page list and covers positions [0, kv_len) once this pass has
+    written its own rows. kv_len is the written watermark: attention never
+    reads a position at or past it.
+    """
+
+    row_start: int
+    row_end: int
+    kv_len: int
+    page_offset: int
+    num_pages: int
+
+    @property
+    def num_queries(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def fresh(self) -> bool:
+        # The pass holds every position of the sequence: attention can use the
+        # rows just computed instead of reading them back from the pool.
+        return self.num_queries == self.kv_len
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    token_ids: torch.Tensor  # [T] int64; rows past the real tokens are padding
+    positions: torch.Tensor  # [T] int64
+    write_slots: torch.Tensor  # [N] int64 flat pool slot (page * page_size + offset) of each real row
+    pages: torch.Tensor  # [P] int64 every sequence's pages, concatenated
+    sequences: tuple[SequenceSlice, ...]
+    logit_rows: torch.Tensor  # [S] int64 rows whose next-token logits are wanted
+    # Decode rows go through the linear layers in fixed tiles of this many
+    # rows, so a request's numbers do not depend on how many others share
+    # its batch (the isolation oracle needs batch-invariant greedy output).
+    # 0 = one matmul over all rows.
+    row_tile: int = 0

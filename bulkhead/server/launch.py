@@ -1,0 +1,85 @@
+"""`bulkhead serve`: build the engine, check the edges, start the HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+from pathlib import Path
+
+from bulkhead.engine.builder import EngineConfig, build_engine
+from bulkhead.kv.layout import parse_memory
+from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
+from bulkhead.server.app import ServerState, create_app
+from bulkhead.server.auth import KeyStore
+
+log = logging.getLogger("bulkhead")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=None,
+                   help="Hugging Face safetensors directory (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model-id", default=None, help="name served in /v1/models (default: the directory name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--kv-memory", default="2GiB",
+                   help="KV pool size: bytes (2GiB, 512MB) or a fraction of available RAM (0.25). Default 2GiB")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="advertised context length, prompt + max_tokens (default: the model's)")
+    p.add_argument("--clamp-context-length", action="store_true",
+                   help="if the pool cannot hold the context, advertise what it holds instead of refusing to start")
+    p.add_argument("--scrub-mode", choices=("zero", "poison"), default="zero",
+                   help="how freed KV pages are scrubbed; poison (NaN) makes stale reads visible in tests")
+    p.add_argument("--api-keys", type=Path, default=None,
+                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
+    p.add_argument("--decode-tile", type=int, default=16,
+                   help="decode rows per matmul tile; makes output batch-invariant (0 = off)")
+    p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--log-level", default="info")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = KeyStore.from_sources(args.api_keys)
+    if keys is None and not _is_loopback(args.host):
+        log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
+        return 2
+    model_dir = args.model or default_model_dir()
+    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
+    cfg = EngineConfig(
+        model_dir=Path(model_dir), model_id=model_id, kv_memory_bytes=parse_memory(args.kv_memory),
+        page_size=args.page_size, context_length=args.context_length,
+        clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
+        max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
+        safe_mode=not args.no_safe_mode, threads=args.threads,
+    )
+    built = build_engine(cfg)
+    state = ServerState(built, keys, model_id)
+    app = create_app(state)
+    if keys is None:
+        log.warning("no API keys: serving one tenant 'default' on loopback only")
+    else:
+        log.info("API keys loaded for %d tenants", len(keys.tenants))
+    built.engine.start()
+    log.info("serving %s on http://%s:%d/v1", model_id, args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    finally:
+        built.engine.stop()
+    return 0

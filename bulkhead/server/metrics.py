@@ -1,0 +1,47 @@
+"""Prometheus metrics. Labels carry tenant ids and counts, never prompt text."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from bulkhead.engine.engine import Engine
+
+
+class _PoolCollector:
+    """Reads pool and ledger state at scrape time (ints only; no lock needed)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self):
+        ledger, pool = self.engine.ledger, self.engine.pool
+        pages = GaugeMetricFamily("bulkhead_kv_pages", "KV pool pages by state", labels=["state"])
+        pages.add_metric(["free"], ledger.num_free)
+        pages.add_metric(["owned"], ledger.num_owned)
+        pages.add_metric(["dirty"], ledger.num_dirty)
+        yield pages
+        by_tenant = GaugeMetricFamily("bulkhead_kv_pages_owned", "KV pages owned, by tenant", labels=["tenant"])
+        for tenant, count in sorted(ledger.owned_by_tenant().items()):
+            by_tenant.add_metric([tenant], count)
+        yield by_tenant
+        yield CounterMetricFamily("bulkhead_kv_pages_scrubbed", "Pages scrubbed after release", pool.pages_scrubbed)
+        sched = self.engine.scheduler
+        yield GaugeMetricFamily("bulkhead_requests_running", "Requests holding pages", len(sched.running))
+        yield GaugeMetricFamily("bulkhead_requests_waiting", "Admitted requests waiting", len(sched.waiting))
+        yield CounterMetricFamily("bulkhead_preemptions", "Requests preempted for pages", sched.num_preemptions)
+        yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed", self.engine.stats.failures)
+
+
+class Metrics:
+    def __init__(self, engine: Engine):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("bulkhead_requests", "HTTP requests answered", ["tenant", "endpoint", "status"],
+                                registry=r)
+        self.tokens = Counter("bulkhead_tokens", "Tokens processed", ["tenant", "kind"], registry=r)
+        self.rejections = Counter("bulkhead_rejections", "Requests refused before admission", ["tenant", "reason"],
+                                  registry=r)
+        self.ttft = Histogram("bulkhead_time_to_first_token_seconds", "Time to first token", ["tenant"], registry=r,
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        r.register(_PoolCollector(engine))

@@ -1,0 +1,157 @@
+"""Validate request bodies into engine parameters, before any page exists."""
+
+from __future__ import annotations
+
+from bulkhead.engine.admission import Limits
+from bulkhead.engine.request import SamplingParams
+from bulkhead.errors import InvalidRequest
+from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+MAX_STOP_STRINGS = 16
+
+
+def _bad(message: str, param: str, *, limit=None, value=None, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, param=param, code=code, limit=limit, value=value)
+
+
+def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
+    if not 0 <= token_id < limits.vocab_size:
+        raise _bad(
+            f"{param}: token id {token_id} is outside the vocabulary [0, {limits.vocab_size})",
+            param, limit=limits.vocab_size - 1, value=token_id, code="invalid_token_id",
+        )
+
+
+def _unsupported(body: _SamplingFields) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value not in (None, 0, 0.0):
+            raise _bad(f"{name} is not supported (only 0)", name, value=value, code="unsupported_parameter")
+    if isinstance(body, CompletionRequest):
+        if body.echo:
+            raise _bad("echo is not supported", "echo", code="unsupported_parameter")
+        if body.suffix:
+            raise _bad("suffix is not supported", "suffix", code="unsupported_parameter")
+        if body.best_of not in (None, body.n):
+            raise _bad("best_of other than n is not supported", "best_of", value=body.best_of,
+                       code="unsupported_parameter")
+    if isinstance(body, ChatCompletionRequest):
+        if body.tools:
+            raise _bad("tools are not supported", "tools", code="unsupported_parameter")
+        if body.response_format and body.response_format.get("type", "text") != "text":
+            raise _bad("only response_format type 'text' is supported", "response_format",
+                       code="unsupported_parameter")
+
+
+def requested_max_tokens(body: _SamplingFields) -> int | None:
+    if isinstance(body, ChatCompletionRequest):
+        return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return body.max_tokens
+
+
+def validate_common(body: _SamplingFields, limits: Limits) -> None:
+    """Every check that does not depend on the prompt's length."""
+    _unsupported(body)
+    max_tokens = requested_max_tokens(body)
+    if max_tokens is not None and max_tokens < 1:
+        raise _bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens", limit=1, value=max_tokens)
+    if not 1 <= body.n <= limits.max_n:
+        raise _bad(f"n must be between 1 and {limits.max_n}, got {body.n}", "n", limit=limits.max_n, value=body.n)
+    if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
+        raise _bad(f"temperature must be in [0, 2], got {body.temperature}", "temperature", limit=2.0,
+                   value=body.temperature)
+    if body.top_p is not None and not 0.0 < body.top_p <= 1.0:
+        raise _bad(f"top_p must be in (0, 1], got {body.top_p}", "top_p", limit=1.0, value=body.top_p)
+    if body.top_k is not None and body.top_k < -1:
+        raise _bad(f"top_k must be -1, 0 (off) or positive, got {body.top_k}", "top_k", value=body.top_k)
+    if body.min_tokens < 0 or (max_tokens is not None and body.min_tokens > max_tokens):
+        raise _bad(f"min_tokens must be in [0, max_tokens], got {body.min_tokens}", "min_tokens",
+                   limit=max_tokens, value=body.min_tokens)
+    stops = _stop_list(body)
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise _bad(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", "stop", limit=MAX_STOP_STRINGS,
+                   value=len(stops))
+    for t in body.stop_token_ids or ():
+        _check_token_id(t, limits, "stop_token_ids")
+    for key, bias in (body.logit_bias or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise _bad(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        _check_token_id(token_id, limits, "logit_bias")
+        if not -100 <= bias <= 100:
+            raise _bad(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias", limit=100, value=bias)
+    k = _logprobs_k(body)
+    if k is not None and not 0 <= k <= limits.max_logprobs:
+        param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+        raise _bad(f"{param} must be in [0, {limits.max_logprobs}], got {k}", param, limit=limits.max_logprobs,
+                   value=k)
+
+
+def _stop_list(body: _SamplingFields) -> list[str]:
+    if body.stop is None:
+        return []
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop)
+
+
+def _logprobs_k(body: _SamplingFields) -> int | None:
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _bad("top_logprobs needs logprobs=true", "top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return body.logprobs
+
+
+def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int) -> SamplingParams:
+    """Params for one choice of one prompt. max_tokens=None means 'the rest of the context'."""
+    max_tokens = requested_max_tokens(body)
+    if max_tokens is None:
+        max_tokens = max(1, limits.effective_context - prompt_len)
+    temperature = 1.0 if body.temperature is None else body.temperature
+    seed = None if body.seed is None else body.seed + choice
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(0, body.top_k or 0),
+        seed=seed,
+        min_tokens=body.min_tokens,
+        stop=tuple(_stop_list(body)),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        logprobs=_logprobs_k(body),
+        logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
+    )
+
+
+def completion_prompts(body: CompletionRequest, limits: Limits, encode) -> list[list[int]]:
+    p = body.prompt
+    if isinstance(p, str):
+        prompts = [encode(p)]
+    elif p and all(isinstance(x, int) for x in p):
+        prompts = [list(p)]
+    elif p and all(isinstance(x, str) for x in p):
+        prompts = [encode(x) for x in p]
+    elif p and all(isinstance(x, list) for x in p):
+        prompts = [list(x) for x in p]
+    else:
+        raise _bad("prompt must be a string, a list of strings, or token ids", "prompt")
+    for ids in prompts:
+        if not ids:
+            raise _bad("the prompt is empty", "prompt", code="empty_prompt")
+        for t in ids:
+            _check_token_id(t, limits, "prompt")
+    if len(prompts) * body.n > limits.max_n * 4:
+        raise _bad(f"at most {limits.max_n * 4} completions per request (prompts x n)", "prompt",
+                   limit=limits.max_n * 4, value=len(prompts) * body.n)
+    return prompts
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    messages = []
+    for m in body.messages:
+        content = m.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+    return messages
