@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("gguf", type=Path, nargs="?", default=None)
     convert.add_argument("out", type=Path)
+    from bulkhead.audit.cli import add_subcommands as add_audit
+
+    add_audit(sub)  # plan, preflight: each sets args.func
     return parser
 
 
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.command == "convert":
         return _convert(args)
-    return 2
+    return args.func(args)
 
 
 if __name__ == "__main__":

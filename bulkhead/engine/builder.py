@@ -16,7 +16,7 @@ from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
 from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
-from bulkhead.kv.pool import KVPool
+from bulkhead.kv.pool import KVPool, scrub_released
 from bulkhead.model.loader import load_model
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -76,7 +76,9 @@ def build_engine(cfg: EngineConfig) -> BuiltEngine:
         vocab_size=mc.vocab_size,
     )
     scheduler = Scheduler(
-        SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk), ledger
+        SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk),
+        ledger,
+        reclaim=lambda: scrub_released(pool, ledger),
     )
     runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer)

@@ -21,7 +21,7 @@ from bulkhead.engine.sampler import Sampler, TokenLogprobs
 from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
-from bulkhead.kv.pool import KVPool
+from bulkhead.kv.pool import KVPool, scrub_released
 from bulkhead.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -197,10 +197,7 @@ class Engine:
         self._scrub()
 
     def _scrub(self) -> None:
-        dirty = self.ledger.dirty_pages()
-        if dirty:
-            self.pool.scrub(dirty)
-            self.ledger.mark_scrubbed(dirty)
+        scrub_released(self.pool, self.ledger)
 
     def check_integrity(self) -> None:
         with self.lock:

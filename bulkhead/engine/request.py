@@ -44,7 +44,7 @@ class Request:
     tenant: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival: float
+    arrival: int  # admission order; the newest is preempted first
     output_token_ids: list[int] = field(default_factory=list)
     # Positions [0, num_computed) have KV written in this request's pages:
     # the written watermark that attention may read below.
@@ -64,6 +64,12 @@ class Request:
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    @property
+    def prefill_target(self) -> int:
+        """Positions that prefill computes. A preempted request recomputes all
+        but its last sampled token, which the next decode step feeds in."""
+        return self.num_tokens - 1 if self.output_token_ids else self.num_tokens
 
     @property
     def decoding(self) -> bool:

@@ -13,6 +13,10 @@ from bulkhead.model.batch import PagedBatch, SequenceSlice
 from bulkhead.model.llama import LlamaModel
 
 
+class NonFiniteLogits(RuntimeError):
+    pass
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     # Decode rows are padded to a multiple of this and pushed through the
@@ -21,7 +25,8 @@ class RunnerConfig:
     # different row counts). 0 turns batch invariance off.
     decode_tile: int = 16
     # Check on every step that each page in a plan is owned by the request
-    # that will read it (invariant 5). Costs microseconds per step.
+    # that will read it (invariant 5), and that logits are finite. Costs
+    # microseconds per step.
     safe_mode: bool = True
 
 
@@ -39,10 +44,12 @@ class ModelRunner:
         if self.config.safe_mode:
             self._check_ownership(plan)
         batch, ids = self._build_batch(plan)
-        if not ids:
-            return [], torch.empty(0)
-        logits = self.model.forward(batch, self._layers)
-        return ids, logits[: len(ids)]
+        logits = self.model.forward(batch, self._layers)[: len(ids)]
+        if self.config.safe_mode and not torch.isfinite(logits).all():
+            # Only a read of KV nobody wrote for this request (poisoned with
+            # NaN in tests) or corrupted pages produce this: fail closed.
+            raise NonFiniteLogits(f"non-finite logits for {ids}")
+        return ids, logits
 
     def _check_ownership(self, plan: StepPlan) -> None:
         if plan.prefill is not None:

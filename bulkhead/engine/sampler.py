@@ -37,6 +37,8 @@ class Sampler:
         """logits: [len(requests), V] float32 raw model output."""
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] = []
+        if not requests:
+            return tokens, logprobs  # a prefill chunk that does not end its prompt
         plain_greedy = all(r.params.greedy and not r.params.logit_bias and not self._suppressed(r) for r in requests)
         if plain_greedy:
             tokens = logits.argmax(dim=-1).tolist()

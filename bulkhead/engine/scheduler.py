@@ -9,8 +9,9 @@ preempted: its pages are released (and scrubbed) and it is recomputed later.
 
 from __future__ import annotations
 
-import time
+import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bulkhead.engine.admission import Admitted
@@ -71,14 +72,18 @@ class QueueFull(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, ledger: PageLedger):
+    def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None]):
+        """reclaim() must scrub every dirty page and mark it scrubbed (the engine
+        owns the pool tensor; the scheduler never touches KV bytes)."""
         self.config = config
         self.ledger = ledger
+        self.reclaim = reclaim
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._prefill_streak = 0
         self.num_preemptions = 0
+        self._arrivals = itertools.count()  # strict order; clocks can tie
 
     # -- intake --------------------------------------------------------------
     def add(self, ticket: Admitted) -> Request:
@@ -89,7 +94,8 @@ class Scheduler:
             raise ValueError(f"request id {ticket.request_id} is already live")
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
-        req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params, time.monotonic())
+        req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
+                      next(self._arrivals))
         self.requests[req.request_id] = req
         self.waiting.append(req)
         return req
@@ -113,15 +119,19 @@ class Scheduler:
         return StepPlan(None, tuple(decode), tuple(preempted))
 
     def _plan_prefill(self, preempted: list[str]) -> PrefillWork | None:
-        req = next((r for r in self.running if r.num_computed < r.num_tokens), None)
+        req = next((r for r in self.running if r.num_computed < r.prefill_target), None)
         if req is None:
             if not self.waiting or len(self.running) >= self.config.max_running:
                 return None
             req = self.waiting[0]
-        end = min(req.num_tokens, req.num_computed + self.config.prefill_chunk)
+        end = min(req.prefill_target, req.num_computed + self.config.prefill_chunk)
+        if req.status is RequestStatus.WAITING and not self._has_room_for(req, end):
+            return None
         if not self._grow(req, end, preempted, may_preempt=req.status is RequestStatus.RUNNING):
             return None
         if req.status is RequestStatus.WAITING:
+            if end == req.num_computed:
+                return None  # nothing to prefill (cannot happen for admitted tickets)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -140,6 +150,12 @@ class Scheduler:
                                    tuple(self.ledger.pages_of(req.request_id))))
         return [w for w in work if self.requests[w.request_id].status is RequestStatus.RUNNING]
 
+    def _has_room_for(self, req: Request, tokens: int) -> bool:
+        # Keep one page of headroom per running request so that admitting a
+        # new one does not immediately force a preemption.
+        need = -(-tokens // self.config.page_size) + len(self.running)
+        return self.ledger.num_free + self.ledger.num_dirty >= need
+
     def _grow(self, req: Request, tokens: int, preempted: list[str], may_preempt: bool) -> bool:
         """Make req hold pages for `tokens` positions, preempting the newest others if allowed."""
         held = len(self.ledger.pages_of(req.request_id))
@@ -149,6 +165,9 @@ class Scheduler:
                 self.ledger.allocate(req.request_id, req.tenant, need)
                 return True
             except OutOfPages:
+                if self.ledger.num_dirty:
+                    self.reclaim()
+                    continue
                 if not may_preempt:
                     return False
                 victim = max(self.running, key=lambda r: r.arrival)

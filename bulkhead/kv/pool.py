@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.ledger import PageLedger
 
 SCRUB_MODES = ("zero", "poison")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,3 +51,12 @@ class KVPool:
     def page_bytes(self, page: int) -> torch.Tensor:
         """A copy of one page across all layers (tests and digests)."""
         return self.data[:, :, page].clone()
+
+
+def scrub_released(pool: KVPool, ledger: PageLedger) -> int:
+    """Scrub every page the ledger holds as released, then let it hand them out."""
+    dirty = ledger.dirty_pages()
+    if dirty:
+        pool.scrub(dirty)
+        ledger.mark_scrubbed(dirty)
+    return len(dirty)

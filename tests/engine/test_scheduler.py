@@ -1,0 +1,191 @@
+"""Scheduler and ledger together, with no model: ids and ints only."""
+
+import pytest
+
+from bulkhead.engine.admission import Rejection
+from bulkhead.engine.request import FinishReason, RequestStatus
+from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
+from bulkhead.errors import ContextLengthExceeded
+from bulkhead.kv.ledger import PageLedger
+from tests.engine.builders import ticket
+
+FAKE_TOKEN = 7
+
+
+def make(num_pages=16, page_size=4, **cfg):
+    ledger = PageLedger(num_pages)
+    return Scheduler(SchedulerConfig(page_size=page_size, **cfg), ledger,
+                     reclaim=lambda: ledger.mark_scrubbed(ledger.dirty_pages()))
+
+
+def run_step(s: Scheduler):
+    """One step as the engine does it, with every sampled token = FAKE_TOKEN."""
+    plan = s.schedule()
+    if plan is None:
+        return None
+    ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
+        w.request_id for w in plan.decode]
+    for req in s.complete(plan, {i: FAKE_TOKEN for i in ids}):
+        if len(req.output_token_ids) >= req.params.max_tokens:
+            s.finish(req.request_id, FinishReason.LENGTH)
+    s.ledger.mark_scrubbed(s.ledger.dirty_pages())
+    s.check_integrity()
+    return plan
+
+
+def drain(s: Scheduler, limit=1000):
+    plans = []
+    for _ in range(limit):
+        plan = run_step(s)
+        if plan is None:
+            break
+        plans.append(plan)
+    return plans
+
+
+def test_a_rejection_is_refused_by_the_queue():
+    s = make()
+    rejection = Rejection("r", "t", ContextLengthExceeded("too long"))
+    with pytest.raises(TypeError, match="Admitted"):
+        s.add(rejection)
+    assert not s.has_work()
+
+
+def test_prefill_then_decode_until_max_tokens():
+    s = make()
+    s.add(ticket("a", prompt_len=6, max_tokens=3))
+    plans = drain(s)
+    assert plans[0].prefill is not None and plans[0].prefill.samples
+    assert [len(p.decode) for p in plans[1:]] == [1, 1]
+    assert not s.has_work() and s.ledger.num_free == 16
+
+
+def test_new_requests_join_the_running_batch():
+    s = make(num_pages=32)
+    s.add(ticket("a", prompt_len=4, max_tokens=10))
+    run_step(s)  # a prefilled
+    run_step(s)  # a decodes
+    s.add(ticket("b", prompt_len=4, max_tokens=10))
+    plan = run_step(s)
+    assert plan.prefill.request_id == "b"
+    plan = run_step(s)
+    assert sorted(w.request_id for w in plan.decode) == ["a", "b"]
+
+
+def test_long_prompts_are_prefilled_in_chunks():
+    s = make(num_pages=32, prefill_chunk=5)
+    s.add(ticket("a", prompt_len=12, max_tokens=1))
+    plans = drain(s)
+    chunks = [(p.prefill.start, p.prefill.end, p.prefill.samples) for p in plans if p.prefill]
+    assert chunks == [(0, 5, False), (5, 10, False), (10, 12, True)]
+
+
+def test_decoders_are_not_starved_by_a_stream_of_prefills():
+    s = make(num_pages=64, max_prefill_streak=2)
+    s.add(ticket("a", prompt_len=4, max_tokens=50))
+    run_step(s)  # prefill a
+    run_step(s)  # decode a: the prefill streak starts from zero
+    for i in range(6):
+        s.add(ticket(f"p{i}", prompt_len=4, max_tokens=50))
+    kinds = ["P" if run_step(s).prefill else "D" for _ in range(6)]
+    assert kinds == ["P", "P", "D", "P", "P", "D"]
+
+
+def test_max_running_caps_the_batch():
+    s = make(num_pages=64, max_running=2)
+    for i in range(3):
+        s.add(ticket(f"r{i}", prompt_len=4, max_tokens=20))
+    for _ in range(6):
+        run_step(s)
+    assert len(s.running) == 2 and len(s.waiting) == 1
+
+
+def test_pool_exhaustion_preempts_the_newest_and_recomputes_it():
+    # 6 pages of 4 tokens; two requests that each grow to 16 tokens (4 pages).
+    s = make(num_pages=6, page_size=4)
+    s.add(ticket("old", prompt_len=4, max_tokens=12))
+    s.add(ticket("new", prompt_len=4, max_tokens=12))
+    plans = drain(s)
+    preempted = [rid for p in plans for rid in p.preempted]
+    assert preempted and set(preempted) == {"new"}
+    assert s.num_preemptions >= 1
+    assert not s.has_work() and s.ledger.num_free == 6
+
+
+def test_preempted_request_recomputes_prompt_and_outputs():
+    s = make(num_pages=6, page_size=4)
+    s.add(ticket("old", prompt_len=4, max_tokens=12))
+    s.add(ticket("new", prompt_len=4, max_tokens=12))
+    recompute = None
+    for _ in range(200):
+        plan = run_step(s)
+        if plan is None:
+            break
+        if plan.prefill and plan.prefill.request_id == "new" and s.requests.get("new") and \
+                s.requests["new"].num_preemptions:
+            recompute = plan.prefill
+            break
+    assert recompute is not None and recompute.start == 0
+    assert FAKE_TOKEN in recompute.token_ids  # outputs so far are part of the recomputed sequence
+
+
+@pytest.mark.parametrize("when", ["waiting", "mid_prefill", "decoding"])
+def test_abort_in_every_state_returns_every_page(when):
+    s = make(num_pages=16, prefill_chunk=4)
+    s.add(ticket("a", prompt_len=10, max_tokens=5))
+    if when == "mid_prefill":
+        run_step(s)
+        assert s.requests["a"].num_computed == 4
+    if when == "decoding":
+        for _ in range(4):
+            run_step(s)
+        assert s.requests["a"].decoding
+    req = s.finish("a", FinishReason.ABORT)
+    assert req.status is RequestStatus.FINISHED and req.finish_reason is FinishReason.ABORT
+    s.ledger.mark_scrubbed(s.ledger.dirty_pages())
+    s.check_integrity()
+    assert s.ledger.num_free == 16 and not s.has_work()
+
+
+def test_abort_of_unknown_or_finished_request_is_a_no_op():
+    s = make()
+    assert s.finish("nope", FinishReason.ABORT) is None
+    s.add(ticket("a", max_tokens=1))
+    drain(s)
+    assert s.finish("a", FinishReason.ABORT) is None
+    s.check_integrity()
+
+
+def test_duplicate_request_id_is_refused():
+    s = make()
+    s.add(ticket("a"))
+    with pytest.raises(ValueError):
+        s.add(ticket("a"))
+
+
+def test_pages_in_a_plan_belong_to_the_request_and_cover_its_positions():
+    s = make(num_pages=32, page_size=4)
+    for i, tenant in enumerate(["alpha", "beta", "alpha"]):
+        s.add(ticket(f"r{i}", prompt_len=5 + i, max_tokens=6, tenant=tenant))
+    for _ in range(30):
+        plan = s.schedule()
+        if plan is None:
+            break
+        works = ([plan.prefill] if plan.prefill else []) + list(plan.decode)
+        for w in works:
+            s.ledger.check_owned(w.request_id, list(w.pages))
+            last = (w.end if plan.prefill is w else w.position + 1) - 1
+            assert last // 4 < len(w.pages)
+        ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
+            w.request_id for w in plan.decode]
+        for req in s.complete(plan, {i: FAKE_TOKEN for i in ids}):
+            if len(req.output_token_ids) >= req.params.max_tokens:
+                s.finish(req.request_id, FinishReason.LENGTH)
+        s.ledger.mark_scrubbed(s.ledger.dirty_pages())
+        s.check_integrity()
+    assert not s.has_work()
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError):
+        SchedulerConfig(page_size=0)
