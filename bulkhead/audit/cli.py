@@ -1,0 +1,96 @@
+"""argparse wiring for the audit commands.
+
+`add_subcommands(subparsers)` adds `plan` and `preflight` to any argparse
+subparsers object and sets `func` on each, a callable taking the parsed
+Namespace and returning the exit code:
+
+    args = parser.parse_args()
+    sys.exit(args.func(args))
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from bulkhead.audit.plan import DEFAULT_ACTIVATION_RESERVE, DEFAULT_MEM_FRACTION, run_plan
+from bulkhead.audit.preflight import DEFAULT_TIMEOUT_S, run_preflight
+
+PLAN_EPILOG = """\
+example (the incident's shape: a 1,048,576-token context on a too-small pool):
+  bulkhead plan --model deepseek-v3/config.json --accelerator-memory 141GiB \\
+      --weights-bytes 690GB --tp 8 --context-length 1048576
+
+Memory sizes accept 141GiB, 80GB, 1.5TiB or plain bytes.
+exit codes: 0 the pool holds the context, 1 it does not, 2 bad input.
+"""
+
+PREFLIGHT_EPILOG = """\
+example (a disaggregated SGLang pair, and a vLLM worker tagged as decode):
+  bulkhead preflight http://10.0.0.1:30000 http://10.0.0.2:30000
+  bulkhead preflight --json prefill=http://p:8000 decode=http://d:8000
+
+Engines are recognised by their endpoints: bulkhead /server_info, SGLang
+/server_info or /get_server_info plus /v1/models, vLLM /v1/models plus
+/metrics. ROLE=URL names a role the engine cannot state itself (vLLM).
+exit codes: 0 clean, 1 findings, 2 an engine could not be read.
+"""
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face config.json, or the directory holding it")
+    parser.add_argument("--accelerator-memory", required=True, help="memory of one accelerator, e.g. 141GiB")
+    parser.add_argument("--weights-bytes", required=True, help="size of all model weights, e.g. 140GB or bytes")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per worker (default 1)")
+    parser.add_argument(
+        "--mem-fraction",
+        default=DEFAULT_MEM_FRACTION,
+        help=f"share of accelerator memory for weights + KV (default {DEFAULT_MEM_FRACTION})",
+    )
+    parser.add_argument(
+        "--context-length", type=int, default=None, help="context to advertise (default: config max_position_embeddings)"
+    )
+    parser.add_argument("--kv-dtype", default="auto", help="KV cache dtype: auto (the config's), bfloat16, fp8_e4m3, ...")
+    parser.add_argument("--page-size", type=int, default=1, help="tokens per KV page; the pool is whole pages (default 1)")
+    parser.add_argument(
+        "--activation-reserve",
+        default=DEFAULT_ACTIVATION_RESERVE,
+        help=f"per-rank memory kept for activations and graphs (default {DEFAULT_ACTIVATION_RESERVE})",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("urls", nargs="+", metavar="URL", help="engine base URL, or ROLE=URL")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds per request (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to every engine")
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser(
+        "plan",
+        help="KV pool size from a model config and accelerator memory, against the context length",
+        description="Compute KV bytes per token and pool tokens per worker, and whether the pool holds the context.",
+        epilog=PLAN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
+    preflight = subparsers.add_parser(
+        "preflight",
+        help="read live limits from running engines and flag pools and pairs that disagree",
+        description="Read each engine's live limits and check pool vs context, input limits, and prefill/decode pairs.",
+        epilog=PREFLIGHT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_preflight_arguments(preflight)
+    preflight.set_defaults(func=run_preflight)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bulkhead", description="bulkhead audit commands")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(subparsers)
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,41 @@
+"""Typed errors for the audit commands.
+
+Each carries what the operator needs to fix the input or reach the engine;
+the CLI maps them to exit codes (input errors 2, unreachable engines 2).
+"""
+
+from __future__ import annotations
+
+
+class AuditError(Exception):
+    """Base class: anything the audit commands raise on purpose."""
+
+
+class PlanInputError(AuditError):
+    """The model config or a `plan` flag cannot be used as given."""
+
+
+class MemorySizeError(PlanInputError):
+    """A memory size string (`141GiB`, `80GB`, `1234`) did not parse."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        super().__init__(f"memory size {text!r}: {reason}")
+        self.text = text
+
+
+class EngineUnreachable(AuditError):
+    """An engine URL could not be read: no connection, timeout, or refused auth."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class EngineResponseError(AuditError):
+    """An engine answered, but not in a shape any dialect understands."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason

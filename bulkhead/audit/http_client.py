@@ -1,0 +1,74 @@
+"""Read JSON and text from one engine's HTTP API, with typed errors.
+
+Responses are memoised per path: dialect detection asks several dialects
+about the same endpoints, and each engine is read once per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from bulkhead.audit.errors import EngineResponseError, EngineUnreachable
+
+
+class EndpointMissing(Exception):
+    """The engine answered 404/405: this endpoint is not part of its dialect."""
+
+
+class EngineClient:
+    def __init__(self, base_url: str, client: httpx.Client) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client
+        self._cache: dict[str, httpx.Response | EndpointMissing] = {}
+
+    def _get(self, path: str) -> httpx.Response:
+        if path not in self._cache:
+            self._cache[path] = self._fetch(path)
+        result = self._cache[path]
+        if isinstance(result, EndpointMissing):
+            raise result
+        return result
+
+    def _fetch(self, path: str) -> httpx.Response | EndpointMissing:
+        # Paths are appended, not joined, so engines behind a path prefix work.
+        url = self.base_url + path
+        try:
+            response = self._client.get(url)
+        except httpx.TimeoutException as error:
+            raise EngineUnreachable(self.base_url, f"timed out reading {path}") from error
+        except httpx.TransportError as error:
+            raise EngineUnreachable(self.base_url, f"cannot connect ({type(error).__name__}: {error})") from error
+        if response.status_code in (401, 403):
+            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key")
+        if response.status_code in (404, 405):
+            return EndpointMissing(path)
+        if response.status_code >= 400:
+            raise EngineResponseError(self.base_url, f"{path} answered HTTP {response.status_code}")
+        return response
+
+    def get_json(self, path: str) -> dict[str, Any]:
+        response = self._get(path)
+        try:
+            body = response.json()
+        except ValueError as error:
+            raise EndpointMissing(path) from error
+        if not isinstance(body, dict):
+            raise EndpointMissing(path)
+        return body
+
+    def get_text(self, path: str) -> str:
+        return self._get(path).text
+
+    def try_json(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.get_json(path)
+        except EndpointMissing:
+            return None
+
+    def try_text(self, path: str) -> str | None:
+        try:
+            return self.get_text(path)
+        except EndpointMissing:
+            return None
