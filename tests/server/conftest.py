@@ -1,0 +1,45 @@
+import pytest
+
+from tests.server_process import ServerProcess
+
+KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
+
+
+@pytest.fixture(scope="session")
+def keys_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("keys") / "keys.toml"
+    path.write_text("[keys]\n" + "".join(f'"{k}" = "{t}"\n' for k, t in KEYS.items()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, keys_file, smollm2_dir):
+    """The real server with the real model; every e2e test runs with poisoned scrubbing."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc = ServerProcess(
+        ["--api-keys", str(keys_file), "--scrub-mode", "poison", "--kv-memory", "256MiB",
+         "--context-length", "2048", "--max-running", "16"],
+        log,
+    ).wait_ready()
+    yield proc
+    try:
+        # Poison mode: a single stale read would have failed a step closed.
+        assert proc.metric("bulkhead_engine_failures_total") == 0, proc.log()
+        assert "non-finite" not in proc.log()
+        proc.wait_idle()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="sk-alpha-test", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def beta_client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="sk-beta-test", max_retries=0, timeout=120)

@@ -1,0 +1,82 @@
+import pytest
+
+from bulkhead.engine.admission import Limits
+from bulkhead.errors import InvalidRequest
+from bulkhead.server.params import completion_prompts, sampling_params, validate_common
+from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest
+
+LIMITS = Limits(context_length=100, pool_tokens=1000, page_size=16, vocab_size=500)
+
+
+def completion(**kw):
+    kw.setdefault("prompt", "hi")
+    return CompletionRequest(**kw)
+
+
+def chat(**kw):
+    kw.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return ChatCompletionRequest(**kw)
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (completion(max_tokens=0), "max_tokens"),
+        (completion(max_tokens=-5), "max_tokens"),
+        (completion(n=0), "n"),
+        (completion(n=10_000), "n"),
+        (completion(temperature=2.5), "temperature"),
+        (completion(top_p=0.0), "top_p"),
+        (completion(top_k=-2), "top_k"),
+        (completion(min_tokens=20, max_tokens=10), "min_tokens"),
+        (completion(stop=[""]), "stop"),
+        (completion(stop=["x"] * 17), "stop"),
+        (completion(stop_token_ids=[500]), "stop_token_ids"),
+        (completion(stop_token_ids=[-1]), "stop_token_ids"),
+        (completion(logit_bias={"999999": 1.0}), "logit_bias"),
+        (completion(logit_bias={"-3": 1.0}), "logit_bias"),
+        (completion(logit_bias={"abc": 1.0}), "logit_bias"),
+        (completion(logit_bias={"5": 101.0}), "logit_bias"),
+        (completion(logprobs=21), "logprobs"),
+        (completion(echo=True), "echo"),
+        (completion(best_of=3), "best_of"),
+        (completion(presence_penalty=0.5), "presence_penalty"),
+        (chat(top_logprobs=3), "top_logprobs"),
+        (chat(logprobs=True, top_logprobs=50), "top_logprobs"),
+        (chat(max_completion_tokens=0), "max_tokens"),
+        (chat(tools=[{"type": "function"}]), "tools"),
+        (chat(response_format={"type": "json_object"}), "response_format"),
+    ],
+)
+def test_bad_parameters_get_a_typed_error_naming_the_parameter(body, param):
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(body, LIMITS)
+    assert e.value.param == param
+    assert e.value.to_dict()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 500], [[1, 2], [-1]], [], ""])
+def test_bad_token_prompts_are_refused(prompt):
+    with pytest.raises(InvalidRequest):
+        completion_prompts(completion(prompt=prompt), LIMITS, encode=lambda s: [1] * len(s))
+
+
+def test_prompt_forms():
+    enc = lambda s: [7] * len(s)  # noqa: E731
+    assert completion_prompts(completion(prompt="abc"), LIMITS, enc) == [[7, 7, 7]]
+    assert completion_prompts(completion(prompt=["a", "bb"]), LIMITS, enc) == [[7], [7, 7]]
+    assert completion_prompts(completion(prompt=[1, 2]), LIMITS, enc) == [[1, 2]]
+    assert completion_prompts(completion(prompt=[[1], [2, 3]]), LIMITS, enc) == [[1], [2, 3]]
+
+
+def test_defaults_follow_openai():
+    p = sampling_params(chat(), prompt_len=30, limits=LIMITS, choice=0)
+    assert p.max_tokens == 70  # chat: the rest of the context
+    assert p.temperature == 1.0 and p.logprobs is None
+    assert sampling_params(completion(), 30, LIMITS, 0).max_tokens == 16
+
+
+def test_seed_differs_per_choice():
+    body = completion(seed=5, n=2)
+    assert sampling_params(body, 3, LIMITS, 0).seed == 5
+    assert sampling_params(body, 3, LIMITS, 1).seed == 6
