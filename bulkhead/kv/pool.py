@@ -11,6 +11,10 @@ SCRUB_MODES = ("zero", "poison")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def pool_shape(layout: KVLayout, num_pages: int) -> tuple[int, ...]:
+    return (layout.num_layers, 2, num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim)
+
+
 class KVPool:
     """data: [num_layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim].
 
@@ -19,16 +23,24 @@ class KVPool:
     this request did not write shows up as NaN logits in tests.
     """
 
-    def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero"):
+    def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero", data: torch.Tensor | None = None):
+        """data: storage to use instead of a private allocation (e.g. a shared
+        memory mapping a transfer backend exposes to the prefill worker); it
+        must have exactly the pool's shape and dtype and is scrubbed here."""
         if scrub_mode not in SCRUB_MODES:
             raise ValueError(f"scrub mode {scrub_mode!r} is not one of {SCRUB_MODES}")
         self.layout = layout
         self.num_pages = num_pages
         self.scrub_mode = scrub_mode
-        self.data = torch.zeros(
-            layout.num_layers, 2, num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim,
-            dtype=_TORCH_DTYPES[layout.dtype],
-        )
+        shape = pool_shape(layout, num_pages)
+        dtype = _TORCH_DTYPES[layout.dtype]
+        if data is None:
+            data = torch.zeros(shape, dtype=dtype)
+        elif tuple(data.shape) != shape or data.dtype != dtype:
+            raise ValueError(f"pool storage is {tuple(data.shape)} {data.dtype}, expected {shape} {dtype}")
+        else:
+            data.zero_()
+        self.data = data
         if scrub_mode == "poison":
             self.data.fill_(float("nan"))  # never-used pages are as unreadable as freed ones
         self.pages_scrubbed = 0

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.server_process import ServerProcess
+from bulkhead.server.process import ServerProcess
 
 KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
 

@@ -1,4 +1,4 @@
-"""Start the real `bulkhead serve` in a subprocess, for end-to-end tests."""
+"""Run `bulkhead serve` as a child process (end-to-end tests, benchmarks)."""
 
 from __future__ import annotations
 
