@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +48,16 @@ class BuiltEngine:
     limits: Limits
     config: EngineConfig
     clamped: bool
+    layout: KVLayout
+    model_config: object  # bulkhead.model.config.ModelConfig
 
 
-def build_engine(cfg: EngineConfig) -> BuiltEngine:
+PoolFactory = Callable[[KVLayout, int, str], KVPool]
+
+
+def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False) -> BuiltEngine:
+    """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
+    transfer backend shares with the prefill worker (decode role)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
@@ -66,7 +74,7 @@ def build_engine(cfg: EngineConfig) -> BuiltEngine:
             f"--context-length {decision.context_length} exceeds the model's "
             f"max_position_embeddings {mc.max_position_embeddings}"
         )
-    pool = KVPool(layout, num_pages, cfg.scrub_mode)
+    pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
     ledger = PageLedger(num_pages)
     tokenizer = Tokenizer(cfg.model_dir)
     limits = Limits(
@@ -81,10 +89,10 @@ def build_engine(cfg: EngineConfig) -> BuiltEngine:
         reclaim=lambda: scrub_released(pool, ledger),
     )
     runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
-    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer)
+    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only)
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d",
         num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
         cfg.dtype, cfg.scrub_mode, decision.context_length,
     )
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc)

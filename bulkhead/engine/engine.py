@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from bulkhead.engine.admission import Admitted
@@ -40,6 +41,10 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     error: BulkheadError | None = None
+    # Prefill-only engines: the pages still holding the prompt's KV and the
+    # sampler state, handed to the transfer.
+    held_pages: tuple[int, ...] = ()
+    sampler_state: bytes | None = None
 
 
 Sink = Callable[[RequestOutput], None]
@@ -55,13 +60,20 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer):
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
+                 prefill_only: bool = False):
+        """prefill_only: a request ends at its first token and keeps its pages
+        (reserved) for a KV transfer; release_reserved() gives them back."""
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
         self.pool = pool
         self.ledger = scheduler.ledger
         self.tokenizer = tokenizer
+        self.prefill_only = prefill_only
+        # Request ids owning pages outside the scheduler: prefill pages held
+        # until transferred, decode pages granted and awaiting their KV.
+        self.reserved: set[str] = set()
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
@@ -79,6 +91,34 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id, None))
+
+    def submit_prefilled(self, ticket: Admitted, first_token: int, first_logprobs: TokenLogprobs | None,
+                         sampler_state: bytes | None, sink: Sink) -> None:
+        """Start decoding a request whose prompt KV is already verified in its pages."""
+        if not isinstance(ticket, Admitted):
+            raise TypeError(f"the engine only accepts Admitted tickets, not {type(ticket).__name__}")
+        self._commands.put(("prefilled", (ticket, first_token, first_logprobs, sampler_state), sink))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn on the engine thread (the only thread that may touch the
+        ledger and the pool); the future carries its result."""
+        future: Future = Future()
+        self._commands.put(("call", (fn, future), None))
+        return future
+
+    def reserve(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
+        """Engine thread only: pages for a request that is not scheduled yet."""
+        pages = self.ledger.allocate(request_id, tenant, num_pages)
+        self.reserved.add(request_id)
+        return pages
+
+    def release_reserved(self, request_id: str) -> None:
+        """Engine thread only: give back (scrubbed) what reserve() or a
+        prefill-only finish kept."""
+        if request_id in self.reserved:
+            self.reserved.discard(request_id)
+            self.ledger.release(request_id)
+            self._scrub()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="bulkhead-engine", daemon=True)
@@ -125,6 +165,21 @@ class Engine:
             elif kind == "abort":
                 self._finish(arg, FinishReason.ABORT)
                 self._scrub()
+            elif kind == "prefilled":
+                ticket, token, lp, state = arg
+                self.reserved.discard(ticket.request_id)
+                req = self.scheduler.add_prefilled(ticket, token)
+                if state is not None:
+                    self.sampler.set_state(req.request_id, state)
+                self._sinks[req.request_id] = sink
+                self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
+                self._emit_token(req, token, lp)
+            elif kind == "call":
+                fn, future = arg
+                try:
+                    future.set_result(fn())
+                except Exception as e:  # the caller decides what a failure means
+                    future.set_exception(e)
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Drive the engine on the caller's thread (tests without a server)."""
@@ -161,6 +216,9 @@ class Engine:
             return True
 
     def _emit_token(self, req: Request, token_id: int, lp: TokenLogprobs | None) -> None:
+        if self.prefill_only:
+            self._hand_over(req, token_id, lp)
+            return
         tracker = self._trackers[req.request_id]
         text, reason = tracker.push(token_id)
         out = RequestOutput(
@@ -172,6 +230,20 @@ class Engine:
             self._finish(req.request_id, reason, notify=False)
         if sink is not None:
             sink(out)
+
+    def _hand_over(self, req: Request, token_id: int, lp: TokenLogprobs | None) -> None:
+        """Prefill-only: the first token is sampled; keep the pages for the transfer."""
+        rid = req.request_id
+        state = self.sampler.get_state(rid)
+        self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)
+        self.reserved.add(rid)
+        sink = self._sinks.pop(rid, None)
+        self._trackers.pop(rid, None)
+        self.sampler.forget(rid)
+        if sink is not None:
+            sink(RequestOutput(rid, (token_id,), "", (lp,) if lp else (), True, "prefilled",
+                               len(req.prompt_token_ids), 1, held_pages=tuple(self.ledger.pages_of(rid)),
+                               sampler_state=state))
 
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
         req = self.scheduler.finish(request_id, reason)
@@ -201,7 +273,7 @@ class Engine:
 
     def check_integrity(self) -> None:
         with self.lock:
-            self.scheduler.check_integrity()
+            self.scheduler.check_integrity(self.reserved)
             if set(self._sinks) - set(self.scheduler.requests):
                 raise AssertionError("sinks kept for finished requests")
 

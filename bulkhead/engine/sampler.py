@@ -24,6 +24,16 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
+    def get_state(self, request_id: str) -> bytes | None:
+        """The request's generator state, to continue sampling in another process."""
+        gen = self._generators.get(request_id)
+        return None if gen is None else bytes(gen.get_state().tolist())
+
+    def set_state(self, request_id: str, state: bytes) -> None:
+        gen = torch.Generator()
+        gen.set_state(torch.tensor(list(state), dtype=torch.uint8))
+        self._generators[request_id] = gen
+
     def _generator(self, req: Request) -> torch.Generator | None:
         if req.params.seed is None:
             return None

@@ -100,6 +100,23 @@ class Scheduler:
         self.waiting.append(req)
         return req
 
+    def add_prefilled(self, ticket: Admitted, first_token: int) -> Request:
+        """A request whose prompt KV already sits in pages it owns (written by
+        a prefill worker and verified): it joins the batch ready to decode."""
+        if not isinstance(ticket, Admitted):
+            raise TypeError(f"the scheduler only queues Admitted tickets, not {type(ticket).__name__}")
+        if ticket.request_id in self.requests:
+            raise ValueError(f"request id {ticket.request_id} is already live")
+        held = len(self.ledger.pages_of(ticket.request_id)) * self.config.page_size
+        if held < len(ticket.prompt_token_ids):
+            raise ValueError(f"{ticket.request_id} owns {held} slots for {len(ticket.prompt_token_ids)} prompt tokens")
+        req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
+                      next(self._arrivals), output_token_ids=[first_token],
+                      num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING)
+        self.requests[req.request_id] = req
+        self.running.append(req)
+        return req
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -205,13 +222,16 @@ class Scheduler:
                 advanced.append(req)
         return advanced
 
-    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
-        """End a request in any state; its pages (if any) go back to be scrubbed."""
+    def finish(self, request_id: str, reason: FinishReason, keep_pages: bool = False) -> Request | None:
+        """End a request in any state; its pages (if any) go back to be scrubbed,
+        unless keep_pages: then they stay owned by the request id (a prefill
+        worker holds them until their KV has been transferred)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
         if req.status is RequestStatus.RUNNING:
-            self.ledger.release(request_id)
+            if not keep_pages:
+                self.ledger.release(request_id)
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
@@ -219,7 +239,9 @@ class Scheduler:
         req.finish_reason = reason
         return req
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, reserved: set[str] = frozenset()) -> None:
+        """reserved: ids that own pages outside the scheduler (held for or
+        awaiting a KV transfer)."""
         running = {r.request_id for r in self.running}
         waiting = {r.request_id for r in self.waiting}
         if running & waiting:
@@ -233,4 +255,4 @@ class Scheduler:
             held = len(self.ledger.pages_of(r.request_id)) * self.config.page_size
             if held < r.num_computed:
                 raise AssertionError(f"request {r.request_id} computed {r.num_computed} tokens in {held} slots")
-        self.ledger.check_integrity(live_requests=running)
+        self.ledger.check_integrity(live_requests=running | set(reserved))

@@ -16,11 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Rejection, admit
-from bulkhead.engine.builder import BuiltEngine
 from bulkhead.errors import BulkheadError, InvalidRequest, NotFound
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
-from bulkhead.server.engine_client import AsyncEngineClient
+from bulkhead.server.backend import Backend
 from bulkhead.server.metrics import Metrics
 from bulkhead.server.params import (
     chat_messages, completion_prompts, sampling_params, validate_common,
@@ -35,50 +34,21 @@ MAX_BODY_BYTES = 16 * 2**20
 
 @dataclass
 class ServerState:
-    built: BuiltEngine
+    backend: Backend
     keys: KeyStore | None
-    model_id: str
 
     def __post_init__(self) -> None:
-        self.client = AsyncEngineClient(self.built.engine)
-        self.metrics = Metrics(self.built.engine)
-        self.logprobs = LogprobFormatter(self.built.tokenizer)
-
-
-def server_info(state: ServerState) -> dict:
-    b = state.built
-    ledger, limits, cfg = b.engine.ledger, b.limits, b.config
-    return {
-        "engine": "bulkhead",
-        "version": __version__,
-        "role": "colocated",
-        "model": state.model_id,
-        "context_length": limits.context_length,
-        "max_input_tokens": limits.max_input_tokens,
-        "context_length_clamped": b.clamped,
-        "pool_tokens": limits.pool_tokens,
-        "page_size": limits.page_size,
-        "num_pages": ledger.num_pages,
-        "free_pages": ledger.num_free,
-        "owned_pages": ledger.num_owned,
-        "dirty_pages": ledger.num_dirty,
-        "kv_dtype": cfg.dtype,
-        "scrub_mode": cfg.scrub_mode,
-        "max_running_requests": cfg.max_running,
-        "prefill_chunk": cfg.prefill_chunk,
-        "decode_tile": cfg.decode_tile,
-        "batch_invariant": cfg.decode_tile > 0,
-        "safe_mode": cfg.safe_mode,
-        "max_n": limits.max_n,
-        "auth": "api_keys" if state.keys else "single_tenant_loopback",
-    }
+        self.model_id = self.backend.model_id
+        self.client = self.backend
+        self.metrics = Metrics(self.backend.collector())
+        self.logprobs = LogprobFormatter(self.backend.tokenizer)
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="bulkhead", version=__version__)
     app.state.bulkhead = state
-    limits = state.built.limits
-    tok = state.built.tokenizer
+    backend = state.backend
+    tok = backend.tokenizer
     metrics = state.metrics
 
     @app.exception_handler(BulkheadError)
@@ -118,7 +88,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/server_info")
     async def info():
-        return server_info(state)
+        return backend.info()
 
     @app.get("/metrics")
     async def prom():
@@ -129,34 +99,36 @@ def create_app(state: ServerState) -> FastAPI:
         tenant_of(request)
         return {"object": "list", "data": [{
             "id": state.model_id, "object": "model", "created": 0, "owned_by": "bulkhead",
-            "max_model_len": limits.context_length,
+            "max_model_len": backend.limits.context_length,
         }]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         tenant = tenant_of(request)
         _check_model(body)
+        limits = backend.limits
         validate_common(body, limits)
         prompts = completion_prompts(body, limits, tok.encode)
-        return await _serve(request, body, tenant, prompts, chat=False)
+        return await _serve(request, body, tenant, prompts, limits, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         tenant = tenant_of(request)
         _check_model(body)
+        limits = backend.limits
         validate_common(body, limits)
         try:
             text = tok.apply_chat_template(chat_messages(body))
         except ChatTemplateError as e:
             raise InvalidRequest(str(e), param="messages") from None
-        return await _serve(request, body, tenant, [tok.encode(text)], chat=True)
+        return await _serve(request, body, tenant, [tok.encode(text)], limits, chat=True)
 
     def _check_model(body: _SamplingFields) -> None:
         if body.model is not None and body.model != state.model_id:
             raise NotFound(f"model {body.model!r} does not exist; this server serves {state.model_id!r}",
                            param="model", code="model_not_found")
 
-    async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], chat: bool):
+    async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], limits, chat: bool):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         endpoint = "chat" if chat else "completions"
         tickets: list[Admitted] = []

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+
+import uvicorn
 import logging
 from pathlib import Path
 
+from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
+from bulkhead.server.backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
 
@@ -41,6 +45,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--log-level", default="info")
+    add_disagg_arguments(p)
 
 
 def _is_loopback(host: str) -> bool:
@@ -52,34 +57,85 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keys = KeyStore.from_sources(args.api_keys)
-    if keys is None and not _is_loopback(args.host):
-        log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
-        return 2
-    model_dir = args.model or default_model_dir()
-    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
-    cfg = EngineConfig(
+def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
+    return EngineConfig(
         model_dir=Path(model_dir), model_id=model_id, kv_memory_bytes=parse_memory(args.kv_memory),
         page_size=args.page_size, context_length=args.context_length,
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads,
     )
-    built = build_engine(cfg)
-    state = ServerState(built, keys, model_id)
-    app = create_app(state)
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir = args.model or default_model_dir()
+    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
+    if args.role in ("prefill", "decode"):
+        from bulkhead.disagg.launch import serve_worker
+
+        return serve_worker(args, _engine_config(args, model_dir, model_id), args.role)
+    keys = KeyStore.from_sources(args.api_keys)
+    if keys is None and not _is_loopback(args.host):
+        log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
+        return 2
+    auth = "api_keys" if keys else "single_tenant_loopback"
+    workers = []
+    if args.role == "colocated":
+        backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id)), model_id, auth)
+    else:
+        backend, workers = _router_backend(args, model_dir, model_id, auth)
+    app = create_app(ServerState(backend, keys))
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
         log.info("API keys loaded for %d tenants", len(keys.tenants))
-    built.engine.start()
-    log.info("serving %s on http://%s:%d/v1", model_id, args.host, args.port)
+    backend.start()
+    if workers and not _wait_for_workers(backend, workers):
+        backend.stop()
+        return 1
+    log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:
-        built.engine.stop()
+        backend.stop()
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            proc.wait(timeout=20)
     return 0
+
+
+def _wait_for_workers(backend, workers, timeout: float = 300.0) -> bool:
+    """Local mode: start serving only once every worker registered; a worker
+    that exits (a failed capacity gate, say) stops the launch."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        failed = [p for p in workers if p.poll() is not None]
+        if failed:
+            log.error("a worker exited with status %d during start-up; stopping", failed[0].returncode)
+            for p in workers:
+                p.terminate()
+            return False
+        if len(backend.workers) >= len(workers):
+            return True
+        time.sleep(0.1)
+    log.error("workers did not register within %.0fs", timeout)
+    return False
+
+
+def _router_backend(args, model_dir: Path, model_id: str, auth: str):
+    from bulkhead.disagg.control import Signer
+    from bulkhead.disagg.launch import cluster_key, spawn_workers
+    from bulkhead.disagg.router import DisaggBackend
+    from bulkhead.model.gguf_import import cache_root
+    from bulkhead.model.tokenizer import Tokenizer
+
+    control = args.control_address or f"tcp://127.0.0.1:{args.port + 1}"
+    key_file = args.cluster_key_file or cache_root() / "cluster.key"
+    args.cluster_key_file = key_file
+    backend = DisaggBackend(Tokenizer(model_dir), model_id, Signer(cluster_key(args), "router"), control, auth)
+    workers = spawn_workers(args, control, key_file) if args.role == "local" else []
+    return backend, workers

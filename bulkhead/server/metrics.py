@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from bulkhead.engine.engine import Engine
 
 
-class _PoolCollector:
+class EngineCollector:
     """Reads pool and ledger state at scrape time (ints only; no lock needed)."""
 
     def __init__(self, engine: Engine):
@@ -34,7 +34,8 @@ class _PoolCollector:
 
 
 class Metrics:
-    def __init__(self, engine: Engine):
+    def __init__(self, collector):
+        """collector: the backend's own prometheus collector (pool, workers)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("bulkhead_requests", "HTTP requests answered", ["tenant", "endpoint", "status"],
@@ -44,4 +45,4 @@ class Metrics:
                                   registry=r)
         self.ttft = Histogram("bulkhead_time_to_first_token_seconds", "Time to first token", ["tenant"], registry=r,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-        r.register(_PoolCollector(engine))
+        r.register(collector)

@@ -17,7 +17,7 @@ def server(tmp_path_factory, keys_file, smollm2_dir):
     """The real server with the real model; every e2e test runs with poisoned scrubbing."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = ServerProcess(
-        ["--api-keys", str(keys_file), "--scrub-mode", "poison", "--kv-memory", "256MiB",
+        ["--role", "colocated", "--api-keys", str(keys_file), "--scrub-mode", "poison", "--kv-memory", "256MiB",
          "--context-length", "2048", "--max-running", "16"],
         log,
     ).wait_ready()

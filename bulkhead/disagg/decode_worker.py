@@ -1,0 +1,212 @@
+"""The decode worker: grants pages for an admitted prompt, verifies what
+prefill wrote into them, and only then decodes.
+
+Per request:
+    assign -> reserve pages -> pages_granted
+    transfer_done -> coverage check (manifest == allocation, generations
+                     unchanged, every digest verifies) -> commit -> decode -> outputs
+    anything else (transfer_failed, finalize, bad manifest) -> fail closed;
+    the pages are released only after prefill's drain_ack or the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
+from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.transfer import page_digests
+from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
+from bulkhead.disagg.worker_common import WorkerBase
+from bulkhead.engine.engine import RequestOutput
+from bulkhead.kv.ledger import OutOfPages
+
+log = logging.getLogger(__name__)
+
+# How long a finalized allocation waits for prefill's drain ack before its
+# pages are reused anyway. Longer than any transfer's own timeout, so a
+# writer that never acked has given up writing by then (the fence).
+DRAIN_LEASE_S = 30.0
+
+
+@dataclass
+class DecodeJob:
+    ticket: SignedTicket
+    alloc: Allocation | None = None
+    committed: bool = False
+    failed: bool = False
+    drained: bool = False
+    released: bool = False
+    lease_deadline: float | None = None
+
+
+class DecodeWorker(WorkerBase):
+    role = "decode"
+
+    def __init__(self, *args, target, drain_lease_s: float = DRAIN_LEASE_S, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.target = target  # the transfer backend's decode side; the engine's pool lives in it
+        self.drain_lease_s = drain_lease_s
+        self.jobs: dict[str, DecodeJob] = {}
+        self.pending: list[str] = []  # assigned, waiting for free pages
+        self._last_grant_try = 0.0
+
+    def extra_registration(self) -> dict:
+        return {"transfer": self._transfer_info()}
+
+    def _transfer_info(self) -> dict:
+        return {"backend": self.target.name, "descriptor": self.target.descriptor()}
+
+    # -- messages (link thread) ---------------------------------------------
+    def handle(self, kind: str, msg: dict) -> None:
+        rid = msg.get("request_id")
+        if kind == "assign":
+            self._assign(SignedTicket.from_dict(msg["ticket"]))
+        elif kind == "transfer_done":
+            self._verify_and_commit(rid, msg)
+        elif kind == "drain_ack":
+            with self.lock:
+                job = self.jobs.get(rid)
+                if job is not None:
+                    job.drained = True
+            self._release_if_done(rid)
+        elif kind == "finalize":
+            self._finalize(rid)
+
+    def _assign(self, ticket: SignedTicket) -> None:
+        self.count("assigned")
+        try:
+            ticket.verify(self.key, self.built.limits.context_length)
+        except TicketError as e:
+            self.count("tickets_refused")
+            self.link.send({"kind": "transfer_failed", "request_id": ticket.request_id, "reason": str(e)})
+            return
+        with self.lock:
+            self.jobs[ticket.request_id] = DecodeJob(ticket)
+            self.pending.append(ticket.request_id)
+        self._grant_pending()
+
+    def _grant_pending(self) -> None:
+        with self.lock:
+            waiting = list(self.pending)
+        for rid in waiting:
+            job = self.jobs.get(rid)
+            if job is None or job.failed:
+                with self.lock:
+                    self.pending.remove(rid)
+                continue
+            n = self.built.layout.pages_for_tokens(len(job.ticket.prompt_token_ids))
+            future = self.engine.call(lambda rid=rid, n=n, t=job.ticket.tenant: self._reserve(rid, t, n))
+            future.add_done_callback(lambda f, rid=rid: self._granted(rid, f))
+            with self.lock:
+                self.pending.remove(rid)
+
+    def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
+        try:
+            pages = self.engine.reserve(rid, tenant, n)
+        except OutOfPages:
+            return None
+        return pages, [self.engine.ledger.generation(p) for p in pages]
+
+    def _granted(self, rid: str, future) -> None:
+        result = future.result()
+        with self.lock:
+            job = self.jobs.get(rid)
+            if result is None:  # pool busy: try again on a later tick
+                if job is not None:
+                    self.pending.append(rid)
+                return
+        pages, gens = result
+        t = job.ticket
+        job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages), tuple(gens))
+        self.count("pages_granted", len(pages))
+        self.link.send({"kind": "pages_granted", "request_id": rid, "room": t.room, "epoch": t.epoch,
+                        "pages": pages, "generations": gens, "transfer": self._transfer_info()})
+
+    def _verify_and_commit(self, rid: str, msg: dict) -> None:
+        with self.lock:
+            job = self.jobs.get(rid)
+        if job is None or job.alloc is None or job.failed:
+            self.count("manifests_unexpected")
+            return
+        manifest = Manifest.from_dict(msg["manifest"])
+        alloc = job.alloc
+
+        def check():  # engine thread: the pool and the ledger are read in one place
+            gens = tuple(self.engine.ledger.generation(p) for p in alloc.pages)
+            owners_ok = all(self.engine.ledger.record(p).owner == rid for p in alloc.pages)
+            problems = coverage_problems(alloc, manifest, gens, tuple(page_digests(self.engine.pool, alloc.pages)))
+            if not owners_ok:
+                problems.append("a granted page is no longer owned by the request")
+            return problems
+
+        problems = self.engine.call(check).result()
+        if problems:
+            self.count("coverage_failures")
+            log.warning("refusing KV for %s: %s", rid, "; ".join(problems))
+            self._fail(rid, "kv_transfer_failed", "the transferred KV did not verify: " + "; ".join(problems))
+            return
+        self.count("commits")
+        with self.lock:
+            job.committed = True
+        lp = logprobs_from_list(msg["first_logprobs"])
+        self.engine.submit_prefilled(ticket_to_admitted(job.ticket), msg["first_token"], lp[0] if lp else None,
+                                     unb64(msg["sampler_state"]), self._on_output)
+
+    def _on_output(self, out: RequestOutput) -> None:  # engine thread
+        self.link.send({"kind": "output", "output": output_to_dict(out)})
+        if out.finished:
+            with self.lock:
+                self.jobs.pop(out.request_id, None)
+
+    def _fail(self, rid: str, code: str, reason: str) -> None:
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            job.failed = True
+            job.lease_deadline = time.monotonic() + self.drain_lease_s
+        self.link.send({"kind": "transfer_failed", "request_id": rid, "code": code, "reason": reason})
+        self._release_if_done(rid)
+
+    def _finalize(self, rid: str) -> None:
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            committed = job.committed
+            if not committed:
+                job.failed = True
+                job.lease_deadline = time.monotonic() + self.drain_lease_s
+        if committed:
+            self.engine.abort(rid)
+        else:
+            self._release_if_done(rid)
+
+    def _release_if_done(self, rid: str, lease_expired: bool = False) -> None:
+        """Free an uncommitted allocation once no remote write can still land in it."""
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None or job.committed or not job.failed or job.released:
+                return
+            if not (job.drained or lease_expired):
+                return
+            job.released = True
+            self.jobs.pop(rid, None)
+        if lease_expired:
+            self.count("lease_expiries")
+        self.engine.call(lambda: self.engine.release_reserved(rid))
+
+    def on_tick(self) -> None:
+        super().on_tick()
+        now = time.monotonic()
+        if self.pending and now - self._last_grant_try > 0.05:  # the pool frees pages per step, not per poll
+            self._last_grant_try = now
+            self._grant_pending()
+        with self.lock:
+            expired = [rid for rid, j in self.jobs.items()
+                       if j.failed and not j.drained and j.lease_deadline is not None and now > j.lease_deadline]
+        for rid in expired:
+            self._release_if_done(rid, lease_expired=True)

@@ -1,0 +1,134 @@
+"""ZeroMQ sockets of the control plane, each owned by one thread.
+
+The router binds one ROUTER socket; every worker connects one DEALER socket
+to it. Other threads never touch a socket: they enqueue with `send()` and the
+owning thread flushes the queue between polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from bulkhead.disagg.control import Signer
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 2
+
+
+class _Link:
+    def __init__(self, signer: Signer):
+        self.signer = signer
+        self._ctx = zmq.Context.instance()
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_message: Callable, on_tick: Callable[[], None] | None = None) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(on_message, on_tick), daemon=True,
+                                        name=f"bulkhead-{self.signer.sender}-link")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self, on_message, on_tick) -> None:
+        sock = self._open()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            self._flush(sock)
+            if poller.poll(POLL_MS):
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._deliver(frames, on_message)
+            if on_tick is not None:
+                try:
+                    on_tick()
+                except Exception:
+                    log.exception("control-plane tick failed")
+        sock.close(linger=200)
+
+    def _deliver(self, frames, on_message) -> None:
+        raise NotImplementedError
+
+    def _open(self):
+        raise NotImplementedError
+
+    def _flush(self, sock) -> None:
+        raise NotImplementedError
+
+
+class WorkerLink(_Link):
+    """A worker's connection to the router."""
+
+    def __init__(self, signer: Signer, router_address: str):
+        super().__init__(signer)
+        self.router_address = router_address
+
+    def send(self, message: dict) -> None:
+        self._out.put(message)
+
+    def _open(self):
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.signer.sender.encode())
+        sock.connect(self.router_address)
+        return sock
+
+    def _flush(self, sock) -> None:
+        while True:
+            try:
+                message = self._out.get_nowait()
+            except queue.Empty:
+                return
+            sock.send_multipart(self.signer.seal(message))
+
+    def _deliver(self, frames, on_message) -> None:
+        message = self.signer.open(frames)
+        if message is not None:
+            on_message(message)
+
+
+class RouterLink(_Link):
+    """The router's socket: workers are addressed by name."""
+
+    def __init__(self, signer: Signer, bind_address: str):
+        super().__init__(signer)
+        self.bind_address = bind_address
+
+    def send(self, worker: str, message: dict) -> None:
+        self._out.put((worker, message))
+
+    def _open(self):
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished worker drops, never blocks
+        sock.bind(self.bind_address)
+        return sock
+
+    def _flush(self, sock) -> None:
+        while True:
+            try:
+                worker, message = self._out.get_nowait()
+            except queue.Empty:
+                return
+            sock.send_multipart([worker.encode(), *self.signer.seal(message)])
+
+    def _deliver(self, frames, on_message) -> None:
+        identity, rest = frames[0].decode(errors="replace"), frames[1:]
+        message = self.signer.open(rest)
+        if message is None:
+            return
+        if message.get("_from") != identity:
+            self.signer.stats.dropped_bad_mac += 1  # a valid MAC from another socket: spoofing
+            return
+        on_message(identity, message)

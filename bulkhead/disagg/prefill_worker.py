@@ -1,0 +1,156 @@
+"""The prefill worker: computes a prompt's KV, samples the first token, writes
+the KV into the pages decode granted, and says what it wrote (the manifest).
+
+Per request:   assign -> prefill (engine) ---\
+                                              >-- write pages -> transfer_done -> drain_ack
+               pages_granted (from decode) --/
+A finalize (abort) at any point stops the work; drain_ack is sent once no
+write for the request can still land in decode's pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bulkhead.disagg.manifest import Manifest
+from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.transfer import TransferError, make_source, page_digests
+from bulkhead.disagg.wire import b64, logprobs_to_list, ticket_to_admitted
+from bulkhead.disagg.worker_common import WorkerBase
+from bulkhead.engine.engine import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillJob:
+    ticket: SignedTicket
+    result: RequestOutput | None = None  # the engine's hand-over (first token, held pages)
+    grant: dict | None = None  # decode's pages_granted message
+    transferring: bool = False
+    finalized: bool = False
+    done: bool = False  # drain_ack sent
+
+
+class PrefillWorker(WorkerBase):
+    role = "prefill"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.jobs: dict[str, PrefillJob] = {}
+        self.sources: dict[str, object] = {}  # transfer backend name -> TransferSource
+        self.transfers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulkhead-transfer")
+
+    def handle(self, kind: str, msg: dict) -> None:
+        if kind == "assign":
+            self._assign(SignedTicket.from_dict(msg["ticket"]))
+        elif kind == "pages_granted":
+            with self.lock:
+                job = self.jobs.get(msg["request_id"])
+                if job is None or job.finalized:
+                    return
+                job.grant = msg
+            self._maybe_transfer(msg["request_id"])
+        elif kind == "finalize":
+            self._finalize(msg["request_id"])
+
+    def _assign(self, ticket: SignedTicket) -> None:
+        self.count("assigned")
+        try:
+            ticket.verify(self.key, self.built.limits.context_length)
+        except TicketError as e:
+            self.count("tickets_refused")
+            self.link.send({"kind": "prefill_failed", "request_id": ticket.request_id, "reason": str(e)})
+            return
+        with self.lock:
+            self.jobs[ticket.request_id] = PrefillJob(ticket)
+        self.engine.submit(ticket_to_admitted(ticket), self._on_output)
+
+    def _on_output(self, out: RequestOutput) -> None:  # engine thread
+        rid = out.request_id
+        if out.finish_reason == "prefilled":
+            with self.lock:
+                job = self.jobs.get(rid)
+                if job is not None:
+                    job.result = out
+                finalized = job is None or job.finalized
+            if finalized:
+                self.engine.release_reserved(rid)  # aborted while prefilling: we are on the engine thread
+                self._drained(rid)
+                return
+            self._maybe_transfer(rid)
+        elif out.finished:  # aborted or failed before the hand-over: nothing was written
+            if out.error is not None:
+                self.link.send({"kind": "prefill_failed", "request_id": rid, "reason": out.error.message})
+            self._drained(rid)
+
+    def _maybe_transfer(self, rid: str) -> None:
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None or job.result is None or job.grant is None or job.transferring or job.finalized:
+                return
+            job.transferring = True
+        self.transfers.submit(self._transfer, job)
+
+    def _transfer(self, job: PrefillJob) -> None:
+        t, out, grant = job.ticket, job.result, job.grant
+        rid = t.request_id
+        n = len(grant["pages"])
+        src_pages = list(out.held_pages[:n])
+        drained = True
+        try:
+            source = self._source(grant["transfer"])
+            source.write_pages(grant["transfer"]["descriptor"], rid, self.engine.pool, src_pages,
+                               list(grant["pages"]), list(grant["generations"]))
+            digests = page_digests(self.engine.pool, src_pages)
+            manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.prompt_token_ids), tuple(grant["pages"]),
+                                tuple(grant["generations"]), tuple(digests))
+            self.count("transfers")
+            self.count("pages_sent", n)
+            self.link.send({
+                "kind": "transfer_done", "request_id": rid, "manifest": manifest.to_dict(),
+                "first_token": out.token_ids[0], "first_logprobs": logprobs_to_list(out.logprobs),
+                "sampler_state": b64(out.sampler_state),
+            })
+        except (TransferError, OSError, ValueError) as e:
+            drained = getattr(e, "drained", False)
+            self.count("transfers_failed")
+            log.warning("transfer of %s failed: %s", rid, e)
+            self.link.send({"kind": "transfer_failed", "request_id": rid, "reason": f"transfer failed: {e}"})
+        finally:
+            self.engine.call(lambda: self.engine.release_reserved(rid))
+            if drained:
+                self._drained(rid)
+            # Not drained: no ack; decode holds the pages until the lease expires.
+
+    def _source(self, transfer: dict):
+        name = transfer["backend"]
+        if name not in self.sources:
+            self.sources[name] = make_source(name)
+        return self.sources[name]
+
+    def _finalize(self, rid: str) -> None:
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            job.finalized = True
+            busy = job.transferring
+            holding = job.result is not None and not job.transferring
+        if busy:
+            return  # the transfer thread acks when the write has ended
+        self.engine.abort(rid)
+        if holding:
+            self.engine.call(lambda: self.engine.release_reserved(rid))
+            self._drained(rid)
+        # Still prefilling: the engine's abort output (or its hand-over) acks.
+
+    def _drained(self, rid: str) -> None:
+        with self.lock:
+            job = self.jobs.pop(rid, None)
+        if job is not None and not job.done:
+            job.done = True
+            self.link.send({"kind": "drain_ack", "request_id": rid})

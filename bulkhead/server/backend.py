@@ -1,0 +1,108 @@
+"""What the HTTP layer serves from: a local engine, or a disaggregated cluster.
+
+A backend provides the tokenizer, the live limits (admission reads them on
+every request), a `generate(tickets)` async iterator, the `/server_info`
+body and a Prometheus collector for its own state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+
+from bulkhead import __version__
+from bulkhead.engine.admission import Admitted, Limits
+from bulkhead.engine.builder import BuiltEngine
+from bulkhead.engine.engine import RequestOutput
+from bulkhead.model.tokenizer import Tokenizer
+from bulkhead.server.engine_client import AsyncEngineClient
+from bulkhead.server.metrics import EngineCollector
+
+
+class Backend(ABC):
+    tokenizer: Tokenizer
+    model_id: str
+
+    @property
+    @abstractmethod
+    def limits(self) -> Limits:
+        """Live limits; raises Overloaded (503) when nothing can serve."""
+
+    @abstractmethod
+    def generate(self, tickets: list[Admitted]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Serve admitted tickets; leaving the iterator early aborts them."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """The /server_info body: every live limit."""
+
+    @abstractmethod
+    def collector(self):
+        """A prometheus_client collector for the backend's own state."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class LocalBackend(Backend):
+    """One process: the engine thread runs beside the HTTP server."""
+
+    def __init__(self, built: BuiltEngine, model_id: str, auth: str):
+        self.built = built
+        self.tokenizer = built.tokenizer
+        self.model_id = model_id
+        self._auth = auth
+        self._client = AsyncEngineClient(built.engine)
+
+    @property
+    def limits(self) -> Limits:
+        return self.built.limits
+
+    def generate(self, tickets):
+        return self._client.generate(tickets)
+
+    def collector(self):
+        return EngineCollector(self.built.engine)
+
+    def start(self) -> None:
+        self.built.engine.start()
+
+    def stop(self) -> None:
+        self.built.engine.stop()
+
+    def info(self) -> dict:
+        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
+
+
+def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
+    ledger, limits, cfg = built.engine.ledger, built.limits, built.config
+    return {
+        "engine": "bulkhead",
+        "version": __version__,
+        "role": role,
+        "model": model_id,
+        "context_length": limits.context_length,
+        "max_input_tokens": limits.max_input_tokens,
+        "context_length_clamped": built.clamped,
+        "pool_tokens": limits.pool_tokens,
+        "page_size": limits.page_size,
+        "num_pages": ledger.num_pages,
+        "free_pages": ledger.num_free,
+        "owned_pages": ledger.num_owned,
+        "dirty_pages": ledger.num_dirty,
+        "kv_dtype": cfg.dtype,
+        "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
+                      "head_dim": built.layout.head_dim},
+        "vocab_size": limits.vocab_size,
+        "scrub_mode": cfg.scrub_mode,
+        "max_running_requests": cfg.max_running,
+        "prefill_chunk": cfg.prefill_chunk,
+        "decode_tile": cfg.decode_tile,
+        "batch_invariant": cfg.decode_tile > 0,
+        "safe_mode": cfg.safe_mode,
+        "max_n": limits.max_n,
+        "engine_failures": built.engine.stats.failures,
+    }
