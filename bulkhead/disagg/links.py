@@ -30,7 +30,9 @@ class _Link:
         self._thread: threading.Thread | None = None
 
     def start(self, on_message: Callable, on_tick: Callable[[], None] | None = None) -> None:
-        self._thread = threading.Thread(target=self._loop, args=(on_message, on_tick), daemon=True,
+        # Bind/connect here, so a taken port fails the start instead of a thread.
+        sock = self._open()
+        self._thread = threading.Thread(target=self._loop, args=(sock, on_message, on_tick), daemon=True,
                                         name=f"bulkhead-{self.signer.sender}-link")
         self._thread.start()
 
@@ -39,8 +41,7 @@ class _Link:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _loop(self, on_message, on_tick) -> None:
-        sock = self._open()
+    def _loop(self, sock, on_message, on_tick) -> None:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         while not self._stop.is_set():
@@ -51,7 +52,10 @@ class _Link:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._deliver(frames, on_message)
+                    try:
+                        self._deliver(frames, on_message)
+                    except Exception:  # one bad message must not take the control plane down
+                        log.exception("handling a control message failed")
             if on_tick is not None:
                 try:
                     on_tick()
@@ -72,9 +76,11 @@ class _Link:
 class WorkerLink(_Link):
     """A worker's connection to the router."""
 
-    def __init__(self, signer: Signer, router_address: str):
+    def __init__(self, signer: Signer, router_address: str, replay_fault=None):
+        """replay_fault(): test-only hook; when it fires, the last frames go out twice."""
         super().__init__(signer)
         self.router_address = router_address
+        self._replay_fault = replay_fault
 
     def send(self, message: dict) -> None:
         self._out.put(message)
@@ -91,7 +97,10 @@ class WorkerLink(_Link):
                 message = self._out.get_nowait()
             except queue.Empty:
                 return
-            sock.send_multipart(self.signer.seal(message))
+            frames = self.signer.seal(message)
+            sock.send_multipart(frames)
+            if self._replay_fault is not None and message.get("kind") != "heartbeat" and self._replay_fault():
+                sock.send_multipart(frames)  # a captured message sent again: the router must drop it
 
     def _deliver(self, frames, on_message) -> None:
         message = self.signer.open(frames)

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bulkhead.disagg.faults import Faults
 from bulkhead.disagg.manifest import Manifest
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
@@ -43,6 +44,15 @@ class PrefillWorker(WorkerBase):
         self.jobs: dict[str, PrefillJob] = {}
         self.sources: dict[str, object] = {}  # transfer backend name -> TransferSource
         self.transfers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulkhead-transfer")
+        self.faults = Faults()
+
+    def replay_fault(self) -> bool:
+        return self.faults.fire("replay_control")
+
+    def heartbeat_body(self) -> dict:
+        body = super().heartbeat_body()
+        body["counters"].update(self.faults.counters())
+        return body
 
     def handle(self, kind: str, msg: dict) -> None:
         if kind == "assign":
@@ -98,33 +108,57 @@ class PrefillWorker(WorkerBase):
     def _transfer(self, job: PrefillJob) -> None:
         t, out, grant = job.ticket, job.result, job.grant
         rid = t.request_id
-        n = len(grant["pages"])
-        src_pages = list(out.held_pages[:n])
+        dst_pages, dst_gens = list(grant["pages"]), list(grant["generations"])
+        src_pages = list(out.held_pages[: len(dst_pages)])
         drained = True
         try:
             source = self._source(grant["transfer"])
-            source.write_pages(grant["transfer"]["descriptor"], rid, self.engine.pool, src_pages,
-                               list(grant["pages"]), list(grant["generations"]))
             digests = page_digests(self.engine.pool, src_pages)
-            manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.prompt_token_ids), tuple(grant["pages"]),
-                                tuple(grant["generations"]), tuple(digests))
+            dst_pages, dst_gens, src_pages, digests = self._inject(dst_pages, dst_gens, src_pages, digests)
+            self.faults.fire("slow_transfer")
+            source.write_pages(grant["transfer"]["descriptor"], rid, self.engine.pool, src_pages, dst_pages,
+                               dst_gens)
+            claimed = dst_pages
+            if self.faults.fire("wrong_pages"):  # claims a page list decode did not grant
+                claimed = dst_pages[:-1] + [dst_pages[-1] + 1]
+            if self.faults.fire("corrupt_page"):  # bytes differ from what the digests describe
+                self._corrupt(source, grant, rid, src_pages[0], dst_pages[0], dst_gens[0])
+            manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.prompt_token_ids), tuple(claimed),
+                                tuple(dst_gens), tuple(digests))
             self.count("transfers")
-            self.count("pages_sent", n)
+            self.count("pages_sent", len(dst_pages))
             self.link.send({
                 "kind": "transfer_done", "request_id": rid, "manifest": manifest.to_dict(),
                 "first_token": out.token_ids[0], "first_logprobs": logprobs_to_list(out.logprobs),
                 "sampler_state": b64(out.sampler_state),
             })
-        except (TransferError, OSError, ValueError) as e:
-            drained = getattr(e, "drained", False)
+        except Exception as e:  # fail closed on anything, and say why
+            drained = getattr(e, "drained", not isinstance(e, TransferError))
             self.count("transfers_failed")
-            log.warning("transfer of %s failed: %s", rid, e)
+            log.warning("transfer of %s failed: %r", rid, e, exc_info=not isinstance(e, TransferError))
             self.link.send({"kind": "transfer_failed", "request_id": rid, "reason": f"transfer failed: {e}"})
         finally:
             self.engine.call(lambda: self.engine.release_reserved(rid))
-            if drained:
+            if drained and not self.faults.fire("withhold_drain_ack"):
                 self._drained(rid)
             # Not drained: no ack; decode holds the pages until the lease expires.
+
+    def _inject(self, dst_pages, dst_gens, src_pages, digests):
+        """Test-only faults that bend what prefill writes or claims (faults.py)."""
+        if len(dst_pages) > 1 and self.faults.fire("short_transfer"):
+            dst_pages, dst_gens, src_pages, digests = dst_pages[:-1], dst_gens[:-1], src_pages[:-1], digests[:-1]
+        if self.faults.fire("stale_generation"):
+            dst_gens = [g - 1 for g in dst_gens]
+        return dst_pages, dst_gens, src_pages, digests
+
+    def _corrupt(self, source, grant, rid, src_page, dst_page, dst_gen) -> None:
+        pool = self.engine.pool
+        saved = pool.data[:, :, src_page].clone()
+        pool.data[:, :, src_page] += 1.0
+        try:
+            source.write_pages(grant["transfer"]["descriptor"], rid, pool, [src_page], [dst_page], [dst_gen])
+        finally:
+            pool.data[:, :, src_page] = saved
 
     def _source(self, transfer: dict):
         name = transfer["backend"]

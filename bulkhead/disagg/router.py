@@ -160,8 +160,8 @@ class DisaggBackend(Backend):
                     self._recent.popitem(last=False)
 
     # -- control plane (link thread) --------------------------------------------
-    def _deliver(self, route: Route, out: RequestOutput) -> None:
-        if route.finished:
+    def _deliver(self, route: Route, out: RequestOutput, after_finalize: bool = False) -> None:
+        if route.finished and not after_finalize:
             return
         if out.finished:
             route.finished = True
@@ -172,17 +172,22 @@ class DisaggBackend(Backend):
             route = self.routes.get(rid)
         if route is None or route.finished:
             return
-        self._deliver(route, RequestOutput(rid, (), "", (), True, "error", 0, 0, error))
-        self._finalize(rid, outcome)
+        # Tell the workers before the client: once the client has its answer
+        # the route may be gone.
+        self._finalize_route(route, outcome)
+        self._deliver(route, RequestOutput(rid, (), "", (), True, "error", 0, 0, error), after_finalize=True)
 
     def _finalize(self, rid: str, outcome: str) -> None:
         with self.lock:
             route = self.routes.get(rid)
-        if route is None:
-            return
+        if route is not None:
+            self._finalize_route(route, outcome)
+
+    def _finalize_route(self, route: Route, outcome: str) -> None:
+        """The request's one outcome, sent to both workers of its pair."""
         route.finished = True
         for worker in (route.prefill, route.decode):
-            self.link.send(worker, {"kind": "finalize", "request_id": rid, "outcome": outcome})
+            self.link.send(worker, {"kind": "finalize", "request_id": route.request_id, "outcome": outcome})
 
     def _route_for(self, sender: str, rid: str, role: str) -> Route | None:
         with self.lock:

@@ -26,12 +26,15 @@ class WorkerBase:
         self.signer = signer
         self.key = signer.key
         self.name = signer.sender
-        self.link = WorkerLink(signer, router_address)
+        self.link = WorkerLink(signer, router_address, replay_fault=self.replay_fault)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
         self._stopped = threading.Event()
+
+    def replay_fault(self) -> bool:
+        return False
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -1,0 +1,62 @@
+import pytest
+
+from bulkhead.kv.layout import KVLayout
+from bulkhead.server.process import ServerProcess
+
+KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
+SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
+PREFILL_POOL_TOKENS = 1024  # smaller than decode's ...
+DECODE_POOL_TOKENS = 2048  # ... smaller than the model's 8192-token context: the incident's shape
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory, smollm2_dir):
+    """router + 2 prefill + 2 decode processes, KV moved through shared memory,
+    every freed page poisoned; pools sized like the incident (clamped)."""
+    d = tmp_path_factory.mktemp("cluster")
+    keys = d / "keys.toml"
+    keys.write_text("[keys]\n" + "".join(f'"{k}" = "{t}"\n' for k, t in KEYS.items()))
+    faults = d / "faults"
+    proc = ServerProcess(
+        ["--role", "local", "--prefill", "2", "--decode", "2", "--api-keys", str(keys), "--scrub-mode", "poison",
+         "--prefill-kv-memory", str(SMOLLM2_KV.bytes_per_token * PREFILL_POOL_TOKENS),
+         "--decode-kv-memory", str(SMOLLM2_KV.bytes_per_token * DECODE_POOL_TOKENS),
+         "--kv-memory", "1GiB", "--clamp-context-length", "--drain-lease", "3", "--threads", "1",
+         "--cluster-key-file", str(d / "cluster.key")],
+        d / "cluster.log", env={"BULKHEAD_FAULTS_FILE": str(faults)},
+    ).wait_ready(timeout=300)
+    proc.faults_file = faults
+    yield proc
+    try:
+        assert proc.metric("bulkhead_engine_failures_total") == 0, "a step read poisoned KV"
+        wait_workers_idle(proc)
+    finally:
+        proc.stop()
+
+
+def wait_workers_idle(proc, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = proc.info()["workers"]
+        busy = [w["name"] for w in workers if w["owned_pages"] or w["dirty_pages"]]
+        if not busy:
+            return workers
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers still hold pages: {busy}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def alpha(cluster):
+    from openai import OpenAI
+
+    return OpenAI(base_url=cluster.url + "/v1", api_key="sk-alpha-test", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def beta(cluster):
+    from openai import OpenAI
+
+    return OpenAI(base_url=cluster.url + "/v1", api_key="sk-beta-test", max_retries=0, timeout=120)
