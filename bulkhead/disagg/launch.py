@@ -20,7 +20,8 @@ log = logging.getLogger("bulkhead")
 
 # Flags every worker shares with the launcher (value-taking, then switches).
 _ENGINE_VALUE_FLAGS = ("model", "model_id", "page_size", "context_length", "scrub_mode", "dtype",
-                       "max_running", "prefill_chunk", "decode_tile", "threads", "log_level", "transfer")
+                       "max_running", "prefill_chunk", "decode_tile", "threads", "log_level", "transfer",
+                       "prefix_cache")
 _ENGINE_SWITCHES = ("clamp_context_length", "no_safe_mode")
 
 
@@ -60,6 +61,11 @@ def serve_worker(args, engine_config, role: str) -> int:
         from bulkhead.disagg.transfer import make_target
 
         holder = {}
+        if args.transfer == "shm":
+            from bulkhead.disagg.transfer.shm import sweep_stale_files
+
+            for path in sweep_stale_files():  # pools of decode workers that were killed
+                log.info("removed stale KV pool file %s", path)
 
         def pool_factory(layout, num_pages, scrub_mode):
             holder["target"] = make_target(args.transfer, layout, num_pages, scrub_mode)

@@ -132,7 +132,7 @@ class DisaggBackend(Backend):
         for i, t in enumerate(tickets):
             signed = SignedTicket(
                 t.request_id, t.tenant, next(self._rooms), 1, t.prompt_token_ids, t.params.max_tokens,
-                t.context_length, params_to_dict(t.params),
+                t.context_length, params_to_dict(t.params), t.cache_salt,
             ).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             with self.lock:

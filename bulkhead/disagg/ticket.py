@@ -27,6 +27,7 @@ class SignedTicket:
     max_tokens: int
     context_length: int  # the limit the router admitted against
     params: dict  # SamplingParams fields
+    cache_salt: str | None = None  # the client's; subdivides the tenant's prefix-cache space
     mac: str = ""
 
     def _body(self) -> bytes:

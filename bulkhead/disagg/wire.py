@@ -30,7 +30,8 @@ def params_from_dict(d: dict) -> SamplingParams:
 
 
 def ticket_to_admitted(t: SignedTicket) -> Admitted:
-    return Admitted(t.request_id, t.tenant, t.prompt_token_ids, params_from_dict(t.params), t.context_length)
+    return Admitted(t.request_id, t.tenant, t.prompt_token_ids, params_from_dict(t.params), t.context_length,
+                    t.cache_salt)
 
 
 def logprobs_to_list(items) -> list:

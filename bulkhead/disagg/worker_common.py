@@ -46,7 +46,12 @@ class WorkerBase:
         return {}
 
     def heartbeat_body(self) -> dict:
-        return {"kind": "heartbeat", "info": self.info(), "counters": dict(self.counters),
+        counters = dict(self.counters)
+        cache = self.engine.scheduler.cache
+        if cache is not None:
+            counters |= {"prefix_cache_hit_pages": cache.hits, "prefix_cache_miss_pages": cache.misses,
+                         "prefix_cache_pages": cache.num_pages}
+        return {"kind": "heartbeat", "info": self.info(), "counters": counters,
                 "control": vars(self.signer.stats).copy()}
 
     def on_tick(self) -> None:

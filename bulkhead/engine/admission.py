@@ -42,6 +42,8 @@ class Admitted:
     params: SamplingParams
     # Which limits the decision used, so a worker can re-check (never re-decide).
     context_length: int
+    # The client's prefix-cache salt: subdivides the tenant's cache space only.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def admit(
     prompt_token_ids: list[int] | tuple[int, ...],
     params: SamplingParams,
     limits: Limits,
+    cache_salt: str | None = None,
 ) -> Admitted | Rejection:
     n = len(prompt_token_ids)
     limit = limits.effective_context
@@ -95,4 +98,4 @@ def admit(
                 param="prompt", code="invalid_token_id", limit=limits.vocab_size - 1, value=bad[0],
             )
         )
-    return Admitted(request_id, tenant, tuple(prompt_token_ids), params, limits.context_length)
+    return Admitted(request_id, tenant, tuple(prompt_token_ids), params, limits.context_length, cache_salt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class EngineConfig:
     decode_tile: int = 16
     safe_mode: bool = True
     threads: int | None = None
+    prefix_cache: bool = False
 
 
 @dataclass
@@ -84,9 +86,11 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         vocab_size=mc.vocab_size,
     )
     scheduler = Scheduler(
-        SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk),
+        SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
+                        prefix_cache=cfg.prefix_cache),
         ledger,
         reclaim=lambda: scrub_released(pool, ledger),
+        cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere
     )
     runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only)

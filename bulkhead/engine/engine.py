@@ -117,7 +117,10 @@ class Engine:
         prefill-only finish kept."""
         if request_id in self.reserved:
             self.reserved.discard(request_id)
-            self.ledger.release(request_id)
+            if request_id in self.scheduler.kept:
+                self.scheduler.release_kept(request_id)  # prompt pages may feed the prefix cache
+            else:
+                self.ledger.release(request_id)
             self._scrub()
 
     def start(self) -> None:
@@ -235,6 +238,7 @@ class Engine:
         """Prefill-only: the first token is sampled; keep the pages for the transfer."""
         rid = req.request_id
         state = self.sampler.get_state(rid)
+        held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)
         self.reserved.add(rid)
         sink = self._sinks.pop(rid, None)
@@ -242,7 +246,7 @@ class Engine:
         self.sampler.forget(rid)
         if sink is not None:
             sink(RequestOutput(rid, (token_id,), "", (lp,) if lp else (), True, "prefilled",
-                               len(req.prompt_token_ids), 1, held_pages=tuple(self.ledger.pages_of(rid)),
+                               len(req.prompt_token_ids), 1, held_pages=held,
                                sampler_state=state))
 
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):

@@ -52,6 +52,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    # Prefix-cache pages this request reads but does not own (pinned), and
+    # the hash of each full page of its prompt (its cache keys).
+    shared_pages: list[int] = field(default_factory=list)
+    prefix_hashes: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

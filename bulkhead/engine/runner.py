@@ -8,6 +8,7 @@ import torch
 
 from bulkhead.engine.scheduler import StepPlan
 from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.batch import PagedBatch, SequenceSlice
 from bulkhead.model.llama import LlamaModel
@@ -52,10 +53,10 @@ class ModelRunner:
         return ids, logits
 
     def _check_ownership(self, plan: StepPlan) -> None:
-        if plan.prefill is not None:
-            self.ledger.check_owned(plan.prefill.request_id, list(plan.prefill.pages))
-        for work in plan.decode:
-            self.ledger.check_owned(work.request_id, list(work.pages))
+        # Each page is the request's own, or a prefix-cache page of its tenant.
+        works = ([plan.prefill] if plan.prefill is not None else []) + list(plan.decode)
+        for w in works:
+            self.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)
 
     def _build_batch(self, plan: StepPlan) -> tuple[PagedBatch, list[str]]:
         ps = self.page_size

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.request import FinishReason, Request, RequestStatus
 from bulkhead.kv.ledger import OutOfPages, PageLedger
+from bulkhead.kv.prefix_cache import CACHE_OWNER, PrefixCache, page_hashes, tenant_salt
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class SchedulerConfig:
     max_prefill_streak: int = 4
     # Admitted requests waiting for pages; beyond it new ones get a 503.
     max_waiting: int = 1024
+    # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_running", "prefill_chunk", "max_prefill_streak", "max_waiting"):
@@ -40,6 +43,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class PrefillWork:
     request_id: str
+    tenant: str
     start: int  # first position computed in this pass
     token_ids: tuple[int, ...]  # tokens at positions [start, start + len)
     pages: tuple[int, ...]  # every page the request owns, in position order
@@ -53,6 +57,7 @@ class PrefillWork:
 @dataclass(frozen=True)
 class DecodeWork:
     request_id: str
+    tenant: str
     position: int
     token_id: int
     pages: tuple[int, ...]
@@ -72,12 +77,18 @@ class QueueFull(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None]):
+    def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None],
+                 cache_secret: bytes = b""):
         """reclaim() must scrub every dirty page and mark it scrubbed (the engine
-        owns the pool tensor; the scheduler never touches KV bytes)."""
+        owns the pool tensor; the scheduler never touches KV bytes).
+        cache_secret: server-side key that tenant cache salts derive from."""
         self.config = config
         self.ledger = ledger
         self.reclaim = reclaim
+        self.cache = PrefixCache(ledger) if config.prefix_cache else None
+        self._cache_secret = cache_secret
+        # Finished requests whose pages stay (prefill hand-over) until release_kept.
+        self.kept: dict[str, Request] = {}
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -96,6 +107,11 @@ class Scheduler:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
                       next(self._arrivals))
+        if self.cache is not None:
+            # Never the whole prompt: its last token must be computed for logits.
+            salt = tenant_salt(self._cache_secret, ticket.tenant, ticket.cache_salt)
+            req.prefix_hashes = page_hashes(salt, req.prompt_token_ids, self.config.page_size,
+                                            max_pages=(len(req.prompt_token_ids) - 1) // self.config.page_size)
         self.requests[req.request_id] = req
         self.waiting.append(req)
         return req
@@ -116,6 +132,10 @@ class Scheduler:
         self.requests[req.request_id] = req
         self.running.append(req)
         return req
+
+    def page_table(self, req: Request) -> list[int]:
+        """Every page req reads, in position order: cached prefix, then its own."""
+        return req.shared_pages + self.ledger.pages_of(req.request_id)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -141,10 +161,16 @@ class Scheduler:
             if not self.waiting or len(self.running) >= self.config.max_running:
                 return None
             req = self.waiting[0]
+        if req.status is RequestStatus.WAITING and self.cache is not None and req.num_computed == 0:
+            req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes)
+            req.num_computed = len(req.shared_pages) * self.config.page_size
         end = min(req.prefill_target, req.num_computed + self.config.prefill_chunk)
         if req.status is RequestStatus.WAITING and not self._has_room_for(req, end):
+            self._drop_shared(req)
             return None
         if not self._grow(req, end, preempted, may_preempt=req.status is RequestStatus.RUNNING):
+            if req.status is RequestStatus.WAITING:
+                self._drop_shared(req)
             return None
         if req.status is RequestStatus.WAITING:
             if end == req.num_computed:
@@ -153,7 +179,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
         tokens = tuple(req.token_at(i) for i in range(req.num_computed, end))
-        return PrefillWork(req.request_id, req.num_computed, tokens, tuple(self.ledger.pages_of(req.request_id)),
+        return PrefillWork(req.request_id, req.tenant, req.num_computed, tokens, tuple(self.page_table(req)),
                            samples=end == req.num_tokens)
 
     def _plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
@@ -163,19 +189,20 @@ class Scheduler:
                 continue  # preempted while making room for an older request
             if not self._grow(req, req.num_computed + 1, preempted, may_preempt=True):
                 continue
-            work.append(DecodeWork(req.request_id, req.num_computed, req.token_at(req.num_computed),
-                                   tuple(self.ledger.pages_of(req.request_id))))
+            work.append(DecodeWork(req.request_id, req.tenant, req.num_computed, req.token_at(req.num_computed),
+                                   tuple(self.page_table(req))))
         return [w for w in work if self.requests[w.request_id].status is RequestStatus.RUNNING]
 
     def _has_room_for(self, req: Request, tokens: int) -> bool:
         # Keep one page of headroom per running request so that admitting a
         # new one does not immediately force a preemption.
-        need = -(-tokens // self.config.page_size) + len(self.running)
-        return self.ledger.num_free + self.ledger.num_dirty >= need
+        need = -(-tokens // self.config.page_size) - len(req.shared_pages) + len(self.running)
+        evictable = self.cache.num_evictable if self.cache is not None else 0
+        return self.ledger.num_free + self.ledger.num_dirty + evictable >= need
 
     def _grow(self, req: Request, tokens: int, preempted: list[str], may_preempt: bool) -> bool:
         """Make req hold pages for `tokens` positions, preempting the newest others if allowed."""
-        held = len(self.ledger.pages_of(req.request_id))
+        held = len(self.page_table(req))
         need = -(-tokens // self.config.page_size) - held
         while need > 0:
             try:
@@ -184,6 +211,8 @@ class Scheduler:
             except OutOfPages:
                 if self.ledger.num_dirty:
                     self.reclaim()
+                    continue
+                if self.cache is not None and self.cache.evict(need):
                     continue
                 if not may_preempt:
                     return False
@@ -194,11 +223,38 @@ class Scheduler:
                     return False
         return True
 
+    def _drop_shared(self, req: Request) -> None:
+        if self.cache is not None and req.shared_pages:
+            self.cache.unpin(req.shared_pages)
+        req.shared_pages = []
+        req.num_computed = 0
+
+    def _retire(self, req: Request) -> None:
+        """Give back a finished request's pages: full pages of computed prompt
+        go to its tenant's prefix cache, the rest are released to be scrubbed."""
+        rid = req.request_id
+        if self.cache is not None:
+            own = self.ledger.pages_of(rid)
+            first = len(req.shared_pages)
+            computed_pages = min(len(req.prefix_hashes), req.num_computed // self.config.page_size)
+            if computed_pages > first:
+                self.cache.insert(rid, req.tenant, req.prefix_hashes[first:computed_pages],
+                                  own[: computed_pages - first])
+            self.cache.unpin(req.shared_pages)
+            req.shared_pages = []
+        if self.ledger.pages_of(rid):
+            self.ledger.release(rid)
+
+    def release_kept(self, request_id: str) -> None:
+        req = self.kept.pop(request_id)
+        self._retire(req)
+
     def _preempt(self, req: Request) -> None:
-        self.ledger.release(req.request_id)
+        if self.ledger.pages_of(req.request_id):
+            self.ledger.release(req.request_id)
+        self._drop_shared(req)
         self.running.remove(req)
         req.status = RequestStatus.WAITING
-        req.num_computed = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -230,8 +286,10 @@ class Scheduler:
         if req is None:
             return None
         if req.status is RequestStatus.RUNNING:
-            if not keep_pages:
-                self.ledger.release(request_id)
+            if keep_pages:
+                self.kept[request_id] = req
+            else:
+                self._retire(req)
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
@@ -249,10 +307,20 @@ class Scheduler:
         if running | waiting != set(self.requests):
             raise AssertionError("scheduler queues disagree with its request table")
         for r in self.waiting:
-            if self.ledger.pages_of(r.request_id):
+            if self.ledger.pages_of(r.request_id) or r.shared_pages:
                 raise AssertionError(f"waiting request {r.request_id} holds pages")
         for r in self.running:
-            held = len(self.ledger.pages_of(r.request_id)) * self.config.page_size
+            held = len(self.page_table(r)) * self.config.page_size
             if held < r.num_computed:
                 raise AssertionError(f"request {r.request_id} computed {r.num_computed} tokens in {held} slots")
-        self.ledger.check_integrity(live_requests=running | set(reserved))
+        live = running | set(reserved) | set(self.kept)
+        if self.cache is not None:
+            live.add(CACHE_OWNER)
+            self.cache.check_integrity()
+            pinned: dict[int, int] = {}
+            for r in [*self.running, *self.kept.values()]:
+                for p in r.shared_pages:
+                    pinned[p] = pinned.get(p, 0) + 1
+            if pinned != self.cache.pins:
+                raise AssertionError(f"cache pins {self.cache.pins} != pages requests read {pinned}")
+        self.ledger.check_integrity(live_requests=live)

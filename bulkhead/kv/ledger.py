@@ -77,9 +77,9 @@ class PageLedger:
 
     def owned_by_tenant(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for rid, pages in self._pages_of.items():
-            t = self._tenant_of[rid]
-            counts[t] = counts.get(t, 0) + len(pages)
+        for pages in self._pages_of.values():
+            for p in pages:
+                counts[self._tenant[p]] = counts.get(self._tenant[p], 0) + 1
         return counts
 
     # -- transitions ---------------------------------------------------------
@@ -113,6 +113,34 @@ class PageLedger:
         self._dirty.extend(pages)
         return pages
 
+    def donate(self, request_id: str, page: int, new_owner: str) -> None:
+        """Move one page from request_id to new_owner (the prefix cache); the
+        page keeps its tenant and generation: its KV is unchanged."""
+        pages = self._pages_of.get(request_id)
+        if pages is None or page not in pages:
+            raise LedgerError(f"{request_id} cannot donate page {page}: it does not own it")
+        pages.remove(page)
+        if not pages:
+            del self._pages_of[request_id]
+            del self._tenant_of[request_id]
+        self._pages_of.setdefault(new_owner, []).append(page)
+        self._owner[page] = new_owner  # _tenant[page] stays: the KV is still that tenant's
+
+    def release_pages(self, owner: str, pages: list[int]) -> None:
+        """Release some of owner's pages (prefix-cache eviction) to be scrubbed."""
+        held = self._pages_of.get(owner, [])
+        stray = [p for p in pages if p not in held]
+        if stray:
+            raise LedgerError(f"{owner} does not own pages {stray}")
+        drop = set(pages)
+        self._pages_of[owner] = [p for p in held if p not in drop]
+        if not self._pages_of[owner]:
+            del self._pages_of[owner]
+        for p in pages:
+            self._owner[p] = None
+            self._tenant[p] = None
+        self._dirty.extend(pages)
+
     def dirty_pages(self) -> list[int]:
         return list(self._dirty)
 
@@ -137,6 +165,17 @@ class PageLedger:
                     f"current is {self._generation[p]}"
                 )
 
+    def check_readable(self, request_id: str, tenant: str, pages: list[int], shared_owner: str) -> None:
+        """Raise unless each page is request_id's own, or a page of
+        shared_owner (the prefix cache) holding this tenant's KV."""
+        for p in pages:
+            owner = self._owner[p]
+            if owner == request_id:
+                continue
+            if owner == shared_owner and self._tenant[p] == tenant:
+                continue
+            raise LedgerError(f"request {request_id} ({tenant}) used page {p} owned by {owner} ({self._tenant[p]})")
+
     def check_integrity(self, live_requests: set[str] | None = None) -> None:
         """free + owned + dirty = total; no page twice; owners consistent and alive."""
         seen: dict[int, str] = {}
@@ -152,8 +191,12 @@ class PageLedger:
                 if p in seen:
                     raise LedgerError(f"page {p} is both {seen[p]} and owned by {rid}")
                 seen[p] = rid
-                if self._owner[p] != rid or self._tenant[p] != self._tenant_of[rid]:
+                if self._owner[p] != rid:
                     raise LedgerError(f"page {p} ledger entry disagrees with owner {rid}")
+                # A request's pages carry its tenant; a shared owner's (the
+                # prefix cache) each carry the tenant whose KV they hold.
+                if self._tenant[p] is None or self._tenant_of.get(rid, self._tenant[p]) != self._tenant[p]:
+                    raise LedgerError(f"page {p} tenant disagrees with owner {rid}")
             if live_requests is not None and rid not in live_requests:
                 raise LedgerError(f"request {rid} owns pages but is not alive")
         if len(seen) != self.num_pages:

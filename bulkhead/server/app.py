@@ -136,7 +136,8 @@ def create_app(state: ServerState) -> FastAPI:
         # answered in full or refused in full.
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
-                decision = admit(f"{rid}-{pi}-{j}", tenant, ids, sampling_params(body, len(ids), limits, j), limits)
+                decision = admit(f"{rid}-{pi}-{j}", tenant, ids, sampling_params(body, len(ids), limits, j), limits,
+                                 cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection):
                     metrics.rejections.labels(tenant, decision.error.code).inc()
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()

@@ -14,6 +14,7 @@ from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.engine import RequestOutput
+from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
@@ -79,6 +80,7 @@ class LocalBackend(Backend):
 
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
     ledger, limits, cfg = built.engine.ledger, built.limits, built.config
+    cached = len(ledger.pages_of(CACHE_OWNER))
     return {
         "engine": "bulkhead",
         "version": __version__,
@@ -91,7 +93,9 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "page_size": limits.page_size,
         "num_pages": ledger.num_pages,
         "free_pages": ledger.num_free,
-        "owned_pages": ledger.num_owned,
+        "owned_pages": ledger.num_owned - cached,  # held by requests
+        "cached_pages": cached,  # held by the tenant-scoped prefix cache
+        "prefix_cache": cfg.prefix_cache,
         "dirty_pages": ledger.num_dirty,
         "kv_dtype": cfg.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,

@@ -44,6 +44,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode rows per matmul tile; makes output batch-invariant (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
+                   help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
+                        "make greedy output depend on which request filled the cache)")
     p.add_argument("--log-level", default="info")
     add_disagg_arguments(p)
 
@@ -64,6 +67,7 @@ def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads,
+        prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and args.role == "prefill"),
     )
 
 

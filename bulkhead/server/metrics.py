@@ -31,6 +31,11 @@ class EngineCollector:
         yield GaugeMetricFamily("bulkhead_requests_waiting", "Admitted requests waiting", len(sched.waiting))
         yield CounterMetricFamily("bulkhead_preemptions", "Requests preempted for pages", sched.num_preemptions)
         yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed", self.engine.stats.failures)
+        cache = sched.cache
+        if cache is not None:
+            yield CounterMetricFamily("bulkhead_prefix_cache_hit_pages", "Prompt pages served from the cache",
+                                      cache.hits)
+            yield CounterMetricFamily("bulkhead_prefix_cache_miss_pages", "Prompt pages computed", cache.misses)
 
 
 class Metrics:

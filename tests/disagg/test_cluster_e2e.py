@@ -249,3 +249,17 @@ def test_kill_9_of_a_decode_worker_mid_decode(cluster):
     client = OpenAI(base_url=cluster.url + "/v1", api_key="sk-alpha-test", max_retries=0)
     r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert r.choices[0].text  # the surviving pair serves
+
+
+def test_prefill_prefix_cache_is_tenant_scoped(cluster, alpha, beta):
+    prompt = f"Shared preamble {uuid.uuid4().hex}. " + "The rules of the house are simple and clear. " * 6
+    hits = lambda: total(cluster, "prefix_cache_hit_pages", "prefill")  # noqa: E731
+    first = alpha.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    wait_workers_idle(cluster)
+    before = hits()
+    beta.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    time.sleep(1.2)  # two heartbeats
+    assert hits() == before  # another tenant never hits
+    again = alpha.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    wait_for(lambda: hits() > before)  # the same tenant does
+    assert again.choices[0].text == first.choices[0].text

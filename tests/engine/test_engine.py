@@ -201,3 +201,21 @@ def test_stop_token_ids_and_min_tokens(make_engine):
     assert sink.final("stop").finish_reason == "stop" and sink.final("stop").completion_tokens == 1
     assert first not in sink.tokens("min")[:3]
     assert sink.final("min").completion_tokens >= 3
+
+
+def test_prefix_cache_reuses_a_tenants_pages_and_never_another_tenants(make_engine):
+    built = make_engine(prefix_cache=True)
+    sink = Collector()
+    p = prompts(1, length=50)[0]
+    cache = built.engine.scheduler.cache
+    submit(built, sink, "a1", p, tenant="alpha", max_tokens=8, ignore_eos=True)
+    built.engine.run_until_idle()
+    submit(built, sink, "b1", p, tenant="beta", max_tokens=8, ignore_eos=True)
+    built.engine.run_until_idle()
+    assert cache.hits == 0  # same prompt, other tenant: computed again
+    submit(built, sink, "a2", p, tenant="alpha", max_tokens=8, ignore_eos=True)
+    built.engine.run_until_idle()
+    assert cache.hits == 3  # 50 tokens: three whole pages of 16 reused
+    assert built.engine.stats.failures == 0  # no poisoned read on the reused pages
+    assert sink.tokens("a2") == sink.tokens("a1")
+    built.engine.check_integrity()

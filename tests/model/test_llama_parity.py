@@ -30,10 +30,10 @@ def paged_logits(model_dir, ids, chunk):
     prefill_len = len(ids) - 3
     for start in range(0, prefill_len, chunk):
         end = min(prefill_len, start + chunk)
-        _, logits = runner.run(StepPlan(PrefillWork("r", start, tuple(ids[start:end]), pages, True), (), ()))
+        _, logits = runner.run(StepPlan(PrefillWork("r", "t", start, tuple(ids[start:end]), pages, True), (), ()))
         out[end - 1] = logits[0]
     for pos in range(prefill_len, len(ids)):
-        _, logits = runner.run(StepPlan(None, (DecodeWork("r", pos, ids[pos], pages),), ()))
+        _, logits = runner.run(StepPlan(None, (DecodeWork("r", "t", pos, ids[pos], pages),), ()))
         out[pos] = logits[0]
     return out
 
