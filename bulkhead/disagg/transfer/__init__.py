@@ -1,0 +1,16 @@
+"""KV transfer data plane: backends (shm, tcp, mooncake) behind one interface (see base)."""
+
+from bulkhead.disagg.transfer.base import (
+    BACKENDS,
+    TransferError,
+    TransferSource,
+    TransferTarget,
+    make_source,
+    make_target,
+)
+from bulkhead.disagg.transfer.digest import page_digest, page_digests
+
+__all__ = [
+    "BACKENDS", "TransferError", "TransferSource", "TransferTarget",
+    "make_source", "make_target", "page_digest", "page_digests",
+]

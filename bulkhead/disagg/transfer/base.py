@@ -1,0 +1,153 @@
+"""The KV transfer data plane: one small interface, backends picked by name.
+
+Prefill and decode each own a KVPool with its own page ids. After prefill has
+computed a request's KV, `TransferSource.write_pages` copies its pages into
+the pages decode allocated for that request. Who checks what:
+
+    backend  | sees each write on decode | write guard called | drain proof on error
+    ---------+---------------------------+--------------------+---------------------
+    shm      | no (one-sided memcpy)     | no                 | yes (copy is in-process)
+    tcp      | yes (receiver thread)     | yes, per page      | only if the ack arrived
+    mooncake | no (one-sided write)      | no                 | no (engine may retry)
+
+Where the guard cannot run, decode's commit-time checks are the guard: the
+manifest's generations and per-page digests (bulkhead.disagg.manifest), and
+never reusing a page a remote writer may still write until it drains or its
+lease expires (invariant 4).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from typing import Callable
+
+from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.pool import KVPool
+
+BACKENDS = ("shm", "tcp", "mooncake")
+
+# guard(dst_page, dst_generation, request_id) -> whether decode lets this write land
+WriteGuard = Callable[[int, int, str], bool]
+
+
+class TransferError(RuntimeError):
+    """A transfer that did not (entirely) happen: refused, peer gone, timeout,
+    mismatched geometry. Decode must fail the request (invariant 8).
+
+    drained: True when the backend can prove that no byte of the failed call
+    is still on its way to decode's pool; False when it cannot (a timed-out
+    socket, an engine that may still be retrying), in which case decode must
+    quarantine the pages until the writer's lease expires before reusing them.
+    refused_pages: decode pages the write guard turned away (tcp only).
+    """
+
+    def __init__(self, message: str, *, drained: bool, refused_pages: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.drained = drained
+        self.refused_pages = refused_pages
+
+
+class TransferTarget(ABC):
+    """Decode's side: owns (or wraps) the storage of decode's KV pool.
+
+    The pool is built over the backend's storage (a shared-memory file, a
+    registered buffer) so writes land in it without a further copy. Call
+    `descriptor()` once and hand it to prefill over the authenticated control
+    plane; it carries everything a source needs (and, for tcp, a session
+    token, so it must not be logged or sent anywhere else).
+
+    Thread safety: backends that receive writes on their own thread call the
+    guard and copy each page while holding `write_lock`. Decode code that
+    releases or reallocates pages should hold the same lock, so no page is
+    written after a generation check that has since gone stale.
+    """
+
+    name: str
+    pool: KVPool
+
+    def __init__(self) -> None:
+        self.write_lock = threading.Lock()
+        self._guard: WriteGuard | None = None
+
+    @abstractmethod
+    def descriptor(self) -> dict:
+        """JSON-serializable; what a TransferSource needs to write into `pool`."""
+
+    def set_write_guard(self, guard: WriteGuard) -> None:
+        """guard(dst_page, dst_generation, request_id) -> allowed.
+
+        Backends whose decode side sees each write (tcp) call it before
+        writing each page and refuse (count and drop) pages it rejects; the
+        source then raises TransferError. One-sided backends (shm, mooncake)
+        cannot call it: there, decode's commit-time generation and digest
+        checks and drain-before-reuse are the guard (see `sees_writes`)."""
+        self._guard = guard
+
+    @property
+    def sees_writes(self) -> bool:
+        """Whether this backend calls the write guard."""
+        return False
+
+    @abstractmethod
+    def stats(self) -> dict:
+        """Counters: bytes_received and pages_written (None where one-sided), writes_refused, ..."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop receiving and release the storage's name (file, port, registration).
+        The pool tensor stays valid in this process until dropped. Idempotent."""
+
+
+class TransferSource(ABC):
+    """Prefill's side: writes pages of prefill's pool into decode's pool."""
+
+    name: str
+
+    @abstractmethod
+    def write_pages(
+        self,
+        descriptor: dict,
+        request_id: str,
+        src: KVPool,
+        src_pages: list[int],
+        dst_pages: list[int],
+        dst_generations: list[int],
+    ) -> None:
+        """Copy src page src_pages[i] (all layers, K and V) into decode page dst_pages[i].
+
+        Returns only when every byte is in decode's pool; raises TransferError
+        when refused, when the peer is gone, on timeout or on a geometry
+        mismatch. After it returns, no write of this call is in flight; after
+        it raises, the same holds when `error.drained` is True (see
+        TransferError). Thread-safe per source, one call at a time.
+        """
+
+    @abstractmethod
+    def stats(self) -> dict:
+        """Counters: bytes_sent, pages_sent, calls, errors, ..."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop connections and mappings. Idempotent."""
+
+
+_MODULES = {"shm": "shm", "tcp": "tcp", "mooncake": "mooncake_backend"}
+
+
+def _backend_module(name: str):
+    if name not in BACKENDS:
+        raise ValueError(f"transfer backend {name!r} is not one of {BACKENDS}")
+    # imported on demand: mooncake's engine is an optional native extra
+    return importlib.import_module(f"bulkhead.disagg.transfer.{_MODULES[name]}")
+
+
+def make_target(name: str, layout: KVLayout, num_pages: int, scrub_mode: str = "zero", **opts) -> TransferTarget:
+    """Decode's side of backend `name`, with a fresh pool of num_pages pages."""
+    return _backend_module(name).Target(layout, num_pages, scrub_mode, **opts)
+
+
+def make_source(name: str, **opts) -> TransferSource:
+    """Prefill's side of backend `name`."""
+    return _backend_module(name).Source(**opts)

@@ -1,0 +1,241 @@
+"""The mooncake backend: Mooncake Transfer Engine one-sided writes (TCP transport, P2P handshake).
+
+Decode registers its pool's memory; prefill writes each page's byte ranges
+straight into it. A page is num_layers * 2 strided chunks of decode's pool,
+so a write is one range per (layer, K/V) plane per run of pages that are
+consecutive on both sides, taken straight from prefill's registered pool.
+When prefill's pages are scattered but decode's are consecutive, gathering
+them first into a registered staging buffer laid out like the destination
+([L, 2, n, ps, H, D]) cuts the ranges to one per plane per destination run,
+at the cost of one more copy (see _STAGE_GAIN; bench/transfer.py compares).
+
+One-sided: decode never sees the writes, so the write guard cannot run;
+decode's commit-time generation and digest checks are the guard. A failed
+batch may have landed in part and the engine gives no drain proof, so
+errors carry drained=False.
+
+SECURITY: Mooncake's P2P mode binds every interface whatever `host` says.
+Both sides therefore refuse to start an engine while this network namespace
+has any interface but lo, unless allow_all_interfaces=True says the operator
+accepts the exposure; the tests and the bench run under `unshare -n`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import torch
+
+from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
+from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
+from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.pool import KVPool, pool_shape
+
+log = logging.getLogger(__name__)
+
+# Staging costs one extra gather of every byte (bench/transfer.py: about a
+# whole transfer's time), so it pays only when it cuts ranges by a lot.
+_STAGE_GAIN = 4
+# Ranges per batch call. Mooncake's TCP lanes reject work ("queue-full", rc -1)
+# past about 1,000 ranges in flight, which would fail a healthy transfer.
+# Larger batches or 2-3 concurrent calls measured no steady gain here.
+_MAX_RANGES = 256
+_INSTALL_HINT = ("pip install mooncake-transfer-engine-non-cuda (extra 'mooncake'), "
+                 "which needs the system library libibverbs1 (apt-get install -y libibverbs1)")
+
+
+def non_loopback_interfaces() -> list[str]:
+    """Network interfaces other than lo in this process's network namespace.
+    (Not /sys/class/net: after `unshare -n` it still lists the old namespace's.)"""
+    try:
+        return sorted(name for _, name in socket.if_nameindex() if name != "lo")
+    except OSError as e:
+        return [f"(cannot list interfaces: {e})"]
+
+
+def _new_engine(host: str, allow_all_interfaces: bool):
+    exposed = non_loopback_interfaces()
+    if exposed and not allow_all_interfaces:
+        # fail closed (invariant 9): Mooncake would listen on these whatever `host` says
+        raise TransferError(
+            f"Mooncake listens on every interface, and this network namespace has {exposed}; run it in a "
+            f"private namespace (unshare -n) or pass allow_all_interfaces=True to accept the exposure",
+            drained=True,
+        )
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as e:  # missing package, or libibverbs.so.1 missing under it
+        raise TransferError(f"mooncake backend unavailable ({e}); {_INSTALL_HINT}", drained=True) from e
+    engine = TransferEngine()
+    rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        raise TransferError(f"Mooncake TransferEngine.initialize({host!r}, P2PHANDSHAKE, tcp) returned {rc}",
+                            drained=True)
+    log.warning("Mooncake transfer engine started: it listens on every interface, not only %s", host)
+    return engine
+
+
+def _register(engine, t: torch.Tensor) -> None:
+    rc = engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+    if rc != 0:
+        raise TransferError(f"Mooncake register_memory of {t.numel() * t.element_size()} bytes returned {rc}",
+                            drained=True)
+
+
+class Target(TransferTarget):
+    name = "mooncake"
+
+    def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero", host: str = "127.0.0.1",
+                 allow_all_interfaces: bool = False):
+        super().__init__()
+        self._engine = _new_engine(host, allow_all_interfaces)
+        data = torch.zeros(pool_shape(layout, num_pages), dtype=getattr(torch, layout.dtype))
+        self.pool = KVPool(layout, num_pages, scrub_mode, data=data)
+        _register(self._engine, self.pool.data)
+        self._session = f"{host}:{self._engine.get_rpc_port()}"
+
+    def descriptor(self) -> dict:
+        return {"backend": "mooncake", "session": self._session, "base": self.pool.data.data_ptr(),
+                "shape": list(self.pool.data.shape), "dtype": self.pool.layout.dtype}
+
+    def stats(self) -> dict:
+        return {"backend": "mooncake", "bytes_received": None, "pages_written": None, "writes_refused": 0,
+                "session": self._session}
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.unregister_memory(self.pool.data.data_ptr())
+            self._engine = None  # the engine stops listening when collected
+
+
+def page_runs(src_pages, dst_pages) -> list[tuple[int, int, int]]:
+    """(first source page, first destination page, length) for each run where
+    both lists go up by one at a time: one contiguous range per plane."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src_pages, dst_pages):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+def byte_ranges(src_pages, src_base: int, src_num_pages: int, dst_pages, dst_base: int, dst_num_pages: int,
+                planes: int, chunk: int) -> tuple[list[int], list[int], list[int]]:
+    """(source addresses, destination addresses, lengths) covering the pages in
+    every (layer, K/V) plane of two pools laid out [planes, num_pages, chunk bytes]."""
+    bufs, peers, lens = [], [], []
+    runs = page_runs(list(src_pages), list(dst_pages))
+    for plane in range(planes):
+        for s, d, n in runs:
+            bufs.append(src_base + (plane * src_num_pages + s) * chunk)
+            peers.append(dst_base + (plane * dst_num_pages + d) * chunk)
+            lens.append(n * chunk)
+    return bufs, peers, lens
+
+
+class Source(TransferSource):
+    name = "mooncake"
+
+    def __init__(self, host: str = "127.0.0.1", stage: bool | str = "auto", allow_all_interfaces: bool = False):
+        """stage: True gathers the pages into a registered staging buffer first,
+        so only destination runs split ranges; False writes straight from
+        prefill's registered pool (runs must be consecutive on both sides);
+        "auto" stages only when that cuts the range count by _STAGE_GAIN or more.
+        allow_all_interfaces: start even where interfaces other than lo exist."""
+        self.host = host
+        self.allow_all_interfaces = allow_all_interfaces
+        self.stage = stage
+        self._engine = None
+        self._registered: dict[int, torch.Tensor] = {}  # pools registered as they are (stage=False)
+        self._stage: torch.Tensor | None = None  # registered, flat, grows to the largest batch
+        self._lock = threading.Lock()
+        self._stats = {"backend": "mooncake", "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0,
+                       "ranges": 0}
+
+    def _staging(self, src: KVPool, n: int) -> torch.Tensor:
+        """A registered view [L, 2, n, ps, H, D], contiguous."""
+        L, two, _, *page = src.data.shape
+        need = L * two * n * torch.Size(page).numel()
+        if self._stage is None or self._stage.numel() < need or self._stage.dtype != src.data.dtype:
+            if self._stage is not None:
+                self._engine.unregister_memory(self._stage.data_ptr())
+            self._stage = torch.empty(need, dtype=src.data.dtype)
+            _register(self._engine, self._stage)
+        return self._stage[:need].view(L, two, n, *page)
+
+    def _should_stage(self, src_pages, dst_pages) -> bool:
+        if self.stage != "auto":
+            return bool(self.stage)
+        direct = len(page_runs(src_pages, dst_pages))
+        staged = len(page_runs(range(len(dst_pages)), dst_pages))
+        return direct >= _STAGE_GAIN * staged
+
+    def _register_pool(self, src: KVPool) -> None:
+        ptr = src.data.data_ptr()
+        if ptr not in self._registered:
+            _register(self._engine, src.data)
+            self._registered[ptr] = src.data  # held so the address cannot be reused while registered
+
+    def write_pages(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        with self._lock:
+            self._stats["calls"] += 1
+            try:
+                self._write(descriptor, request_id, src, src_pages, dst_pages, dst_generations)
+            except TransferError:
+                self._stats["errors"] += 1
+                raise
+
+    def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        if descriptor.get("backend") != "mooncake":
+            raise TransferError(f"descriptor is for backend {descriptor.get('backend')!r}, not mooncake",
+                                drained=True)
+        shape = descriptor["shape"]
+        check_geometry(src.data, shape, descriptor["dtype"])
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, shape[2])
+        if not dst_pages:
+            return
+        if self._engine is None:
+            self._engine = _new_engine(self.host, self.allow_all_interfaces)
+        n = len(dst_pages)
+        if self._should_stage(src_pages, dst_pages):
+            stage = self._staging(src, n)
+            stage.copy_(src.data[:, :, torch.tensor(src_pages, dtype=torch.long)])  # index_select(out=) is ~5x slower
+            # staged pages sit at positions 0..n-1, so only the destination must be consecutive
+            from_pages, from_base, from_num_pages = list(range(n)), stage.data_ptr(), n
+        else:
+            self._register_pool(src)
+            from_pages, from_base, from_num_pages = list(src_pages), src.data.data_ptr(), src.num_pages
+        chunk = src.data[0, 0, 0].numel() * src.data.element_size()  # one page of one layer's K or V
+        bufs, peers, lens = byte_ranges(from_pages, from_base, from_num_pages, dst_pages,
+                                        int(descriptor["base"]), shape[2], shape[0] * shape[1], chunk)
+        for s in range(0, len(bufs), _MAX_RANGES):
+            e = s + _MAX_RANGES
+            rc = self._engine.batch_transfer_sync_write(descriptor["session"], bufs[s:e], peers[s:e], lens[s:e])
+            if rc != 0:
+                raise TransferError(
+                    f"Mooncake write of {n} pages for {request_id} to {descriptor['session']} failed (rc {rc}): "
+                    f"decode gone, unreachable or refusing; some pages may have landed",
+                    drained=False,
+                )
+        self._stats["bytes_sent"] += sum(lens)
+        self._stats["pages_sent"] += n
+        self._stats["ranges"] += len(bufs)
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                for t in [self._stage, *self._registered.values()]:
+                    if t is not None:
+                        self._engine.unregister_memory(t.data_ptr())
+            self._engine, self._stage = None, None
+            self._registered.clear()
+
+
+# make_target / make_source find the classes here
+__all__ = ["Source", "Target", "byte_ranges", "page_runs"]

@@ -1,0 +1,111 @@
+"""The tcp backend: prefill streams page bytes to decode's receiver thread.
+
+Decode's receiver (tcp_receiver.Target) runs the write guard on every page.
+The source (here) sends one batch per call and waits for its ack; the ack
+proves the batch drained. Without an ack (timeout, reset, peer gone) the
+source cannot prove it, says so with TransferError(drained=False), and the
+receiver's guard is what stops a late page from landing in a reused page.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import torch
+
+from bulkhead.disagg.transfer import tcp_wire as wire
+from bulkhead.disagg.transfer.base import TransferError, TransferSource
+from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
+from bulkhead.disagg.transfer.tcp_receiver import Target
+
+_SEND_PAGES = 32  # pages gathered per send: bounds prefill's staging copy (~24 MB for SmolLM2 fp32)
+
+
+class Source(TransferSource):
+    name = "tcp"
+
+    def __init__(self, timeout_s: float = 30.0, connect_timeout_s: float = 5.0):
+        """timeout_s: the longest any one send or the ack may stall before the
+        call fails: a dead or wedged decode becomes a TransferError, not a hang."""
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._conns: dict[tuple[str, int], socket.socket] = {}
+        self._lock = threading.Lock()
+        self._stats = {"backend": "tcp", "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0, "refused": 0}
+
+    def _connect(self, addr: tuple[str, int]) -> socket.socket:
+        conn = self._conns.get(addr)
+        if conn is None:
+            try:
+                conn = socket.create_connection(addr, timeout=self.connect_timeout_s)
+            except OSError as e:
+                raise TransferError(f"cannot reach decode's receiver at {addr[0]}:{addr[1]}: {e}", drained=True) from e
+            conn.settimeout(self.timeout_s)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conns[addr] = conn
+        return conn
+
+    def _drop(self, addr: tuple[str, int]) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            conn.close()
+
+    def write_pages(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        with self._lock:
+            self._stats["calls"] += 1
+            try:
+                self._write(descriptor, request_id, src, src_pages, dst_pages, dst_generations)
+            except TransferError:
+                self._stats["errors"] += 1
+                raise
+
+    def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        if descriptor.get("backend") != "tcp":
+            raise TransferError(f"descriptor is for backend {descriptor.get('backend')!r}, not tcp", drained=True)
+        check_geometry(src.data, descriptor["shape"], descriptor["dtype"])
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, descriptor["shape"][2])
+        if not dst_pages:
+            return
+        addr = (descriptor["host"], int(descriptor["port"]))
+        conn = self._connect(addr)
+        page_bytes = src.data[:, :, 0].numel() * src.data.element_size()
+        header = wire.BatchHeader(descriptor["token"], request_id, page_bytes,
+                                  tuple(zip(map(int, dst_pages), map(int, dst_generations))))
+        try:
+            wire.send_header(conn, header)
+            for start in range(0, len(src_pages), _SEND_PAGES):
+                idx = torch.tensor(src_pages[start : start + _SEND_PAGES], dtype=torch.long)
+                chunk = src.data.movedim(2, 0)[idx]  # [n, L, 2, ps, H, D], contiguous (see digest.py)
+                conn.sendall(chunk.view(torch.uint8).reshape(-1).numpy())
+            ack = wire.recv_ack(conn)
+        except (OSError, wire.WireError) as e:  # socket.timeout is an OSError
+            self._drop(addr)  # the stream's framing is unknown now
+            raise TransferError(
+                f"tcp transfer of {len(dst_pages)} pages for {request_id} to {addr[0]}:{addr[1]} failed: {e!r}",
+                drained=False,
+            ) from e
+        if ack.get("error"):
+            self._drop(addr)
+            raise TransferError(f"decode rejected the batch for {request_id}: {ack['error']}", drained=True)
+        refused = tuple(ack.get("refused", ()))
+        self._stats["bytes_sent"] += len(dst_pages) * page_bytes
+        self._stats["pages_sent"] += int(ack.get("written", 0))
+        if refused:
+            self._stats["refused"] += len(refused)
+            raise TransferError(
+                f"decode's write guard refused pages {list(refused)} for {request_id} "
+                f"(stale generation or not owned by this request)",
+                drained=True, refused_pages=refused,
+            )
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        with self._lock:
+            for addr in list(self._conns):
+                self._drop(addr)
+
+
+__all__ = ["Source", "Target"]
