@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bulkhead.audit.cli import add_subcommands as add_audit
 
     add_audit(sub)  # plan, preflight: each sets args.func
+    from bulkhead.verify.cli import add_subcommand as add_verify
+
+    add_verify(sub)  # verify: the protocol model checker
     return parser
 
 

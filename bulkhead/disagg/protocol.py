@@ -1,0 +1,66 @@
+"""The prefill/decode transfer protocol as pure transition functions.
+
+Each actor is a function `step(config, state, event) -> Step(state, send,
+notes)` over frozen dataclasses: no I/O, no clock, no threads. The runtime
+(router, prefill and decode loops) feeds it real messages and timer events
+and performs `send`; the model checker (bulkhead.verify) feeds it every
+interleaving an adversarial environment allows. `notes` (PageRead,
+WriteLanded, Committed, ClientResponse) are what an observer may check.
+
+    router_step(config, RouterState, event)    events: Submit, ClientAbort,
+        DeadlinePassed, PeerLost, DecodeDone, TransferFailed, PrefillRejected
+    prefill_step(config, PrefillState, event)  events: Assign, PagesGranted,
+        Finalize, Quiesced
+    decode_step(config, DecodeState, event)    events: Assign, PageWrite,
+        Landing, TransferDone, DecodeStep, Finalize, DrainAck, LeaseExpired
+
+Life of a request (REAL, all guards on):
+
+    actor    from              event / message           to                 sends
+    -------  ----------------  ------------------------  -----------------  ------------------------
+    router   -                 Submit, over the limit    DONE(REJECTED)     4xx to client, nothing else
+    router   -                 Submit, fits              ADMITTED           -
+    router   ADMITTED          a room is free            BOOTSTRAPPED       Assign(ticket) to both
+    decode   -                 Assign (signed ticket)    WAITING_PAGES      -
+    decode   WAITING_PAGES     pages free                DECODE_ALLOCATED   PagesGranted(pages, gens)
+    prefill  -                 Assign (signed ticket)    WAITING_POOL       -
+    prefill  WAITING_POOL      local pages free          PREFILLING         -
+    prefill  PREFILLING        PagesGranted              TRANSFERRING       PageWrite per page, TransferDone
+    decode   any               PageWrite, gen current    (same)             Landing (DMA admitted)
+    decode   any               Landing                   (same)             - (ledger credits owner@gen)
+    decode   DECODE_ALLOCATED  manifest == allocation,   COMMITTED          -
+                               all written, digests ok
+    decode   DECODE_ALLOCATED  mismatch / bad digest     (failed)           TransferFailed to router
+    decode   COMMITTED         DecodeStep                DECODING           DecodeDone to router
+    router   BOOTSTRAPPED      DecodeDone / TransferFailed / ClientAbort /
+                               DeadlinePassed / PeerLost DONE(outcome)      Finalize to both, response
+    prefill  any live          Finalize                  DRAINING           - (never posts again)
+    prefill  DRAINING          Quiesced                  DONE               DrainAck to decode
+    decode   holds pages       Finalize                  DRAINING           -
+    decode   DRAINING          DrainAck / LeaseExpired   DONE               - (pages scrubbed, freed)
+
+Every failure ends in one outcome (Outcome), decided by the router alone and
+recorded by both workers from its Finalize. Unsigned (forged) control
+messages are dropped; duplicates and late messages are no-ops.
+"""
+from __future__ import annotations
+
+from bulkhead.disagg.protocol_decode import (
+    DecodeRequest, DecodeState, decode_initial, decode_restart, decode_step,
+)
+from bulkhead.disagg.protocol_ledger import Ledger, PageEntry
+from bulkhead.disagg.protocol_messages import *  # noqa: F401,F403 - the message vocabulary
+from bulkhead.disagg.protocol_prefill import PrefillRequest, PrefillState, prefill_restart, prefill_step
+from bulkhead.disagg.protocol_router import RouterRequest, RouterState, router_step
+from bulkhead.disagg.protocol_types import (
+    GARBAGE, ROUTER, ZERO, Guards, Manifest, Outcome, PageGrant, Phase, ProtocolConfig, RequestSpec,
+    Ticket, Variant, decode_addr, digest_of, kv_origin, prefill_addr,
+)
+
+__all__ = [
+    "router_step", "prefill_step", "decode_step", "decode_initial", "decode_restart",
+    "prefill_restart", "RouterState", "RouterRequest", "PrefillState", "PrefillRequest",
+    "DecodeState", "DecodeRequest", "Ledger", "PageEntry", "Guards", "Manifest", "Outcome",
+    "PageGrant", "Phase", "ProtocolConfig", "RequestSpec", "Ticket", "Variant", "ROUTER", "ZERO",
+    "GARBAGE", "decode_addr", "prefill_addr", "digest_of", "kv_origin",
+]

@@ -1,0 +1,225 @@
+"""The decode worker's half of the protocol: allocate pages for a ticket,
+admit writes against the ledger, commit only on exact, verified coverage,
+decode, and free pages only when no writer can still reach them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bulkhead.disagg.protocol_ledger import Ledger
+from bulkhead.disagg.protocol_messages import (
+    Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
+    PageRead, PagesGranted, PageWrite, Step, TransferDone, TransferFailed, WriteLanded,
+)
+from bulkhead.disagg.protocol_types import cached_hash
+from bulkhead.disagg.protocol_types import (
+    ROUTER, Manifest, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
+    digest_of, find, kv_origin, prefill_addr, upsert,
+)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class DecodeRequest:
+    rid: int
+    phase: Phase                       # WAITING_PAGES .. DECODING, DRAINING, DONE
+    ticket: Ticket | None = None
+    pages: tuple[int, ...] = ()        # prompt pages first, then decode pages
+    manifest: Manifest | None = None
+    failed: bool = False               # reported TransferFailed, awaits the outcome
+    drain_acked: bool = False          # prefill's ack came before our Finalize
+    outcome: Outcome | None = None
+
+    @property
+    def prompt_pages(self) -> tuple[int, ...]:
+        return self.pages[:self.ticket.prompt_pages] if self.ticket else ()
+
+
+@cached_hash
+@dataclass(frozen=True)
+class DecodeState:
+    index: int
+    ledger: Ledger
+    incarnation: int = 1
+    requests: tuple[DecodeRequest, ...] = ()
+
+
+def decode_initial(config: ProtocolConfig, index: int) -> DecodeState:
+    return DecodeState(index, Ledger.fresh(config.decode_pools[index]))
+
+
+def decode_restart(config: ProtocolConfig, state: DecodeState) -> DecodeState:
+    """A crash and restart: requests and ownership are gone, memory is not."""
+    ledger = state.ledger.restarted(scrub=config.guards.scrub_on_free)
+    return DecodeState(state.index, ledger, state.incarnation + 1)
+
+
+def decode_step(config: ProtocolConfig, state: DecodeState, event) -> Step:
+    if getattr(event, "signed", True) is False and config.guards.hmac:
+        return Step(state)  # forged: the HMAC does not verify
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise TypeError(f"decode cannot handle {type(event).__name__}")
+    return handler(config, state, event)
+
+
+def _assign(config, state: DecodeState, message: Assign) -> Step:
+    ticket = message.ticket
+    if (not ticket.signed and config.guards.hmac) or find(state.requests, ticket.rid):
+        return Step(state)
+    if ticket.decode_incarnation != state.incarnation:
+        return Step(state)  # issued before our restart; the router will learn of it
+    record = DecodeRequest(ticket.rid, Phase.WAITING_PAGES, ticket=ticket)
+    return _allocate_waiting(config, replace(state, requests=upsert(state.requests, record)))
+
+
+def _allocate_waiting(config, state: DecodeState) -> Step:
+    """Give pages to waiting tickets in rid order while the pool has room.
+    REAL trusts the ticket: admission already proved the request fits."""
+    sends = []
+    for record in state.requests:
+        if record.phase is not Phase.WAITING_PAGES:
+            continue
+        need = record.ticket.prompt_pages + record.ticket.decode_pages
+        if need > len(state.ledger.free):
+            continue
+        ledger, pages = state.ledger.allocate(record.rid, need)
+        record = replace(record, phase=Phase.DECODE_ALLOCATED, pages=pages)
+        state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+        ticket = record.ticket
+        grants = tuple(PageGrant(p, ledger.entries[p].gen) for p in record.prompt_pages)
+        sends.append(PagesGranted(prefill_addr(ticket.prefill), ticket.rid, ticket.room,
+                                  ticket.epoch, state.index, state.incarnation, grants))
+    return Step(state, tuple(sends))
+
+
+def _admit_write(config, state: DecodeState, write: PageWrite) -> Step:
+    """The transfer engine admits a write against the ledger. Once admitted
+    the DMA cannot be stopped: it becomes a Landing."""
+    if not 0 <= write.page < len(state.ledger.entries):
+        return Step(state)
+    entry = state.ledger.entries[write.page]
+    current = (state.incarnation, entry.owner, entry.gen)
+    if config.guards.generation_check and (write.incarnation, write.rid, write.gen) != current:
+        return Step(state)  # stale: the page moved on (or this process is new)
+    landing = Landing(decode_addr(state.index), write.rid, write.epoch, state.incarnation,
+                      write.page, write.gen, write.payload)
+    return Step(state, (landing,))
+
+
+def _land(config, state: DecodeState, landing: Landing) -> Step:
+    if landing.incarnation != state.incarnation:
+        return Step(state)  # the memory registration died with the old process
+    entry = state.ledger.entries[landing.page]
+    note = WriteLanded(state.index, landing.page, landing.rid, landing.gen, entry.owner, entry.gen)
+    ledger = state.ledger.land(landing.page, landing.rid, landing.gen, landing.epoch,
+                               landing.payload, digest_of(landing.payload))
+    step = _try_commit(config, replace(state, ledger=ledger), landing.rid)
+    return Step(step.state, step.send, (note,) + step.notes)
+
+
+def _transfer_done(config, state: DecodeState, message: TransferDone) -> Step:
+    record = find(state.requests, message.manifest.rid)
+    if record is None or record.phase is not Phase.DECODE_ALLOCATED or record.manifest:
+        return Step(state)
+    state = replace(state, requests=upsert(state.requests, replace(record, manifest=message.manifest)))
+    return _try_commit(config, state, record.rid)
+
+
+def _try_commit(config, state: DecodeState, rid: int) -> Step:
+    record = find(state.requests, rid)
+    if record is None or record.phase is not Phase.DECODE_ALLOCATED or record.failed:
+        return Step(state)
+    if record.manifest is None:
+        return Step(state)
+    verdict = _verdict(config, state, record)
+    if verdict == "wait":
+        return Step(state)
+    if verdict:
+        record = replace(record, failed=True)
+        return Step(replace(state, requests=upsert(state.requests, record)),
+                    (TransferFailed(ROUTER, rid, verdict),))
+    record = replace(record, phase=Phase.COMMITTED)
+    note = Committed(state.index, rid, record.ticket.epoch, record.pages)
+    return Step(replace(state, requests=upsert(state.requests, record)), notes=(note,))
+
+
+def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
+    """'' to commit, 'wait' for more landings, else why the transfer failed."""
+    ticket, manifest, guards = record.ticket, record.manifest, config.guards
+    if config.variant is Variant.LEGACY:
+        return "" if manifest.room == ticket.room else "room mismatch"
+    if guards.coverage_check:
+        expected = (ticket.rid, ticket.tenant, ticket.room, ticket.epoch, ticket.prompt_pages,
+                    record.prompt_pages)
+        claimed = (manifest.rid, manifest.tenant, manifest.room, manifest.epoch,
+                   manifest.prompt_pages, manifest.pages)
+        if claimed != expected or len(manifest.digests) != len(manifest.pages):
+            return "manifest does not match the allocation"
+    entries = state.ledger.entries
+    if guards.digest_check:
+        for page, digest in zip(manifest.pages, manifest.digests):
+            landed = entries[page]
+            if landed.written_epoch == ticket.epoch and landed.landed_digest != digest:
+                return f"digest mismatch on page {page}"
+    if guards.coverage_check:
+        if any(entries[p].written_epoch != ticket.epoch for p in record.prompt_pages):
+            return "wait"  # writes may still be in flight; the deadline bounds the wait
+    return ""
+
+
+def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
+    record = find(state.requests, event.rid)
+    if record is None or record.phase is not Phase.COMMITTED:
+        return Step(state)
+    ticket = record.ticket
+    ledger = state.ledger
+    for page in record.pages[ticket.prompt_pages:]:
+        ledger = ledger.write_local(page, kv_origin(ticket.rid, ticket.epoch))
+    reads = tuple(PageRead(ticket.rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
+                  for p in record.pages)
+    record = replace(record, phase=Phase.DECODING)
+    state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+    return Step(state, (DecodeDone(ROUTER, ticket.rid),), reads)
+
+
+def _finalize(config, state: DecodeState, message: Finalize) -> Step:
+    record = find(state.requests, message.rid) or DecodeRequest(message.rid, Phase.WAITING_PAGES)
+    if record.phase in (Phase.DRAINING, Phase.DONE):
+        return Step(state)
+    record = replace(record, outcome=message.outcome)
+    if record.pages and config.guards.drain_before_reuse and not record.drain_acked:
+        record = replace(record, phase=Phase.DRAINING)
+        return Step(replace(state, requests=upsert(state.requests, record)))
+    return _release(config, state, record)
+
+
+def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
+    record = find(state.requests, message.rid)
+    if record is None or record.phase is Phase.DONE:
+        return Step(state)
+    if record.phase is Phase.DRAINING:
+        return _release(config, state, record)
+    return Step(replace(state, requests=upsert(state.requests, replace(record, drain_acked=True))))
+
+
+def _lease_expired(config, state: DecodeState, event: LeaseExpired) -> Step:
+    record = find(state.requests, event.rid)
+    if record is None or record.phase is not Phase.DRAINING:
+        return Step(state)
+    return _release(config, state, record)
+
+
+def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
+    ledger = state.ledger.release(record.pages, scrub=config.guards.scrub_on_free)
+    # Keep only what an audit needs, so equal outcomes make equal states.
+    record = DecodeRequest(record.rid, Phase.DONE, ticket=record.ticket, outcome=record.outcome)
+    state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+    return _allocate_waiting(config, state)
+
+
+_HANDLERS = {
+    Assign: _assign, PageWrite: _admit_write, Landing: _land, TransferDone: _transfer_done,
+    DecodeStep: _decode_step, Finalize: _finalize, DrainAck: _drain_ack,
+    LeaseExpired: _lease_expired,
+}

@@ -1,0 +1,160 @@
+"""The prefill worker's half of the protocol: compute a ticket's prompt into
+local pages, write them into the pages decode granted, say what was sent,
+and after the router's outcome acknowledge the drain.
+
+Prefill never decides admission (REAL): the ticket says the request fits.
+LEGACY keeps the incident's behaviour: a prompt over prefill's own limit
+gets a pending rejection and continues as a live 1-token stub.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bulkhead.disagg.protocol_messages import (
+    Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
+    TransferDone,
+)
+from bulkhead.disagg.protocol_types import cached_hash
+from bulkhead.disagg.protocol_types import (
+    ROUTER, Manifest, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
+    find, kv_origin, upsert,
+)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class PrefillRequest:
+    rid: int
+    phase: Phase                          # WAITING_POOL .. TRANSFERRING, DRAINING, DONE
+    ticket: Ticket | None = None
+    grant: PagesGranted | None = None     # may arrive before the ticket
+    local_pages: int = 0                  # pages held in prefill's own pool
+    outcome: Outcome | None = None
+    decode_peer: int | None = None        # whom to send the drain ack
+    stub: bool = False                    # LEGACY: prompt swapped for 1 token
+    epoch: int = 0                        # from the ticket or the Finalize
+
+
+@cached_hash
+@dataclass(frozen=True)
+class PrefillState:
+    index: int
+    incarnation: int = 1
+    requests: tuple[PrefillRequest, ...] = ()
+
+    def pages_in_use(self) -> int:
+        return sum(r.local_pages for r in self.requests)
+
+
+def prefill_restart(state: PrefillState) -> PrefillState:
+    """A crash and restart: all volatile state is gone."""
+    return PrefillState(state.index, state.incarnation + 1)
+
+
+def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
+    if getattr(event, "signed", True) is False and config.guards.hmac:
+        return Step(state)  # forged: the HMAC does not verify
+    if isinstance(event, Assign):
+        return _assign(config, state, event.ticket)
+    if isinstance(event, PagesGranted):
+        return _granted(config, state, event)
+    if isinstance(event, Finalize):
+        return _finalize(state, event)
+    if isinstance(event, Quiesced):
+        return _quiesced(config, state, event.rid)
+    raise TypeError(f"prefill cannot handle {type(event).__name__}")
+
+
+def _assign(config: ProtocolConfig, state: PrefillState, ticket: Ticket) -> Step:
+    if (not ticket.signed and config.guards.hmac) or ticket.prefill_incarnation != state.incarnation:
+        return Step(state)
+    record = find(state.requests, ticket.rid) or PrefillRequest(ticket.rid, Phase.WAITING_POOL)
+    if record.ticket is not None or record.phase in (Phase.DRAINING, Phase.DONE):
+        return Step(state)  # duplicate, or the outcome is already known
+    record = replace(record, ticket=ticket, decode_peer=ticket.decode)
+    sends = ()
+    if config.variant is Variant.LEGACY and ticket.prompt_pages > _legacy_input_limit(config, state):
+        # The incident: the rejection is a flag on a live request, the prompt
+        # becomes a 1-token stub, and the 400 goes to a router that drops it.
+        record = replace(record, stub=True, outcome=Outcome.REJECTED)
+        sends = (PrefillRejected(ROUTER, ticket.rid),)
+    state = replace(state, requests=upsert(state.requests, record))
+    step = _advance(config, state)
+    return Step(step.state, sends + step.send)
+
+
+def _legacy_input_limit(config: ProtocolConfig, state: PrefillState) -> int:
+    # max_req_input_len = min(context_len - 1, pool_tokens - 1), in pages
+    return min(config.context_pages, config.prefill_pools[state.index]) - 1
+
+
+def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -> Step:
+    record = find(state.requests, grant.rid) or PrefillRequest(grant.rid, Phase.WAITING_POOL)
+    if record.grant is not None or record.phase in (Phase.DRAINING, Phase.DONE):
+        return Step(state)  # duplicate, or too late: never write after the outcome
+    state = replace(state, requests=upsert(state.requests, replace(record, grant=grant)))
+    return _advance(config, state)
+
+
+def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
+    """Take local pages for waiting tickets, then post the writes of every
+    prefilled request whose grant has arrived."""
+    sends = []
+    for record in state.requests:
+        if record.phase is Phase.WAITING_POOL and record.ticket is not None:
+            need = 1 if record.stub else record.ticket.prompt_pages
+            if config.prefill_pools[state.index] - state.pages_in_use() >= need:
+                record = replace(record, phase=Phase.PREFILLING, local_pages=need)
+                state = replace(state, requests=upsert(state.requests, record))
+        if record.phase is Phase.PREFILLING and _grant_matches(record):
+            record, posted = _post_writes(record)
+            state = replace(state, requests=upsert(state.requests, record))
+            sends += posted
+    return Step(state, tuple(sends))
+
+
+def _grant_matches(record: PrefillRequest) -> bool:
+    grant, ticket = record.grant, record.ticket
+    return (grant is not None and ticket is not None
+            and (grant.room, grant.epoch, grant.decode) == (ticket.room, ticket.epoch, ticket.decode))
+
+
+def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
+    ticket, grant = record.ticket, record.grant
+    payload = kv_origin(ticket.rid, ticket.epoch)
+    # LEGACY's stub has 1 token of KV: it writes one page and, judging by its
+    # own count, calls the transfer complete.
+    grants = grant.grants[:1] if record.stub else grant.grants
+    dst = decode_addr(ticket.decode)
+    sends = [PageWrite(dst, ticket.rid, ticket.room, ticket.epoch, grant.incarnation, g.page,
+                       g.gen, payload) for g in grants]
+    manifest = Manifest(ticket.rid, ticket.tenant, ticket.room, ticket.epoch,
+                        1 if record.stub else ticket.prompt_pages,
+                        tuple(g.page for g in grants),
+                        tuple(digest_of(payload) for _ in grants))
+    sends.append(TransferDone(dst, manifest))
+    return replace(record, phase=Phase.TRANSFERRING), sends
+
+
+def _finalize(state: PrefillState, message: Finalize) -> Step:
+    record = find(state.requests, message.rid) or PrefillRequest(message.rid, Phase.WAITING_POOL)
+    if record.phase in (Phase.DRAINING, Phase.DONE):
+        return Step(state)
+    # A LEGACY stub keeps its own 400: that disagreement is the bug.
+    outcome = record.outcome or message.outcome
+    record = replace(record, phase=Phase.DRAINING, outcome=outcome, decode_peer=message.peer,
+                     epoch=message.epoch)
+    return Step(replace(state, requests=upsert(state.requests, record)))
+
+
+def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+    """No write for rid is outstanding: release local pages, tell decode."""
+    record = find(state.requests, rid)
+    if record is None or record.phase is not Phase.DRAINING:
+        return Step(state)
+    record = replace(record, phase=Phase.DONE, local_pages=0, grant=None)
+    state = replace(state, requests=upsert(state.requests, record))
+    ack = DrainAck(decode_addr(record.decode_peer), rid, record.epoch)
+    step = _advance(config, state)  # local pages came free
+    return Step(step.state, (ack,) + step.send)
+

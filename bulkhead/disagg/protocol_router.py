@@ -1,0 +1,157 @@
+"""The router's half of the protocol: one admission decision, bootstrap
+(room and pair), and the one terminal outcome of every request.
+
+The router is the only actor that decides an outcome. Workers report
+(DecodeDone, TransferFailed) and record what the router decided (Finalize),
+so router, prefill and decode always agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bulkhead.disagg.protocol_messages import (
+    Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, Finalize, PeerLost,
+    PrefillRejected, Step, Submit, TransferFailed,
+)
+from bulkhead.disagg.protocol_types import cached_hash
+from bulkhead.disagg.protocol_types import (
+    Outcome, Phase, ProtocolConfig, RequestSpec, Ticket, Variant, decode_addr, find,
+    prefill_addr, upsert,
+)
+
+FIRST_EPOCH = 1  # retries would bump it; this version does not retry
+
+
+@cached_hash
+@dataclass(frozen=True)
+class RouterRequest:
+    spec: RequestSpec
+    phase: Phase                 # ADMITTED, BOOTSTRAPPED or DONE
+    room: int | None = None      # kept after DONE, for audit
+    epoch: int = FIRST_EPOCH
+    outcome: Outcome | None = None
+    detail: str = ""             # why, for the client's error body
+
+    @property
+    def rid(self) -> int:
+        return self.spec.rid
+
+
+@cached_hash
+@dataclass(frozen=True)
+class RouterState:
+    requests: tuple[RouterRequest, ...] = ()
+    # worker address -> last incarnation the router heard of
+    known_incarnations: tuple[tuple[tuple, int], ...] = ()
+
+    def rooms_in_use(self) -> tuple[int, ...]:
+        return tuple(r.room for r in self.requests if r.phase is Phase.BOOTSTRAPPED)
+
+
+def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
+    guards = config.guards
+    if getattr(event, "signed", True) is False and guards.hmac:
+        return Step(state)  # forged or tampered: the HMAC does not verify
+    if isinstance(event, Submit):
+        return _submit(config, state, event.spec)
+    if isinstance(event, ClientAbort):
+        return _finalize(config, state, event.rid, Outcome.ABORTED, "client aborted")
+    if isinstance(event, DeadlinePassed):
+        return _finalize(config, state, event.rid, Outcome.TIMED_OUT, "deadline passed")
+    if isinstance(event, DecodeDone):
+        return _finalize(config, state, event.rid, Outcome.FINISHED)
+    if isinstance(event, TransferFailed):
+        return _finalize(config, state, event.rid, Outcome.TRANSFER_FAILED, event.reason)
+    if isinstance(event, PrefillRejected):
+        # LEGACY: prefill's 400 is dropped; the router waits for decode's 200.
+        # REAL prefill never sends it (it never re-decides admission).
+        return Step(state)
+    if isinstance(event, PeerLost):
+        return _peer_lost(config, state, event)
+    raise TypeError(f"router cannot handle {type(event).__name__}")
+
+
+def _submit(config: ProtocolConfig, state: RouterState, spec: RequestSpec) -> Step:
+    if find(state.requests, spec.rid) is not None:
+        return Step(state)  # a client retry of a known id is not a new request
+    admit_first = config.variant is Variant.REAL and config.guards.admission_before_bootstrap
+    if admit_first:
+        rejection = _rejection(config, spec)
+        if rejection:
+            record = RouterRequest(spec, Phase.DONE, outcome=Outcome.REJECTED, detail=rejection)
+            return Step(replace(state, requests=upsert(state.requests, record)),
+                        notes=(ClientResponse(spec.rid, Outcome.REJECTED, rejection),))
+    state = replace(state, requests=upsert(state.requests, RouterRequest(spec, Phase.ADMITTED)))
+    return _bootstrap_waiting(config, state)
+
+
+def _rejection(config: ProtocolConfig, spec: RequestSpec) -> str:
+    """'' if the request fits the smallest limit of its pair, else the typed
+    reason the client needs: which limit, its value, what was asked."""
+    name, limit = config.admission_limit(spec)
+    if spec.total_pages <= limit:
+        return ""
+    return f"{name} limit {limit} pages < {spec.total_pages} pages asked"
+
+
+def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
+    """Give rooms to admitted requests, in rid order, while rooms are free."""
+    sends, notes = [], []
+    for record in state.requests:
+        if record.phase is not Phase.ADMITTED:
+            continue
+        free = [room for room in range(config.rooms) if room not in state.rooms_in_use()]
+        if not free:
+            break
+        spec = record.spec
+        record = replace(record, phase=Phase.BOOTSTRAPPED, room=free[0])
+        state = replace(state, requests=upsert(state.requests, record))
+        known = dict(state.known_incarnations)
+        ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages,
+                        record.room, record.epoch, spec.prefill, spec.decode,
+                        known.get(prefill_addr(spec.prefill), 1), known.get(decode_addr(spec.decode), 1))
+        sends += [Assign(prefill_addr(spec.prefill), ticket), Assign(decode_addr(spec.decode), ticket)]
+        late_check = config.variant is Variant.REAL and not config.guards.admission_before_bootstrap
+        if late_check and _rejection(config, spec):
+            # Guard off: the decision comes after the room and the tickets.
+            step = _finalize(config, state, spec.rid, Outcome.REJECTED, _rejection(config, spec),
+                             bootstrap_after=False)
+            state = step.state
+            sends += step.send
+            notes += step.notes
+    return Step(state, tuple(sends), tuple(notes))
+
+
+def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Outcome,
+              detail: str = "", bootstrap_after: bool = True) -> Step:
+    record = find(state.requests, rid)
+    if record is None or record.phase is Phase.DONE:
+        return Step(state)  # first decision wins; duplicates and late reports are no-ops
+    sends = ()
+    if record.phase is Phase.BOOTSTRAPPED:
+        spec = record.spec
+        sends = (Finalize(prefill_addr(spec.prefill), rid, outcome, spec.decode, record.epoch),
+                 Finalize(decode_addr(spec.decode), rid, outcome, spec.prefill, record.epoch))
+    record = replace(record, phase=Phase.DONE, outcome=outcome, detail=detail)
+    state = replace(state, requests=upsert(state.requests, record))
+    notes = (ClientResponse(rid, outcome, detail),)
+    if not bootstrap_after:
+        return Step(state, sends, notes)
+    more = _bootstrap_waiting(config, state)  # the room just came free
+    return Step(more.state, sends + more.send, notes + more.notes)
+
+
+def _peer_lost(config: ProtocolConfig, state: RouterState, event: PeerLost) -> Step:
+    known = dict(state.known_incarnations)
+    if event.incarnation <= known.get(event.worker, 1):
+        return Step(state)
+    known[event.worker] = event.incarnation
+    state = replace(state, known_incarnations=tuple(sorted(known.items())))
+    sends, notes = (), ()
+    for record in state.requests:
+        spec = record.spec
+        on_worker = event.worker in (prefill_addr(spec.prefill), decode_addr(spec.decode))
+        if record.phase is Phase.BOOTSTRAPPED and on_worker:
+            step = _finalize(config, state, record.rid, Outcome.PEER_LOST, f"{event.worker} restarted")
+            state, sends, notes = step.state, sends + step.send, notes + step.notes
+    return Step(state, sends, notes)

@@ -1,0 +1,5 @@
+import sys
+
+from bulkhead.verify.cli import main
+
+sys.exit(main())

@@ -1,0 +1,262 @@
+"""The world state and the environment: every action an adversarial but
+bounded environment may take, each applied through the protocol's own
+transition functions.
+
+The environment may: submit requests in any order; deliver any message in
+flight, in any order; duplicate a message; drop a data-plane write (control
+messages are retransmitted until acked, so a control drop is a delay, which
+reordering already covers); corrupt a write's payload; forge an unsigned
+control message; abort a request; pass a deadline; expire a drain lease;
+crash and restart a worker. Page allocation is LIFO, as the incident's was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bulkhead.disagg.protocol import (
+    GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck,
+    Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
+    Quiesced, RouterState, Submit, Ticket, decode_addr, decode_initial, decode_restart,
+    decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
+)
+from bulkhead.disagg.protocol_types import cached_hash
+from bulkhead.verify.world import World
+
+Network = frozenset  # of (message, copies)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class WorldState:
+    router: RouterState
+    prefills: tuple[PrefillState, ...]
+    decodes: tuple[DecodeState, ...]
+    network: Network
+    faults_left: int
+
+
+@dataclass(frozen=True)
+class Transition:
+    label: str             # what the environment did, for traces
+    state: WorldState
+    notes: tuple = ()      # observations from the step functions
+    sent: tuple = ()
+
+
+def initial_state(world: World, config: ProtocolConfig) -> WorldState:
+    return WorldState(RouterState(), tuple(PrefillState(i) for i in range(len(world.prefill_pools))),
+                      tuple(decode_initial(config, i) for i in range(len(world.decode_pools))),
+                      frozenset(), world.faults)
+
+
+def in_flight(state: WorldState):
+    return [message for message, _ in state.network]
+
+
+def _add(network: Network, messages) -> Network:
+    counts = dict(network)
+    for message in messages:
+        counts[message] = counts.get(message, 0) + 1
+    return frozenset(counts.items())
+
+
+def _remove(network: Network, message) -> Network:
+    counts = dict(network)
+    counts[message] -= 1
+    if not counts[message]:
+        del counts[message]
+    return frozenset(counts.items())
+
+
+def apply_event(config: ProtocolConfig, state: WorldState, dst, event, label: str,
+                network: Network | None = None) -> Transition:
+    """Run the destination actor's step function and put its sends in flight."""
+    kind, index = dst
+    if kind == "router":
+        step = router_step(config, state.router, event)
+        state = replace(state, router=step.state)
+    elif kind == "prefill":
+        step = prefill_step(config, state.prefills[index], event)
+        state = replace(state, prefills=_set(state.prefills, index, step.state))
+    else:
+        step = decode_step(config, state.decodes[index], event)
+        state = replace(state, decodes=_set(state.decodes, index, step.state))
+    base = state.network if network is None else network
+    state = replace(state, network=_add(base, step.send))
+    return Transition(label, _collect_garbage(state), step.notes, step.send)
+
+
+def _collect_garbage(state: WorldState) -> WorldState:
+    """Drop control messages addressed to an actor whose record of that
+    request is DONE: every step function ignores those, now and forever
+    (tests/verify/test_reduction.py checks it), so delivering them at every
+    point would only multiply states. Data-plane writes are never dropped:
+    what they do depends on the ledger, not on the record."""
+    done = {("router", 0): {r.rid for r in state.router.requests if r.phase is Phase.DONE}}
+    for actor in state.prefills:
+        done[prefill_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
+    for actor in state.decodes:
+        done[decode_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
+    kept = frozenset((m, n) for m, n in state.network
+                     if isinstance(m, (PageWrite, Landing)) or _rid_of(m) not in done[m.dst])
+    return state if len(kept) == len(state.network) else replace(state, network=kept)
+
+
+def _rid_of(message) -> int:
+    rid = getattr(message, "rid", None)
+    if rid is None:
+        rid = (getattr(message, "ticket", None) or message.manifest).rid
+    return rid
+
+
+def _set(items: tuple, index: int, item) -> tuple:
+    return items[:index] + (item,) + items[index + 1:]
+
+
+def successors(world: World, config: ProtocolConfig, state: WorldState) -> list[Transition]:
+    out: list[Transition] = []
+    known = {r.rid for r in state.router.requests}
+    for spec in world.requests:
+        if spec.rid not in known:
+            out.append(apply_event(config, state, ROUTER, Submit(spec), f"client submits r{spec.rid}"))
+    for message in in_flight(state):
+        rest = _remove(state.network, message)
+        out.append(apply_event(config, state, message.dst, message, f"deliver {_show(message)}", rest))
+    timers = _timers_and_scheduler(config, state, _moving(state))
+    out += timers
+    out += _faults(world, config, state)
+    return out
+
+
+def _moving(state: WorldState) -> set:
+    """Requests that some message, scheduler step or drain can still move."""
+    moving = set()
+    for message in in_flight(state):
+        moving.add(_rid_of(message))
+    for actor in state.prefills + state.decodes:
+        for record in actor.requests:
+            if record.phase in (Phase.COMMITTED, Phase.DRAINING):
+                moving.add(record.rid)
+    return moving
+
+
+def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set) -> list[Transition]:
+    out = []
+    for record in state.router.requests:
+        if record.phase is not Phase.DONE:
+            # A deadline and a client abort take the same path (the router
+            # finalizes), so the abort, allowed at any point, covers the race;
+            # the deadline fires only where nothing else can move the request.
+            if record.rid not in moving:
+                out.append(apply_event(config, state, ROUTER, DeadlinePassed(record.rid),
+                                       f"deadline of r{record.rid} passes"))
+    writes = {m.rid for m in in_flight(state) if isinstance(m, (PageWrite, Landing))}
+    dmas = {m.rid for m in in_flight(state) if isinstance(m, Landing)}
+    for prefill in state.prefills:
+        for record in prefill.requests:
+            if record.phase is Phase.DRAINING and record.rid not in writes:
+                out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
+                                       f"prefill{prefill.index} sees r{record.rid}'s writes complete"))
+    for decode in state.decodes:
+        addr = decode_addr(decode.index)
+        for record in decode.requests:
+            if record.phase is Phase.COMMITTED:
+                out.append(apply_event(config, state, addr, DecodeStep(record.rid),
+                                       f"decode{decode.index} runs r{record.rid}'s decode step"))
+            # The lease fence: in-flight DMA never outlives the lease.
+            if record.phase is Phase.DRAINING and record.rid not in dmas:
+                out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
+                                       f"decode{decode.index}'s drain lease for r{record.rid} expires"))
+    known = dict(state.router.known_incarnations)
+    for worker in [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]:
+        incarnation = _actor(state, worker).incarnation
+        if incarnation > known.get(worker, 1):
+            out.append(apply_event(config, state, ROUTER, PeerLost(worker, incarnation),
+                                   f"router notices {worker[0]}{worker[1]} restarted"))
+    return out
+
+
+def _actor(state: WorldState, addr):
+    return (state.prefills if addr[0] == "prefill" else state.decodes)[addr[1]]
+
+
+def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Transition]:
+    """One shared budget: a crash, an abort, a lost, duplicated or corrupted
+    write, a forged message. Each costs one."""
+    if not state.faults_left:
+        return []
+    out = []
+    kinds = world.fault_kinds
+    spent = replace(state, faults_left=state.faults_left - 1)
+    for record in state.router.requests:
+        if "abort" in kinds and record.phase is not Phase.DONE:
+            out.append(apply_event(config, spent, ROUTER, ClientAbort(record.rid),
+                                   f"client aborts r{record.rid}"))
+    for prefill in state.prefills:
+        if "crash" in kinds and _busy(prefill):
+            crashed = replace(spent, prefills=_set(state.prefills, prefill.index, prefill_restart(prefill)))
+            out.append(Transition(f"prefill{prefill.index} crashes and restarts", crashed))
+    for decode in state.decodes:
+        if "crash" in kinds and _busy(decode):
+            # DMA into the dead process's registered memory is cancelled with it.
+            network = frozenset((m, n) for m, n in state.network
+                                if not (isinstance(m, Landing) and m.dst == decode_addr(decode.index)))
+            crashed = replace(spent, network=network,
+                              decodes=_set(state.decodes, decode.index, decode_restart(config, decode)))
+            out.append(Transition(f"decode{decode.index} crashes and restarts", crashed))
+    for message in in_flight(state):
+        if "duplicate" in kinds:
+            out.append(Transition(f"network duplicates {_show(message)}",
+                                  replace(spent, network=_add(state.network, [message]))))
+        if "lose" in kinds and isinstance(message, (PageWrite, Landing)):
+            rest = _remove(state.network, message)
+            out.append(Transition(f"network loses {_show(message)}", replace(spent, network=rest)))
+        if "corrupt" in kinds and isinstance(message, PageWrite) and message.payload != GARBAGE:
+            corrupt = replace(message, payload=GARBAGE)
+            network = _add(_remove(state.network, message), [corrupt])
+            out.append(Transition(f"network corrupts {_show(message)}", replace(spent, network=network)))
+    for forged, label in (_forgeries(state) if "forge" in kinds else ()):
+        out.append(Transition(label, replace(spent, network=_add(state.network, [forged]))))
+    return out
+
+
+def _busy(actor) -> bool:
+    """A crash of an idle worker only renumbers it; skip those."""
+    return any(r.phase is not Phase.DONE for r in actor.requests)
+
+
+def _forgeries(state: WorldState):
+    """Unsigned control messages an attacker on the control network could
+    inject: a drain ack for a request whose writes may be in flight, and a
+    ticket for a request the router rejected."""
+    for decode in state.decodes:
+        for record in decode.requests:
+            if record.pages and record.phase is not Phase.DONE:
+                yield (DrainAck(decode_addr(decode.index), record.rid, 1, signed=False),
+                       f"attacker forges DrainAck(r{record.rid}) to decode{decode.index}")
+    for record in state.router.requests:
+        if record.outcome is Outcome.REJECTED:
+            spec = record.spec
+            ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages, 0, 1,
+                            spec.prefill, spec.decode, signed=False)
+            yield (Assign(decode_addr(spec.decode), ticket, signed=False),
+                   f"attacker forges a ticket for rejected r{spec.rid} to decode{spec.decode}")
+
+
+def _show(message) -> str:
+    name = type(message).__name__
+    dst = f"{message.dst[0]}{message.dst[1]}" if message.dst[0] != "router" else "router"
+    rid = getattr(message, "rid", None)
+    if rid is None:
+        rid = getattr(getattr(message, "ticket", None) or getattr(message, "manifest", None), "rid", "?")
+    extra = ""
+    if isinstance(message, (PageWrite, Landing)):
+        extra = f" page {message.page} gen {message.gen}" + (" GARBAGE" if message.payload == GARBAGE else "")
+    if hasattr(message, "outcome"):
+        extra = f" {message.outcome.name}"
+    if hasattr(message, "grants"):
+        extra = " pages " + ",".join(str(g.page) for g in message.grants)
+    if hasattr(message, "manifest"):
+        extra = f" pages {list(message.manifest.pages)} count {message.manifest.prompt_pages}"
+    forged = "" if message.signed else " (unsigned)"
+    return f"{name}(r{rid}{extra}) to {dst}{forged}"
