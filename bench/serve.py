@@ -1,14 +1,15 @@
 """Closed-loop serving benchmark: bulkhead vs Hugging Face `generate`, same run.
 
-    python bench/serve.py                      # concurrency 1, 4, 16
-    python bench/serve.py --concurrency 16 --skip-hf
+    python bench/serve.py                      # concurrency 1, 4, 16; colocated and disaggregated
+    python bench/serve.py --concurrency 16 --roles colocated --skip-hf
 
 Each level runs C clients that send requests back to back (streaming,
 greedy, ignore_eos so every request makes exactly --output-len tokens) and
 reports output tokens/s, median time to first token and median time per
-output token. transformers runs the same prompts as one static batch of C.
-The ratio column is bulkhead / transformers: this machine is shared and noisy,
-so only ratios measured in the same run mean anything.
+output token, for bulkhead colocated and disaggregated (router + prefill +
+decode processes sharing the same 2 cores). transformers runs the same
+prompts as one static batch of C. Ratios are to transformers: this machine
+is shared and noisy, so only ratios measured in the same run mean anything.
 """
 
 from __future__ import annotations
@@ -98,42 +99,59 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="requests per client at each level")
-    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+    ap.add_argument("--roles", nargs="+", default=["colocated", "local"],
+                    help="bulkhead deployments to measure: colocated, local (router + prefill + decode)")
+    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting them")
     ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
 
-    server = None
-    url = args.url
-    if url is None:
-        log = args.out / "serve-bench-server.log"
-        server = ServerProcess(args.server_args.split(), log).wait_ready()
-        url = server.url
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype="float32").eval()
-    rows = []
-    try:
+    roles = ["url"] if args.url else args.roles
+    results: dict[str, dict[int, dict]] = {role: {} for role in roles}
+    peers: dict[int, dict] = {}
+    for role in roles:
+        server = None
+        url = args.url
+        if url is None:
+            flags = ["--role", role, "--context-length", "2048", *args.server_args.split()]
+            server = ServerProcess(flags, args.out / f"serve-bench-{role}.log").wait_ready(timeout=300)
+            url = server.url
+        try:
+            for c in args.concurrency:
+                prompts = make_prompts(c * args.rounds, args.prompt_len, seed=c)
+                asyncio.run(run_bulkhead_level(url, prompts[:1], 1, 4))  # warm-up
+                results[role][c] = asyncio.run(run_bulkhead_level(url, prompts, c, args.output_len))
+                r = results[role][c]
+                print(f"{role:<10} c={c:<3} {r['tok_s']:7.1f} tok/s  TTFT {r['ttft_median']:6.2f}s  "
+                      f"TPOT {r['tpot_median'] * 1000:6.1f}ms", flush=True)
+        finally:
+            if server is not None:
+                server.stop()
+    if hf is not None:
         for c in args.concurrency:
-            prompts = make_prompts(c * args.rounds, args.prompt_len, seed=c)
-            asyncio.run(run_bulkhead_level(url, prompts[:1], 1, 4))  # warm-up
-            ours = asyncio.run(run_bulkhead_level(url, prompts, c, args.output_len))
-            peer = run_hf_level(hf, prompts[:c], args.output_len) if hf is not None else None
-            rows.append({"concurrency": c, "bulkhead": ours, "transformers_static": peer})
-            ratio = f"{ours['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
-            peer_s = f"{peer['tok_s']:.1f}" if peer else "-"
-            print(f"c={c:<3} bulkhead {ours['tok_s']:7.1f} tok/s  TTFT {ours['ttft_median']:6.2f}s  "
-                  f"TPOT {ours['tpot_median'] * 1000:6.1f}ms | transformers static {peer_s} tok/s | ratio {ratio}",
-                  flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-    args.out.mkdir(parents=True, exist_ok=True)
+            peers[c] = run_hf_level(hf, make_prompts(c, args.prompt_len, seed=c), args.output_len)
+            print(f"transformers static batch {c:<3} {peers[c]['tok_s']:7.1f} tok/s", flush=True)
+
+    print("\noutput tokens/s (ratio to transformers static batches of the same size, same run)")
+    print(f"{'c':>3}  " + "  ".join(f"{role:>18}" for role in roles) + f"  {'transformers':>12}")
+    for c in args.concurrency:
+        cells = []
+        for role in roles:
+            tok_s = results[role][c]["tok_s"]
+            ratio = f"{tok_s / peers[c]['tok_s']:.2f}x" if c in peers else "-"
+            cells.append(f"{tok_s:9.1f} ({ratio:>6})")
+        peer = f"{peers[c]['tok_s']:12.1f}" if c in peers else f"{'-':>12}"
+        print(f"{c:>3}  " + "  ".join(cells) + f"  {peer}")
     path = args.out / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2))
+    path.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
+                                "bulkhead": results, "transformers_static": peers}, indent=2))
     print(f"raw results: {path}")
     return 0
 
