@@ -53,6 +53,17 @@ def test_the_router_advertises_the_smallest_worker_limit(cluster):
     assert info["worker_limits_differ"] is True
 
 
+def test_preflight_flags_the_clamped_workers_of_the_live_cluster(cluster, capsys):
+    # Deliberately misconfigured like the incident (pools clamped below the
+    # model's context, prefill's smaller than decode's): preflight must say so.
+    from bulkhead.audit.cli import main
+
+    code = main(["preflight", cluster.url, "--api-key", "sk-alpha-test", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1, report
+    assert report["findings"]
+
+
 def test_disaggregated_greedy_answer_equals_the_colocated_one(cluster, alpha, smollm2_dir):
     from bulkhead.engine.admission import admit
     from bulkhead.engine.builder import EngineConfig, build_engine

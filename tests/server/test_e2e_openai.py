@@ -194,3 +194,11 @@ def test_metrics_carry_tenants_and_counts_not_text(server, client):
     text = httpx.get(server.url + "/metrics").text
     assert 'tenant="alpha"' in text and "bulkhead_kv_pages" in text
     assert "pineapple" not in text and "pineapple" not in server.log()
+
+
+def test_preflight_reads_the_live_server_and_finds_it_clean(server, capsys):
+    from bulkhead.audit.cli import main
+
+    code = main(["preflight", server.url, "--api-key", "sk-alpha-test", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
