@@ -2,7 +2,7 @@
 prefill wrote into them, and only then decodes.
 
 Per request:
-    assign -> reserve pages -> pages_granted
+    assign -> (prefill_ready) -> reserve pages -> pages_granted
     transfer_done -> coverage check (manifest == allocation, generations
                      unchanged, every digest verifies) -> commit -> decode -> outputs
     anything else (transfer_failed, finalize, bad manifest) -> fail closed;
@@ -40,6 +40,7 @@ class DecodeJob:
     drained: bool = False
     released: bool = False
     lease_deadline: float | None = None
+    grant_deadline: float | None = None  # uncommitted past this: fail (no manifest is coming)
 
 
 class DecodeWorker(WorkerBase):
@@ -51,6 +52,10 @@ class DecodeWorker(WorkerBase):
         self.drain_lease_s = drain_lease_s
         self.jobs: dict[str, DecodeJob] = {}
         self.pending: list[str] = []  # assigned, waiting for free pages
+        # Backends that see each write (tcp) refuse one unless the page is
+        # still the request's at the granted generation; pages change hands
+        # only under target.write_lock, so the check cannot go stale mid-write.
+        target.set_write_guard(self._write_allowed)
         self._last_grant_try = 0.0
 
     def extra_registration(self) -> dict:
@@ -64,6 +69,14 @@ class DecodeWorker(WorkerBase):
         rid = msg.get("request_id")
         if kind == "assign":
             self._assign(SignedTicket.from_dict(msg["ticket"]))
+        elif kind == "prefill_ready":
+            # Pages are granted only once the KV exists, so the writer starts
+            # within moments of the grant (and never after write_within_s).
+            with self.lock:
+                job = self.jobs.get(rid)
+                if job is not None and not job.failed and job.alloc is None and rid not in self.pending:
+                    self.pending.append(rid)
+            self._grant_pending()
         elif kind == "transfer_done":
             self._verify_and_commit(rid, msg)
         elif kind == "drain_ack":
@@ -85,8 +98,6 @@ class DecodeWorker(WorkerBase):
             return
         with self.lock:
             self.jobs[ticket.request_id] = DecodeJob(ticket)
-            self.pending.append(ticket.request_id)
-        self._grant_pending()
 
     def _grant_pending(self) -> None:
         with self.lock:
@@ -103,12 +114,21 @@ class DecodeWorker(WorkerBase):
             with self.lock:
                 self.pending.remove(rid)
 
+    def _write_allowed(self, page: int, generation: int, request_id: str) -> bool:
+        ledger = self.engine.ledger
+        return ledger.record(page).owner == request_id and ledger.generation(page) == generation
+
     def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
         try:
-            pages = self.engine.reserve(rid, tenant, n)
+            with self.target.write_lock:
+                pages = self.engine.reserve(rid, tenant, n)
         except OutOfPages:
             return None
         return pages, [self.engine.ledger.generation(p) for p in pages]
+
+    def _release(self, rid: str) -> None:  # engine thread
+        with self.target.write_lock:
+            self.engine.release_reserved(rid)
 
     def _granted(self, rid: str, future) -> None:
         result = future.result()
@@ -118,12 +138,20 @@ class DecodeWorker(WorkerBase):
                 if job is not None:
                     self.pending.append(rid)
                 return
+            if job is None or job.failed:  # finalized meanwhile: give the pages straight back
+                self.engine.call(lambda: self._release(rid))
+                return
         pages, gens = result
         t = job.ticket
         job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages), tuple(gens))
+        # A backstop only: the router's lost-worker detection and deadline act first.
+        job.grant_deadline = time.monotonic() + 4 * self.drain_lease_s
         self.count("pages_granted", len(pages))
+        # write_within_s: prefill starts no write for this grant after it, so a
+        # writer that never acks is done writing long before the lease ends.
         self.link.send({"kind": "pages_granted", "request_id": rid, "room": t.room, "epoch": t.epoch,
-                        "pages": pages, "generations": gens, "transfer": self._transfer_info()})
+                        "pages": pages, "generations": gens, "transfer": self._transfer_info(),
+                        "write_within_s": self.drain_lease_s / 3})
 
     def _verify_and_commit(self, rid: str, msg: dict) -> None:
         with self.lock:
@@ -142,15 +170,25 @@ class DecodeWorker(WorkerBase):
                 problems.append("a granted page is no longer owned by the request")
             return problems
 
-        problems = self.engine.call(check).result()
+        # The check runs on the engine thread; the link thread must not wait
+        # for it (heartbeats and outputs go through the link thread).
+        self.engine.call(check).add_done_callback(lambda f: self._checked(rid, job, msg, f))
+
+    def _checked(self, rid: str, job: DecodeJob, msg: dict, future) -> None:
+        try:
+            problems = future.result()
+        except Exception as e:  # fail closed on a check that could not run
+            problems = [f"verification failed: {e!r}"]
         if problems:
             self.count("coverage_failures")
             log.warning("refusing KV for %s: %s", rid, "; ".join(problems))
             self._fail(rid, "kv_transfer_failed", "the transferred KV did not verify: " + "; ".join(problems))
             return
-        self.count("commits")
         with self.lock:
+            if job.failed:  # finalized while the check ran
+                return
             job.committed = True
+        self.count("commits")
         lp = logprobs_from_list(msg["first_logprobs"])
         self.engine.submit_prefilled(ticket_to_admitted(job.ticket), msg["first_token"], lp[0] if lp else None,
                                      unb64(msg["sampler_state"]), self._on_output)
@@ -197,7 +235,7 @@ class DecodeWorker(WorkerBase):
             self.jobs.pop(rid, None)
         if lease_expired:
             self.count("lease_expiries")
-        self.engine.call(lambda: self.engine.release_reserved(rid))
+        self.engine.call(lambda: self._release(rid))
 
     def on_tick(self) -> None:
         super().on_tick()
@@ -208,5 +246,9 @@ class DecodeWorker(WorkerBase):
         with self.lock:
             expired = [rid for rid, j in self.jobs.items()
                        if j.failed and not j.drained and j.lease_deadline is not None and now > j.lease_deadline]
+            stalled = [rid for rid, j in self.jobs.items()
+                       if not j.committed and not j.failed and j.grant_deadline is not None and now > j.grant_deadline]
         for rid in expired:
             self._release_if_done(rid, lease_expired=True)
+        for rid in stalled:  # granted, but no manifest ever came: fail closed
+            self._fail(rid, "kv_transfer_failed", "no transfer arrived for the granted pages")

@@ -111,16 +111,21 @@ class WorkerLink(_Link):
 class RouterLink(_Link):
     """The router's socket: workers are addressed by name."""
 
-    def __init__(self, signer: Signer, bind_address: str):
+    def __init__(self, signer: Signer, bind_address: str, on_undeliverable: Callable[[str, dict], None]):
+        """on_undeliverable(worker, message): called on the link thread when a
+        message cannot be handed to its worker, so no request waits for it."""
         super().__init__(signer)
         self.bind_address = bind_address
+        self._on_undeliverable = on_undeliverable
 
     def send(self, worker: str, message: dict) -> None:
         self._out.put((worker, message))
 
     def _open(self):
         sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished worker drops, never blocks
+        # Unroutable messages raise instead of vanishing; sends never block.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDTIMEO, 0)
         sock.bind(self.bind_address)
         return sock
 
@@ -130,7 +135,11 @@ class RouterLink(_Link):
                 worker, message = self._out.get_nowait()
             except queue.Empty:
                 return
-            sock.send_multipart([worker.encode(), *self.signer.seal(message)])
+            try:
+                sock.send_multipart([worker.encode(), *self.signer.seal(message)])
+            except zmq.ZMQError as e:
+                log.warning("cannot send %s to %s: %s", message.get("kind"), worker, e)
+                self._on_undeliverable(worker, message)
 
     def _deliver(self, frames, on_message) -> None:
         identity, rest = frames[0].decode(errors="replace"), frames[1:]

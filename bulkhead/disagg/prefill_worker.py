@@ -1,9 +1,8 @@
 """The prefill worker: computes a prompt's KV, samples the first token, writes
 the KV into the pages decode granted, and says what it wrote (the manifest).
 
-Per request:   assign -> prefill (engine) ---\
-                                              >-- write pages -> transfer_done -> drain_ack
-               pages_granted (from decode) --/
+Per request:   assign -> prefill (engine) -> prefill_ready -> pages_granted (from decode)
+               -> write pages -> transfer_done -> drain_ack
 A finalize (abort) at any point stops the work; drain_ack is sent once no
 write for the request can still land in decode's pool.
 """
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -31,6 +31,7 @@ class PrefillJob:
     ticket: SignedTicket
     result: RequestOutput | None = None  # the engine's hand-over (first token, held pages)
     grant: dict | None = None  # decode's pages_granted message
+    granted_at: float = 0.0  # monotonic time the grant arrived
     transferring: bool = False
     finalized: bool = False
     done: bool = False  # drain_ack sent
@@ -63,6 +64,7 @@ class PrefillWorker(WorkerBase):
                 if job is None or job.finalized:
                     return
                 job.grant = msg
+                job.granted_at = time.monotonic()
             self._maybe_transfer(msg["request_id"])
         elif kind == "finalize":
             self._finalize(msg["request_id"])
@@ -91,10 +93,12 @@ class PrefillWorker(WorkerBase):
                 self.engine.release_reserved(rid)  # aborted while prefilling: we are on the engine thread
                 self._drained(rid)
                 return
+            self.link.send({"kind": "prefill_ready", "request_id": rid})  # decode grants pages now
             self._maybe_transfer(rid)
         elif out.finished:  # aborted or failed before the hand-over: nothing was written
             if out.error is not None:
-                self.link.send({"kind": "prefill_failed", "request_id": rid, "reason": out.error.message})
+                self.link.send({"kind": "prefill_failed", "request_id": rid, "reason": out.error.message,
+                                "code": out.error.code})
             self._drained(rid)
 
     def _maybe_transfer(self, rid: str) -> None:
@@ -108,6 +112,22 @@ class PrefillWorker(WorkerBase):
     def _transfer(self, job: PrefillJob) -> None:
         t, out, grant = job.ticket, job.result, job.grant
         rid = t.request_id
+        with self.lock:
+            late = time.monotonic() - job.granted_at > grant.get("write_within_s", float("inf"))
+            if job.finalized or late:
+                # Decode has given up on (or will soon reuse) these pages: write nothing.
+                self.count("transfers_skipped")
+                job.transferring = False
+                skip = True
+            else:
+                skip = False
+        if skip:
+            if late and not job.finalized:
+                self.link.send({"kind": "transfer_failed", "request_id": rid,
+                                "reason": "the grant expired before the transfer could start"})
+            self.engine.call(lambda: self.engine.release_reserved(rid))
+            self._drained(rid)
+            return
         dst_pages, dst_gens = list(grant["pages"]), list(grant["generations"])
         src_pages = list(out.held_pages[: len(dst_pages)])
         drained = True
@@ -170,6 +190,9 @@ class PrefillWorker(WorkerBase):
         with self.lock:
             job = self.jobs.get(rid)
             if job is None:
+                # Refused ticket or already drained: nothing was or will be
+                # written, so decode may free its grant now, not at the lease.
+                self.link.send({"kind": "drain_ack", "request_id": rid})
                 return
             job.finalized = True
             busy = job.transferring

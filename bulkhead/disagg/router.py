@@ -48,6 +48,7 @@ class Worker:
     counters: dict = field(default_factory=dict)
     control: dict = field(default_factory=dict)
     lost: bool = False
+    incarnation: str = ""
 
 
 @dataclass
@@ -65,6 +66,12 @@ class TransferFailedError(EngineFailure):
     code = "kv_transfer_failed"
 
 
+class RequestTimedOut(BulkheadError):
+    status = 504
+    type = "server_error"
+    code = "request_timed_out"
+
+
 class PeerLostError(BulkheadError):
     status = 503
     type = "server_error"
@@ -73,14 +80,15 @@ class PeerLostError(BulkheadError):
 
 class DisaggBackend(Backend):
     def __init__(self, tokenizer: Tokenizer, model_id: str, signer: Signer, bind_address: str, auth: str,
-                 lost_after_s: float = LOST_AFTER_S):
+                 lost_after_s: float = LOST_AFTER_S, request_timeout_s: float = 600.0):
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.signer = signer
         self.key = signer.key
-        self.link = RouterLink(signer, bind_address)
+        self.link = RouterLink(signer, bind_address, on_undeliverable=self._undeliverable)
         self.auth = auth
         self.lost_after_s = lost_after_s
+        self.request_timeout_s = request_timeout_s
         self.workers: dict[str, Worker] = {}
         self.refused: dict[str, str] = {}  # worker -> why the pairing gate refused it
         self.routes: dict[str, Route] = {}
@@ -136,6 +144,12 @@ class DisaggBackend(Backend):
             ).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             with self.lock:
+                # The pair may have been declared lost since _pair() chose it;
+                # a route to a lost worker would never be failed.
+                if any(self.workers.get(n) is None or self.workers[n].lost for n in (prefill.name, decode.name)):
+                    for r in routes:
+                        self.routes.pop(r.request_id, None)
+                    raise Overloaded("the chosen prefill/decode pair was lost; retry")
                 self.routes[t.request_id] = route
             routes.append(route)
             self.counters["assigned"] += 1
@@ -143,9 +157,19 @@ class DisaggBackend(Backend):
             self.link.send(decode.name, msg)
             self.link.send(prefill.name, msg)
         pending = {r.request_id for r in routes}
+        deadline = loop.time() + self.request_timeout_s
         try:
             while pending:
-                i, out = await updates.get()
+                try:
+                    i, out = await asyncio.wait_for(updates.get(), timeout=max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    for rid in list(pending):  # one outcome, told to both workers, then the client
+                        with self.lock:
+                            route = self.routes.get(rid)
+                        if route is not None:
+                            self._finalize_route(route, "timed_out")
+                    raise RequestTimedOut(f"no answer within the router's {self.request_timeout_s:.0f} s deadline",
+                                          limit=self.request_timeout_s) from None
                 if out.finished:
                     pending.discard(out.request_id)
                 yield i, out
@@ -189,6 +213,12 @@ class DisaggBackend(Backend):
         for worker in (route.prefill, route.decode):
             self.link.send(worker, {"kind": "finalize", "request_id": route.request_id, "outcome": outcome})
 
+    def _undeliverable(self, worker: str, message: dict) -> None:
+        """The link could not hand a message to a worker (gone, or backed up)."""
+        rid = message.get("request_id")
+        if rid is not None and message.get("kind") != "finalize":
+            self._fail(rid, PeerLostError(f"worker {worker} is unreachable"), "peer_lost")
+
     def _route_for(self, sender: str, rid: str, role: str) -> Route | None:
         with self.lock:
             route = self.routes.get(rid)
@@ -217,7 +247,7 @@ class DisaggBackend(Backend):
             route = self._route_for(sender, rid, "decode")
             if route is not None:
                 self.link.send(route.prefill, msg)
-        elif kind == "transfer_done":
+        elif kind in ("transfer_done", "prefill_ready"):
             route = self._route_for(sender, rid, "prefill")
             if route is not None and not route.finished:
                 self.link.send(route.decode, msg)
@@ -236,10 +266,12 @@ class DisaggBackend(Backend):
         elif kind == "prefill_failed":
             self.counters["prefill_failed"] += 1
             if self._route_for(sender, rid, "prefill"):
-                self._fail(rid, EngineFailure(msg.get("reason", "prefill failed")), "prefill_failed")
+                error = Overloaded(msg["reason"]) if msg.get("code") == "server_overloaded" else EngineFailure(
+                    msg.get("reason", "prefill failed"))
+                self._fail(rid, error, "prefill_failed")
         elif kind == "transfer_failed":
             self.counters["transfer_failed"] += 1
-            if self._route_for(sender, rid, "prefill") or self._route_for(sender, rid, "decode"):
+            if self._route_for(sender, rid, "decode" if worker.role == "decode" else "prefill"):
                 self._fail(rid, TransferFailedError(msg.get("reason", "KV transfer failed")), "transfer_failed")
 
     def _register(self, sender: str, msg: dict) -> None:
@@ -251,7 +283,13 @@ class DisaggBackend(Backend):
             self.link.send(sender, {"kind": "refused", "reason": reason})
             return
         with self.lock:
-            self.workers[sender] = Worker(sender, info["role"], info, msg.get("transfer"), time.monotonic())
+            previous = self.workers.get(sender)
+            self.workers[sender] = Worker(sender, info["role"], info, msg.get("transfer"), time.monotonic(),
+                                          incarnation=msg["_inc"])
+            orphaned = [] if previous is None or previous.incarnation == msg["_inc"] else [
+                r.request_id for r in self.routes.values() if sender in (r.prefill, r.decode)]
+        for rid in orphaned:  # a restarted worker has no state for its old requests
+            self._fail(rid, PeerLostError(f"worker {sender} restarted while serving this request"), "peer_lost")
         self.refused.pop(sender, None)
         log.info("worker %s registered (%s, context %d, pool %d tokens)", sender, info["role"],
                  info["context_length"], info["pool_tokens"])

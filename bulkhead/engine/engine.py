@@ -170,13 +170,21 @@ class Engine:
                 self._scrub()
             elif kind == "prefilled":
                 ticket, token, lp, state = arg
-                self.reserved.discard(ticket.request_id)
-                req = self.scheduler.add_prefilled(ticket, token)
-                if state is not None:
-                    self.sampler.set_state(req.request_id, state)
-                self._sinks[req.request_id] = sink
-                self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-                self._emit_token(req, token, lp)
+                rid = ticket.request_id
+                try:
+                    if state is not None:
+                        self.sampler.set_state(rid, state)
+                    tracker_req = self.scheduler.add_prefilled(ticket, token)
+                except Exception as e:  # fail this request closed; its pages go back scrubbed
+                    log.exception("could not start decoding %s", rid)
+                    self.sampler.forget(rid)
+                    self.release_reserved(rid)
+                    sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
+                    return
+                self.reserved.discard(rid)
+                self._sinks[rid] = sink
+                self._trackers[rid] = OutputTracker(self.tokenizer, tracker_req, self.sampler.eos_token_ids)
+                self._emit_token(tracker_req, token, lp)
             elif kind == "call":
                 fn, future = arg
                 try:

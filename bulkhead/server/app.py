@@ -172,7 +172,7 @@ class _Run:
             m.tokens.labels(self.tenant, "completion").inc(len(out.token_ids))
             if not self.first_token:
                 self.first_token = True
-                m.ttft.labels(self.tenant).observe(time.monotonic() - self.started)
+                m.ttft.observe(time.monotonic() - self.started)
 
     def _done(self, status: int, completion_tokens: int) -> None:
         self.state.metrics.requests.labels(self.tenant, self.endpoint, str(status)).inc()
@@ -254,6 +254,10 @@ class _Run:
         except asyncio.CancelledError:
             self._done(499, sum(counts))
             raise
+        except BulkheadError as e:  # headers are sent: the error goes in the stream
+            self._done(e.status, sum(counts))
+            yield sse(e.to_dict())
+            return
         opts = self.body.stream_options
         if opts is not None and opts.include_usage:
             yield sse(envelope(kind, self.rid, model, [], usage(self.prompt_tokens, sum(counts))))

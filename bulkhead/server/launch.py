@@ -47,6 +47,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
                    help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
                         "make greedy output depend on which request filled the cache)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="router: seconds before an unanswered request ends with a typed 504 (default 600)")
     p.add_argument("--log-level", default="info")
     add_disagg_arguments(p)
 
@@ -140,6 +142,7 @@ def _router_backend(args, model_dir: Path, model_id: str, auth: str):
     control = args.control_address or f"tcp://127.0.0.1:{args.port + 1}"
     key_file = args.cluster_key_file or cache_root() / "cluster.key"
     args.cluster_key_file = key_file
-    backend = DisaggBackend(Tokenizer(model_dir), model_id, Signer(cluster_key(args), "router"), control, auth)
+    backend = DisaggBackend(Tokenizer(model_dir), model_id, Signer(cluster_key(args), "router"), control, auth,
+                            request_timeout_s=args.request_timeout)
     workers = spawn_workers(args, control, key_file) if args.role == "local" else []
     return backend, workers

@@ -48,6 +48,8 @@ class Metrics:
         self.tokens = Counter("bulkhead_tokens", "Tokens processed", ["tenant", "kind"], registry=r)
         self.rejections = Counter("bulkhead_rejections", "Requests refused before admission", ["tenant", "reason"],
                                   registry=r)
-        self.ttft = Histogram("bulkhead_time_to_first_token_seconds", "Time to first token", ["tenant"], registry=r,
+        # No tenant label: per-tenant TTFT on an open endpoint would show one
+        # tenant another's cache behaviour (the CVE-2025-46570 class).
+        self.ttft = Histogram("bulkhead_time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
         r.register(collector)

@@ -201,8 +201,11 @@ def test_client_disconnect_during_the_transfer(cluster):
     wait_workers_idle(cluster)
 
 
-def _pid_of(worker: str) -> int:
-    out = subprocess.run(["pgrep", "-f", "--", f"--worker-name {worker} "], capture_output=True, text=True).stdout.split()
+def _pid_of(cluster, worker: str) -> int:
+    # The control address (HTTP port + 1) tells this cluster's workers from any other's.
+    control = f"tcp://127.0.0.1:{cluster.port + 1}"
+    pattern = f"--router {control} .*--worker-name {worker} "
+    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
     assert len(out) == 1, out
     return int(out[0])
 
@@ -225,7 +228,7 @@ def test_kill_9_of_a_prefill_worker_mid_transfer(cluster, alpha):
     victim = next(n for n, c in counters(cluster).items()
                   if n.startswith("prefill") and c.get("assigned", 0) > before[n].get("assigned", 0))
     time.sleep(0.5)  # inside the slow transfer
-    os.kill(_pid_of(victim), signal.SIGKILL)
+    os.kill(_pid_of(cluster, victim), signal.SIGKILL)
     disarm(cluster)
     t.join(timeout=60)
     assert errors and errors[0].status_code == 503 and errors[0].body["code"] == "worker_lost"
@@ -252,7 +255,7 @@ def test_kill_9_of_a_decode_worker_mid_decode(cluster):
                             if w["name"].startswith("decode") and w["owned_pages"]]
 
                 wait_for(busy_decodes)
-                os.kill(_pid_of(busy_decodes()[0]), signal.SIGKILL)
+                os.kill(_pid_of(cluster, busy_decodes()[0]), signal.SIGKILL)
                 killed = True
     assert killed and "error" in events[-1] and events[-1]["error"]["code"] == "worker_lost"
     from openai import OpenAI
