@@ -74,3 +74,23 @@ class EngineFailure(BulkheadError):
     status = 500
     type = "server_error"
     code = "engine_failure"
+
+
+class TransferFailedError(EngineFailure):
+    """Decode could not verify the KV a prefill worker wrote (fail closed)."""
+
+    code = "kv_transfer_failed"
+
+
+class PeerLostError(BulkheadError):
+    """A worker holding the request stopped answering or restarted."""
+
+    status = 503
+    type = "server_error"
+    code = "worker_lost"
+
+
+class RequestTimedOut(BulkheadError):
+    status = 504
+    type = "server_error"
+    code = "request_timed_out"

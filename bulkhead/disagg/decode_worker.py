@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
-from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
 from bulkhead.disagg.worker_common import WorkerBase
@@ -89,12 +89,7 @@ class DecodeWorker(WorkerBase):
             self._finalize(rid)
 
     def _assign(self, ticket: SignedTicket) -> None:
-        self.count("assigned")
-        try:
-            ticket.verify(self.key, self.built.limits.context_length)
-        except TicketError as e:
-            self.count("tickets_refused")
-            self.link.send({"kind": "transfer_failed", "request_id": ticket.request_id, "reason": str(e)})
+        if not self.accept_ticket(ticket, "transfer_failed"):
             return
         with self.lock:
             self.jobs[ticket.request_id] = DecodeJob(ticket)

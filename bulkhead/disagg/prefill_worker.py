@@ -10,14 +10,13 @@ write for the request can still land in decode's pool.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bulkhead.disagg.faults import Faults
 from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
 from bulkhead.disagg.wire import b64, logprobs_to_list, ticket_to_admitted
 from bulkhead.disagg.worker_common import WorkerBase
@@ -70,12 +69,7 @@ class PrefillWorker(WorkerBase):
             self._finalize(msg["request_id"])
 
     def _assign(self, ticket: SignedTicket) -> None:
-        self.count("assigned")
-        try:
-            ticket.verify(self.key, self.built.limits.context_length)
-        except TicketError as e:
-            self.count("tickets_refused")
-            self.link.send({"kind": "prefill_failed", "request_id": ticket.request_id, "reason": str(e)})
+        if not self.accept_ticket(ticket, "prefill_failed"):
             return
         with self.lock:
             self.jobs[ticket.request_id] = PrefillJob(ticket)

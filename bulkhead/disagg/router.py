@@ -27,7 +27,9 @@ from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict, params_to_dict
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.engine import RequestOutput
-from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
+from bulkhead.errors import (
+    BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
+)
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.server.backend import Backend
 
@@ -60,22 +62,6 @@ class Route:
     queue: asyncio.Queue
     index: int
     finished: bool = False
-
-
-class TransferFailedError(EngineFailure):
-    code = "kv_transfer_failed"
-
-
-class RequestTimedOut(BulkheadError):
-    status = 504
-    type = "server_error"
-    code = "request_timed_out"
-
-
-class PeerLostError(BulkheadError):
-    status = 503
-    type = "server_error"
-    code = "worker_lost"
 
 
 class DisaggBackend(Backend):

@@ -8,6 +8,7 @@ import time
 
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.links import WorkerLink
+from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.server.backend import engine_info
 
@@ -35,6 +36,18 @@ class WorkerBase:
 
     def replay_fault(self) -> bool:
         return False
+
+    def accept_ticket(self, ticket: SignedTicket, refusal_kind: str) -> bool:
+        """Verify an assigned ticket (signature, and this worker's own limits:
+        a re-check, never a new decision); a refusal fails the request."""
+        self.count("assigned")
+        try:
+            ticket.verify(self.key, self.built.limits.context_length)
+        except TicketError as e:
+            self.count("tickets_refused")
+            self.link.send({"kind": refusal_kind, "request_id": ticket.request_id, "reason": str(e)})
+            return False
+        return True
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

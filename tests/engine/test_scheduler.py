@@ -7,9 +7,7 @@ from bulkhead.engine.request import FinishReason, RequestStatus
 from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
 from bulkhead.errors import ContextLengthExceeded
 from bulkhead.kv.ledger import PageLedger
-from tests.engine.builders import ticket
-
-FAKE_TOKEN = 7
+from tests.engine.builders import FAKE_TOKEN, complete_step, ticket
 
 
 def make(num_pages=16, page_size=4, **cfg):
@@ -21,15 +19,8 @@ def make(num_pages=16, page_size=4, **cfg):
 def run_step(s: Scheduler):
     """One step as the engine does it, with every sampled token = FAKE_TOKEN."""
     plan = s.schedule()
-    if plan is None:
-        return None
-    ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
-        w.request_id for w in plan.decode]
-    for req in s.complete(plan, {i: FAKE_TOKEN for i in ids}):
-        if len(req.output_token_ids) >= req.params.max_tokens:
-            s.finish(req.request_id, FinishReason.LENGTH)
-    s.ledger.mark_scrubbed(s.ledger.dirty_pages())
-    s.check_integrity()
+    if plan is not None:
+        complete_step(s, plan)
     return plan
 
 
@@ -176,13 +167,7 @@ def test_pages_in_a_plan_belong_to_the_request_and_cover_its_positions():
             s.ledger.check_owned(w.request_id, list(w.pages))
             last = (w.end if plan.prefill is w else w.position + 1) - 1
             assert last // 4 < len(w.pages)
-        ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
-            w.request_id for w in plan.decode]
-        for req in s.complete(plan, {i: FAKE_TOKEN for i in ids}):
-            if len(req.output_token_ids) >= req.params.max_tokens:
-                s.finish(req.request_id, FinishReason.LENGTH)
-        s.ledger.mark_scrubbed(s.ledger.dirty_pages())
-        s.check_integrity()
+        complete_step(s, plan)
     assert not s.has_work()
 
 

@@ -3,10 +3,11 @@
 import pytest
 
 from bulkhead.engine.admission import Admitted
-from bulkhead.engine.request import FinishReason, SamplingParams
+from bulkhead.engine.request import SamplingParams
 from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
 from bulkhead.kv.ledger import LedgerError, PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER, page_hashes, tenant_salt
+from tests.engine.builders import complete_step
 
 PS = 4
 PROMPT = tuple(range(100, 114))  # 14 tokens: 3 full pages can be cached (never the last token)
@@ -29,13 +30,7 @@ def run(s, rid, tenant="alpha", prompt=PROMPT, salt=None, max_tokens=2):
         works = ([plan.prefill] if plan.prefill else []) + list(plan.decode)
         for w in works:  # what the runner checks on every step
             s.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)
-        ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
-            w.request_id for w in plan.decode]
-        for req in s.complete(plan, {i: 7 for i in ids}):
-            if len(req.output_token_ids) >= req.params.max_tokens:
-                s.finish(req.request_id, FinishReason.LENGTH)
-        s.ledger.mark_scrubbed(s.ledger.dirty_pages())
-        s.check_integrity()
+        complete_step(s, plan)
     return first
 
 
