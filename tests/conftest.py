@@ -10,6 +10,20 @@ import pytest
 from bulkhead.model.gguf_import import default_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+TEST_KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
+
+
+def write_keys_file(directory: Path) -> Path:
+    """A keys.toml naming the two test tenants."""
+    path = Path(directory) / "keys.toml"
+    path.write_text("[keys]\n" + "".join(f'"{k}" = "{t}"\n' for k, t in TEST_KEYS.items()))
+    return path
+
+
+def openai_client(url: str, key: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,7 @@ import pytest
 
 from bulkhead.kv.layout import KVLayout
 from bulkhead.server.process import ServerProcess
-
-KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
+from tests.conftest import openai_client, write_keys_file
 SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
 PREFILL_POOL_TOKENS = 1024  # smaller than decode's ...
 DECODE_POOL_TOKENS = 2048  # ... smaller than the model's 8192-token context: the incident's shape
@@ -14,8 +13,7 @@ def cluster(tmp_path_factory, smollm2_dir):
     """router + 2 prefill + 2 decode processes, KV moved through shared memory,
     every freed page poisoned; pools sized like the incident (clamped)."""
     d = tmp_path_factory.mktemp("cluster")
-    keys = d / "keys.toml"
-    keys.write_text("[keys]\n" + "".join(f'"{k}" = "{t}"\n' for k, t in KEYS.items()))
+    keys = write_keys_file(d)
     faults = d / "faults"
     proc = ServerProcess(
         ["--role", "local", "--prefill", "2", "--decode", "2", "--api-keys", str(keys), "--scrub-mode", "poison",
@@ -50,13 +48,9 @@ def wait_workers_idle(proc, timeout=30.0):
 
 @pytest.fixture
 def alpha(cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=cluster.url + "/v1", api_key="sk-alpha-test", max_retries=0, timeout=120)
+    return openai_client(cluster.url, "sk-alpha-test")
 
 
 @pytest.fixture
 def beta(cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=cluster.url + "/v1", api_key="sk-beta-test", max_retries=0, timeout=120)
+    return openai_client(cluster.url, "sk-beta-test")

@@ -1,15 +1,12 @@
 import pytest
 
 from bulkhead.server.process import ServerProcess
-
-KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
+from tests.conftest import openai_client, write_keys_file
 
 
 @pytest.fixture(scope="session")
 def keys_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text("[keys]\n" + "".join(f'"{k}" = "{t}"\n' for k, t in KEYS.items()))
-    return path
+    return write_keys_file(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="session")
@@ -33,13 +30,9 @@ def server(tmp_path_factory, keys_file, smollm2_dir):
 
 @pytest.fixture
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key="sk-alpha-test", max_retries=0, timeout=120)
+    return openai_client(server.url, "sk-alpha-test")
 
 
 @pytest.fixture
 def beta_client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key="sk-beta-test", max_retries=0, timeout=120)
+    return openai_client(server.url, "sk-beta-test")

@@ -101,11 +101,17 @@ class TransferTarget(ABC):
 
 
 class TransferSource(ABC):
-    """Prefill's side: writes pages of prefill's pool into decode's pool."""
+    """Prefill's side: writes pages of prefill's pool into decode's pool.
+
+    Subclasses implement `_write`; this class serialises calls and counts
+    calls and errors (each backend counts bytes and pages itself)."""
 
     name: str
 
-    @abstractmethod
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = {"backend": self.name, "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0}
+
     def write_pages(
         self,
         descriptor: dict,
@@ -123,10 +129,21 @@ class TransferSource(ABC):
         it raises, the same holds when `error.drained` is True (see
         TransferError). Thread-safe per source, one call at a time.
         """
+        with self._lock:
+            self._stats["calls"] += 1
+            try:
+                self._write(descriptor, request_id, src, src_pages, dst_pages, dst_generations)
+            except TransferError:
+                self._stats["errors"] += 1
+                raise
 
     @abstractmethod
+    def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        """One call's copy (under the lock); adds to bytes_sent and pages_sent."""
+
     def stats(self) -> dict:
         """Counters: bytes_sent, pages_sent, calls, errors, ..."""
+        return dict(self._stats)
 
     @abstractmethod
     def close(self) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 
 import torch
 
@@ -145,15 +144,14 @@ class Source(TransferSource):
         prefill's registered pool (runs must be consecutive on both sides);
         "auto" stages only when that cuts the range count by _STAGE_GAIN or more.
         allow_all_interfaces: start even where interfaces other than lo exist."""
+        super().__init__()
         self.host = host
         self.allow_all_interfaces = allow_all_interfaces
         self.stage = stage
         self._engine = None
         self._registered: dict[int, torch.Tensor] = {}  # pools registered as they are (stage=False)
         self._stage: torch.Tensor | None = None  # registered, flat, grows to the largest batch
-        self._lock = threading.Lock()
-        self._stats = {"backend": "mooncake", "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0,
-                       "ranges": 0}
+        self._stats["ranges"] = 0
 
     def _staging(self, src: KVPool, n: int) -> torch.Tensor:
         """A registered view [L, 2, n, ps, H, D], contiguous."""
@@ -178,15 +176,6 @@ class Source(TransferSource):
         if ptr not in self._registered:
             _register(self._engine, src.data)
             self._registered[ptr] = src.data  # held so the address cannot be reused while registered
-
-    def write_pages(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
-        with self._lock:
-            self._stats["calls"] += 1
-            try:
-                self._write(descriptor, request_id, src, src_pages, dst_pages, dst_generations)
-            except TransferError:
-                self._stats["errors"] += 1
-                raise
 
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
         if descriptor.get("backend") != "mooncake":
@@ -224,8 +213,6 @@ class Source(TransferSource):
         self._stats["pages_sent"] += n
         self._stats["ranges"] += len(bufs)
 
-    def stats(self) -> dict:
-        return dict(self._stats)
 
     def close(self) -> None:
         with self._lock:

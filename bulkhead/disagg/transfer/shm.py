@@ -123,9 +123,9 @@ class Source(TransferSource):
 
     def __init__(self, check_owner_pid: bool = True):
         # check_owner_pid: off when decode runs in another pid namespace, where its pid means nothing here
+        super().__init__()
         self.check_owner_pid = check_owner_pid
         self._maps: dict[str, tuple[ShmDescriptor, mmap.mmap, torch.Tensor]] = {}
-        self._stats = {"backend": "shm", "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0}
 
     def _check_alive(self, desc: ShmDescriptor) -> None:
         if self.check_owner_pid:
@@ -163,29 +163,21 @@ class Source(TransferSource):
         self._maps[desc.path] = (desc, mm, data)
         return data
 
-    def write_pages(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
-        self._stats["calls"] += 1
-        try:
-            desc = ShmDescriptor.from_dict(descriptor)
-            check_geometry(src.data, desc.shape, desc.dtype)
-            check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, desc.shape[2])
-            if not dst_pages:
-                return
-            self._check_alive(desc)
-            dst = self._mapping(desc)
-            src_idx = torch.tensor(src_pages, dtype=torch.long)
-            dst_idx = torch.tensor(dst_pages, dtype=torch.long)
-            dst[:, :, dst_idx] = src.data[:, :, src_idx]  # all layers, K and V, every page at once
-            self._check_alive(desc)  # bytes in a dead decode's memory were not delivered
-        except TransferError:
-            self._stats["errors"] += 1
-            raise
+    def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
+        desc = ShmDescriptor.from_dict(descriptor)
+        check_geometry(src.data, desc.shape, desc.dtype)
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, desc.shape[2])
+        if not dst_pages:
+            return
+        self._check_alive(desc)
+        dst = self._mapping(desc)
+        src_idx = torch.tensor(src_pages, dtype=torch.long)
+        dst_idx = torch.tensor(dst_pages, dtype=torch.long)
+        dst[:, :, dst_idx] = src.data[:, :, src_idx]  # all layers, K and V, every page at once
+        self._check_alive(desc)  # bytes in a dead decode's memory were not delivered
         nbytes = len(dst_pages) * src.data[:, :, 0].numel() * src.data.element_size()
         self._stats["bytes_sent"] += nbytes
         self._stats["pages_sent"] += len(dst_pages)
-
-    def stats(self) -> dict:
-        return dict(self._stats)
 
     def close(self) -> None:
         self._maps.clear()  # the mappings unmap once no tensor refers to them

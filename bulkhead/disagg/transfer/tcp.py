@@ -10,7 +10,6 @@ receiver's guard is what stops a late page from landing in a reused page.
 from __future__ import annotations
 
 import socket
-import threading
 
 import torch
 
@@ -28,11 +27,11 @@ class Source(TransferSource):
     def __init__(self, timeout_s: float = 30.0, connect_timeout_s: float = 5.0):
         """timeout_s: the longest any one send or the ack may stall before the
         call fails: a dead or wedged decode becomes a TransferError, not a hang."""
+        super().__init__()
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._conns: dict[tuple[str, int], socket.socket] = {}
-        self._lock = threading.Lock()
-        self._stats = {"backend": "tcp", "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0, "refused": 0}
+        self._stats["refused"] = 0
 
     def _connect(self, addr: tuple[str, int]) -> socket.socket:
         conn = self._conns.get(addr)
@@ -50,15 +49,6 @@ class Source(TransferSource):
         conn = self._conns.pop(addr, None)
         if conn is not None:
             conn.close()
-
-    def write_pages(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
-        with self._lock:
-            self._stats["calls"] += 1
-            try:
-                self._write(descriptor, request_id, src, src_pages, dst_pages, dst_generations)
-            except TransferError:
-                self._stats["errors"] += 1
-                raise
 
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
         if descriptor.get("backend") != "tcp":
@@ -99,8 +89,6 @@ class Source(TransferSource):
                 drained=True, refused_pages=refused,
             )
 
-    def stats(self) -> dict:
-        return dict(self._stats)
 
     def close(self) -> None:
         with self._lock:
