@@ -1,0 +1,103 @@
+"""The control plane's guards, without sockets: MAC, replay, ticket, coverage."""
+
+import json
+
+import pytest
+
+from bulkhead.disagg.control import Signer
+from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
+from bulkhead.disagg.ticket import SignedTicket, TicketError
+
+KEY = b"k" * 32
+
+
+def test_a_sealed_message_opens_once():
+    a, b = Signer(KEY, "prefill-0"), Signer(KEY, "router")
+    frames = a.seal({"kind": "drain_ack", "request_id": "r1"})
+    assert b.open(frames)["request_id"] == "r1"
+    assert b.open(frames) is None  # the same frames again: a replay
+    assert b.stats.dropped_replay == 1 and b.stats.accepted == 1
+
+
+def test_a_message_under_another_key_is_dropped():
+    forger, router = Signer(b"x" * 32, "prefill-0"), Signer(KEY, "router")
+    assert router.open(forger.seal({"kind": "drain_ack", "request_id": "r1"})) is None
+    assert router.stats.dropped_bad_mac == 1
+
+
+def test_a_tampered_body_is_dropped():
+    a, b = Signer(KEY, "prefill-0"), Signer(KEY, "router")
+    body, mac = a.seal({"kind": "transfer_done", "request_id": "r1"})
+    forged = json.loads(body)
+    forged["request_id"] = "r2"
+    assert b.open([json.dumps(forged).encode(), mac]) is None
+    assert b.stats.dropped_bad_mac == 1
+
+
+def test_malformed_frames_are_dropped():
+    b = Signer(KEY, "router")
+    assert b.open([b"only one frame"]) is None
+    assert b.open([b"not json", b.mac(b"not json")]) is None
+    assert b.stats.dropped_malformed == 2
+
+
+def ticket(**kw):
+    fields = dict(request_id="r1", tenant="alpha", room=1, epoch=1, prompt_token_ids=(1, 2, 3), max_tokens=5,
+                  context_length=100, params={})
+    fields.update(kw)
+    return SignedTicket(**fields)
+
+
+def test_a_signed_ticket_verifies_and_a_changed_one_does_not():
+    t = ticket().signed(KEY)
+    t.verify(KEY, context_length=100)
+    with pytest.raises(TicketError, match="signature"):
+        SignedTicket.from_dict({**t.to_dict(), "tenant": "beta"}).verify(KEY, context_length=100)
+    with pytest.raises(TicketError, match="signature"):
+        ticket().verify(KEY, context_length=100)  # never signed
+
+
+def test_a_worker_refuses_a_ticket_over_its_own_limit():
+    # The router's decision, re-checked (not re-made): a pair whose limits
+    # differ from what the router admitted against fails the request.
+    t = ticket(prompt_token_ids=tuple(range(60)), max_tokens=50, context_length=200).signed(KEY)
+    with pytest.raises(TicketError, match="holds 100"):
+        t.verify(KEY, context_length=100)
+
+
+ALLOC = Allocation("r1", "alpha", 1, 1, 40, (7, 3, 9), (2, 5, 1))
+
+
+def manifest(**kw):
+    fields = dict(request_id="r1", tenant="alpha", room=1, epoch=1, prefix_len=0, token_count=40, pages=(7, 3, 9),
+                  generations=(2, 5, 1), digests=(11, 22, 33))
+    fields.update(kw)
+    return Manifest(**fields)
+
+
+def test_a_manifest_that_matches_its_allocation_commits():
+    assert coverage_problems(ALLOC, manifest(), (2, 5, 1), (11, 22, 33)) == []
+
+
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        ({"request_id": "r2"}, "request_id"),
+        ({"tenant": "beta"}, "tenant"),
+        ({"room": 2}, "room"),
+        ({"epoch": 2}, "epoch"),
+        ({"token_count": 1}, "token_count"),  # the incident: a 1-token stub
+        ({"pages": (7, 3, 8)}, "pages"),
+        ({"pages": (7, 3), "generations": (2, 5), "digests": (11, 22)}, "pages"),
+        ({"generations": (2, 5, 0)}, "generations"),
+        ({"digests": (11, 22, 34)}, "digest mismatch on pages [9]"),
+    ],
+)
+def test_any_difference_refuses_the_commit(change, expect):
+    problems = coverage_problems(ALLOC, manifest(**change), (2, 5, 1), (11, 22, 33))
+    assert any(expect in p for p in problems), problems
+
+
+def test_a_page_that_moved_on_since_the_grant_refuses_the_commit():
+    problems = coverage_problems(ALLOC, manifest(), (2, 6, 1), (11, 22, 33))
+    assert any("generation" in p for p in problems)
