@@ -1,4 +1,4 @@
-"""`python -m bulkhead.audit plan|preflight ...`"""
+"""`python -m bulkhead.audit plan|preflight|probe ...`"""
 
 import sys
 

@@ -1,6 +1,6 @@
 """argparse wiring for the audit commands.
 
-`add_subcommands(subparsers)` adds `plan` and `preflight` to any argparse
+`add_subcommands(subparsers)` adds `plan`, `preflight` and `probe` to any argparse
 subparsers object and sets `func` on each, a callable taking the parsed
 Namespace and returning the exit code:
 
@@ -15,6 +15,8 @@ from typing import Sequence
 
 from bulkhead.audit.plan import DEFAULT_ACTIVATION_RESERVE, DEFAULT_MEM_FRACTION, run_plan
 from bulkhead.audit.preflight import DEFAULT_TIMEOUT_S, run_preflight
+from bulkhead.audit.probe import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, run_probe
+from bulkhead.audit.probe import DEFAULT_TIMEOUT_S as PROBE_TIMEOUT_S
 
 PLAN_EPILOG = """\
 example (the incident's shape: a 1,048,576-token context on a too-small pool):
@@ -34,6 +36,23 @@ Engines are recognised by their endpoints: bulkhead /server_info, SGLang
 /server_info or /get_server_info plus /v1/models, vLLM /v1/models plus
 /metrics. ROLE=URL names a role the engine cannot state itself (vLLM).
 exit codes: 0 clean, 1 findings, 2 an engine could not be read.
+"""
+
+PROBE_EPILOG = """\
+example (two tenants against a local server; keys.toml as for `bulkhead serve --api-keys`):
+  bulkhead probe http://127.0.0.1:8000 --keys keys.toml --concurrency 8 --max-tokens 16
+  bulkhead probe http://vllm:8000/v1 --keys keys.toml --json --skip-coherence
+
+keys.toml:
+  [keys]
+  "sk-alpha" = "alpha"
+  "sk-beta" = "beta"
+
+Checks: cross-tenant canary hits, over-length prompts that got no 4xx,
+solo vs concurrent greedy outputs, long-context recall (coherence), and
+aborted streams. Sends real completions: run it against a test deployment
+or with keys whose traffic you may spend.
+exit codes: 0 no findings, 1 findings, 2 unreachable endpoint or bad input.
 """
 
 
@@ -67,6 +86,27 @@ def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to every engine")
 
 
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="the OpenAI-compatible endpoint's base URL (with or without /v1)")
+    parser.add_argument("--keys", required=True, help='TOML file with a [keys] table of "api-key" = "tenant"')
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--model", default=None, help="model to ask for (default: the first in /v1/models)")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help=f"concurrent requests per tenant (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"max_tokens of each probe completion (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--timeout", type=float, default=PROBE_TIMEOUT_S,
+                        help=f"seconds per request (default {PROBE_TIMEOUT_S:g})")
+    parser.add_argument("--seed", type=int, default=None, help="seed sent with every greedy request")
+    parser.add_argument("--allow-divergence-after", type=int, default=None, metavar="N",
+                        help="differential: tolerate outputs that agree on their first N tokens (default: exact text)")
+    parser.add_argument("--max-context", type=int, default=None, metavar="N",
+                        help="coherence: cap the long prompt at N tokens (default: near the advertised limit)")
+    parser.add_argument("--skip-coherence", action="store_true", help="skip the long-context recall check")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="context length to probe, when the endpoint does not advertise one")
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser(
         "plan",
@@ -86,6 +126,16 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     )
     add_preflight_arguments(preflight)
     preflight.set_defaults(func=run_preflight)
+    probe = subparsers.add_parser(
+        "probe",
+        help="active cross-tenant leak and coherence probe against an OpenAI-compatible endpoint",
+        description="Send canary-carrying completions as several tenants and check for leaks, over-length "
+        "requests answered 2xx, solo vs concurrent divergence, long-context recall and abort safety.",
+        epilog=PROBE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_probe_arguments(probe)
+    probe.set_defaults(func=run_probe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

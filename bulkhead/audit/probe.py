@@ -1,0 +1,431 @@
+"""`bulkhead probe`: an active leak and coherence probe against an OpenAI-compatible endpoint.
+
+The incident's 155 leaking responses had normal HTTP codes and latency; only
+their text showed the fault. This probe looks at text. Against bulkhead,
+vLLM or SGLang, with one API key per tenant, it runs five checks:
+
+  cross_tenant   every prompt carries a per-run canary (`ZQ-7f3a9c`) owned by
+                 the tenant that sent it; a response to tenant X holding a
+                 canary of tenant Y != X is a hit (the tenants and the canary
+                 are reported, never the response text)
+  over_length    prompts just over the advertised context (the prompt alone,
+                 and prompt + max_tokens) must get a 4xx; a 2xx is a finding
+  differential   greedy completions sent alone, then the same prompts amid
+                 every tenant's concurrent traffic, must match
+  coherence      a prompt near the limit with a canary early on must recall
+                 the canary at the end (the check the incident's pre-launch
+                 testing lacked)
+  aborts         streams closed after their first chunk must leave the
+                 endpoint answering, and answering the same
+
+Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
+(unreachable, keys refused, bad input, or no completion succeeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import secrets
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from bulkhead.audit.errors import AuditError, EngineResponseError
+from bulkhead.audit.probe_client import ProbeClient, ProbeInputError, Reply, load_keys
+from bulkhead.audit.probe_report import render_json, render_table
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 2
+DEFAULT_CONCURRENCY = 8
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_TIMEOUT_S = 120.0
+# Token-id prompts are exact without a tokenizer; this id is an ordinary
+# word piece in every Llama-family, Qwen and GPT-2-style vocabulary.
+FILLER_TOKEN_ID = 1000
+ABORT_STREAMS = 4
+ABORT_MAX_TOKENS = 64
+FILLER_SENTENCE = "The quiet river runs past the old mill and the green hills. "
+TOPICS = ("rivers", "mountains", "bread", "clocks", "lanterns", "bridges", "gardens", "ships", "maps", "bells")
+
+
+@dataclass(frozen=True)
+class ProbeFinding:
+    check: str
+    message: str
+    tenants: tuple[str, ...] = ()
+    canary: str | None = None
+
+
+@dataclass
+class CheckResult:
+    check: str
+    sent: int = 0
+    status: str = "ok"  # ok | findings | skipped
+    detail: str = ""
+
+
+@dataclass
+class ProbeReport:
+    url: str
+    model: str
+    context_length: int | None
+    context_source: str
+    tenants: tuple[str, ...]
+    checks: list[CheckResult] = field(default_factory=list)
+    findings: list[ProbeFinding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FINDINGS if self.findings else EXIT_CLEAN
+
+
+class Canaries:
+    """Per-run canaries, each owned by one tenant; scans responses for foreign ones."""
+
+    def __init__(self) -> None:
+        self._owner: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.hits: list[ProbeFinding] = []
+        self._seen: set[tuple[str, str, str]] = set()
+
+    def new(self, tenant: str) -> str:
+        with self._lock:
+            while True:
+                canary = f"ZQ-{secrets.token_hex(3)}"
+                if canary not in self._owner:
+                    self._owner[canary] = tenant
+                    return canary
+
+    def scan(self, receiver: str, text: str, where: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            for canary in set(re.findall(r"ZQ-[0-9a-f]{6}", text)):
+                owner = self._owner.get(canary)
+                if owner is None or owner == receiver or (receiver, owner, canary) in self._seen:
+                    continue
+                self._seen.add((receiver, owner, canary))
+                self.hits.append(ProbeFinding(
+                    "cross_tenant",
+                    f"{where}: a response to tenant {receiver!r} contained canary {canary} "
+                    f"from a prompt of tenant {owner!r}",
+                    (receiver, owner),
+                    canary,
+                ))
+
+
+@dataclass(frozen=True)
+class Job:
+    tenant: str
+    key: str
+    body: dict[str, Any]
+
+
+class Probe:
+    def __init__(self, client: ProbeClient, keys: dict[str, str], args: argparse.Namespace) -> None:
+        self.client = client
+        self.args = args
+        # One key per tenant: the first one the file names.
+        self.tenant_keys: dict[str, str] = {}
+        for key, tenant in keys.items():
+            self.tenant_keys.setdefault(tenant, key)
+        self.tenants = tuple(self.tenant_keys)
+        self.canaries = Canaries()
+        self.model = ""
+        self.failed: list[tuple[str, Reply]] = []
+
+    # -- helpers -----------------------------------------------------------
+
+    def _greedy(self, prompt: Any, max_tokens: int, **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        if self.args.seed is not None:
+            body["seed"] = self.args.seed
+        if self.args.allow_divergence_after is not None:
+            body["logprobs"] = 1  # token boundaries for the divergence tolerance
+        body.update(extra)
+        return body
+
+    def _canary_prompt(self, tenant: str, index: int) -> str:
+        canary = self.canaries.new(tenant)
+        topic = TOPICS[index % len(TOPICS)]
+        return f"Reference {canary}. Reference {canary}.\nWrite one short sentence about {topic}:"
+
+    def _run_all(self, jobs: list[Job], send: Callable[[str, dict[str, Any]], Reply] | None = None) -> list[Reply]:
+        send = send or self.client.complete
+        if not jobs:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(jobs), 64)) as pool:
+            return list(pool.map(lambda job: send(job.key, job.body), jobs))
+
+    def _note(self, phase: str, jobs: list[Job], replies: list[Reply]) -> None:
+        for job, reply in zip(jobs, replies):
+            self.canaries.scan(job.tenant, reply.text, phase)
+            if not reply.ok:
+                self.failed.append((phase, reply))
+
+    # -- checks ------------------------------------------------------------
+
+    def differential_and_leaks(self, report: ProbeReport) -> None:
+        n = max(1, self.args.concurrency)
+        d = min(n, 4)
+        solo = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
+                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(d))]
+        solo_replies = [self.client.complete(job.key, job.body) for job in solo]
+        self._note("solo", solo, solo_replies)
+        if not any(r.ok for r in solo_replies):
+            first = solo_replies[0]
+            why = first.transport_error or f"HTTP {first.status}" + (f" ({first.error_code})" if first.error_code else "")
+            raise EngineResponseError(self.client.base_url, f"no completion succeeded: {why}")
+        self.solo, self.solo_replies = solo, solo_replies
+
+        traffic = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
+                   for t in self.tenants for i in range(n)]
+        # Interleave the repeated solo prompts evenly with every tenant's traffic.
+        mixed = list(traffic)
+        for j, job in enumerate(solo):
+            mixed.insert((j + 1) * len(traffic) // (len(solo) + 1) + j, job)
+        replies = self._run_all(mixed)
+        self._note("concurrent", mixed, replies)
+        again = {id(job): reply for job, reply in zip(mixed, replies) if any(job is s for s in solo)}
+
+        report.checks.append(CheckResult(
+            "cross_tenant", len(solo) + len(mixed),
+            detail=f"{len(self.tenants)} tenant(s), {n} concurrent request(s) each, every prompt with its own canary",
+        ))
+        if len(self.tenants) < 2:
+            report.checks[-1].status = "skipped"
+            report.checks[-1].detail = "one tenant in the keys file: no other tenant to leak to"
+            report.warnings.append("cross-tenant check skipped: the keys file names one tenant; give two or more")
+
+        differ = tolerated = 0
+        for job, before in zip(solo, solo_replies):
+            after = again[id(job)]
+            if not (before.ok and after.ok):
+                continue
+            verdict = self._compare(before, after)
+            if verdict == "differ":
+                differ += 1
+            elif verdict == "tolerated":
+                tolerated += 1
+        compared = sum(1 for job, b in zip(solo, solo_replies) if b.ok and again[id(job)].ok)
+        result = CheckResult("differential", len(solo) * 2,
+                             detail=f"{compared} greedy prompt(s) compared solo vs among {len(traffic)} concurrent")
+        if tolerated:
+            result.detail += f"; {tolerated} diverged after token {self.args.allow_divergence_after} (tolerated)"
+        if differ:
+            result.status = "findings"
+            tolerance = ("exact text" if self.args.allow_divergence_after is None
+                         else f"the first {self.args.allow_divergence_after} token(s)")
+            report.findings.append(ProbeFinding(
+                "differential", f"{differ} of {compared} greedy completion(s) changed ({tolerance}) when served "
+                "among other requests: the output depends on what else is running"))
+        report.checks.append(result)
+
+    def _compare(self, before: Reply, after: Reply) -> str:
+        if before.text == after.text:
+            return "same"
+        limit = self.args.allow_divergence_after
+        if limit is None:
+            return "differ"
+        a = list(before.tokens) if before.tokens is not None else re.findall(r"\s+|\S+", before.text)
+        b = list(after.tokens) if after.tokens is not None else re.findall(r"\s+|\S+", after.text)
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return "tolerated" if first >= limit else "differ"
+
+    def over_length(self, report: ProbeReport, context: int | None) -> None:
+        result = CheckResult("over_length")
+        report.checks.append(result)
+        if context is None:
+            result.status, result.detail = "skipped", "the endpoint advertises no context length; pass --context-length"
+            report.warnings.append("over-length check skipped: no advertised context length")
+            return
+        tenant = self.tenants[-1]
+        key = self.tenant_keys[tenant]
+        max_tokens = max(2, self.args.max_tokens)
+        control = self.client.complete(key, {"model": self.model, "prompt": [FILLER_TOKEN_ID] * 8, "max_tokens": 1})
+        result.sent += 1
+        if control.ok:
+            cases = [
+                ("prompt alone over", [FILLER_TOKEN_ID] * (context + 1), 1),
+                ("prompt + max_tokens over", [FILLER_TOKEN_ID] * (context - max_tokens // 2), max_tokens),
+            ]
+            how = "token-id prompts"
+        else:
+            per = self._tokens_per_sentence(key)
+            if per is None:
+                result.status = "skipped"
+                result.detail = f"a short control prompt got HTTP {control.status}; cannot size prompts"
+                report.warnings.append("over-length check skipped: the endpoint refused a short control prompt")
+                return
+            over = FILLER_SENTENCE * (math.ceil((context + 1) / per) + 2)
+            cases = [("prompt alone over", over, 1)]
+            how = "text prompts sized from usage.prompt_tokens"
+        bad_code = 0
+        for name, prompt, n in cases:
+            reply = self.client.complete(key, {"model": self.model, "prompt": prompt, "max_tokens": n})
+            result.sent += 1
+            self.canaries.scan(tenant, reply.text, "over_length")
+            if 400 <= reply.status < 500:
+                if reply.error_code != "context_length_exceeded":
+                    bad_code += 1
+                continue
+            got = reply.transport_error or f"HTTP {reply.status}"
+            result.status = "findings"
+            report.findings.append(ProbeFinding(
+                "over_length", f"{name} (context {context:,}, max_tokens {n}) got {got}, not a 4xx"))
+        result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
+        if bad_code and result.status == "ok":
+            result.detail += f"; {bad_code} 4xx without code context_length_exceeded"
+
+    def _tokens_per_sentence(self, key: str) -> float | None:
+        """Measure the filler sentence's token count from usage.prompt_tokens (no tokenizer needed)."""
+        counts = []
+        for n in (8, 16):
+            reply = self.client.complete(key, {"model": self.model, "prompt": FILLER_SENTENCE * n, "max_tokens": 1})
+            if not reply.ok or reply.prompt_tokens is None:
+                return None
+            counts.append(reply.prompt_tokens)
+        per = (counts[1] - counts[0]) / 8
+        return per if per > 0 else None
+
+    def coherence(self, report: ProbeReport, context: int | None) -> None:
+        result = CheckResult("coherence")
+        report.checks.append(result)
+        if self.args.skip_coherence:
+            result.status, result.detail = "skipped", "--skip-coherence"
+            return
+        if context is None and self.args.max_context is None:
+            result.status, result.detail = "skipped", "no advertised context length; pass --max-context"
+            report.warnings.append("coherence check skipped: no advertised context length")
+            return
+        tenant = self.tenants[0]
+        key = self.tenant_keys[tenant]
+        max_tokens = max(16, self.args.max_tokens)
+        target = self.args.max_context or context
+        if context is not None:
+            target = min(target, context - max_tokens - 8)
+        per = self._tokens_per_sentence(key)
+        result.sent += 2
+        canary = self.canaries.new(tenant)
+        head = f"The secret code is {canary}. Remember the secret code.\n"
+        tail = "\nQuestion: What is the secret code?\nAnswer: The secret code is"
+        base = 40  # head + tail, generously
+        count = max(1, int((target - base) / (per or len(FILLER_SENTENCE) / 3)))
+        reply = Reply(0)
+        for _ in range(4):
+            reply = self.client.complete(key, self._greedy(head + FILLER_SENTENCE * count + tail, max_tokens))
+            result.sent += 1
+            if not (400 <= reply.status < 500 and reply.error_code == "context_length_exceeded"):
+                break
+            count = int(count * 0.8)  # our size estimate was over the limit: shrink and retry
+        self.canaries.scan(tenant, reply.text, "coherence")
+        size = f"{reply.prompt_tokens:,} prompt tokens" if reply.prompt_tokens else f"~{target:,} prompt tokens"
+        if not reply.ok:
+            result.status = "findings"
+            got = reply.transport_error or f"HTTP {reply.status}" + (f" ({reply.error_code})" if reply.error_code else "")
+            report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit got {got}"))
+        elif canary not in reply.text:
+            result.status = "findings"
+            report.findings.append(ProbeFinding(
+                "coherence", f"coherence: failed: the model did not repeat the canary placed at the start of a "
+                f"{size} prompt (small models may fail this honestly; --skip-coherence to skip)"))
+        result.detail = f"{size}, canary at the start, asked for at the end"
+
+    def aborts(self, report: ProbeReport) -> None:
+        result = CheckResult("aborts")
+        report.checks.append(result)
+        k = min(ABORT_STREAMS, max(1, self.args.concurrency))
+        jobs = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), ABORT_MAX_TOKENS))
+                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(k))]
+        replies = self._run_all(jobs, send=self.client.stream_first_chunk)
+        result.sent = len(jobs)
+        for job, reply in zip(jobs, replies):
+            self.canaries.scan(job.tenant, reply.text, "aborts")
+        broken = [r for r in replies if not r.ok]
+        if broken:
+            result.status = "findings"
+            report.findings.append(ProbeFinding(
+                "aborts", f"{len(broken)} of {len(jobs)} stream(s) did not open: "
+                + ", ".join(sorted({r.transport_error or f'HTTP {r.status}' for r in broken}))))
+        # Afterwards the endpoint must still answer, and answer as it did before.
+        job, before = self.solo[0], self.solo_replies[0]
+        after = self.client.complete(job.key, job.body)
+        result.sent += 1
+        self.canaries.scan(job.tenant, after.text, "after aborts")
+        if not after.ok:
+            result.status = "findings"
+            got = after.transport_error or f"HTTP {after.status}"
+            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got {got}"))
+        elif before.ok and self._compare(before, after) == "differ":
+            result.status = "findings"
+            report.findings.append(ProbeFinding(
+                "aborts", "after aborted streams a greedy prompt's completion changed from its solo answer"))
+        result.detail = f"{len(jobs)} stream(s) closed after the first chunk, then a greedy request re-checked"
+
+    def run(self, report: ProbeReport) -> None:
+        self.differential_and_leaks(report)
+        self.over_length(report, report.context_length)
+        self.coherence(report, report.context_length)
+        self.aborts(report)
+        cross = next(c for c in report.checks if c.check == "cross_tenant")
+        if self.canaries.hits:
+            cross.status = "findings"
+        cross.detail = f"{len(self.canaries.hits)} hit(s); " + cross.detail
+        report.findings[:0] = self.canaries.hits
+        if self.failed:
+            by_phase: dict[str, list[str]] = {}
+            for phase, reply in self.failed:
+                by_phase.setdefault(phase, []).append(reply.transport_error or f"HTTP {reply.status}")
+            for phase, errors in by_phase.items():
+                report.findings.append(ProbeFinding(
+                    "request_failed", f"{phase}: {len(errors)} within-limit request(s) failed "
+                    f"({', '.join(sorted(set(errors)))}); what they would have shown is unchecked"))
+
+
+def _validate(args: argparse.Namespace) -> None:
+    for name in ("concurrency", "max_tokens", "max_context"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ProbeInputError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.allow_divergence_after is not None and args.allow_divergence_after < 0:
+        raise ProbeInputError("--allow-divergence-after must be 0 or more")
+    if args.context_length is not None and args.context_length < 2 * max(2, args.max_tokens):
+        raise ProbeInputError("--context-length is too small to probe")
+
+
+def probe(args: argparse.Namespace, transport: httpx.BaseTransport | None = None) -> ProbeReport:
+    _validate(args)
+    keys = load_keys(args.keys)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    # trust_env=False: probe the endpoint itself, not a proxy from the environment.
+    with httpx.Client(timeout=args.timeout, transport=transport, trust_env=False, limits=limits) as http:
+        client = ProbeClient(args.url, http)
+        runner = Probe(client, keys, args)
+        model, context, source = client.discover(runner.tenant_keys[runner.tenants[0]], args.model)
+        if args.context_length is not None:
+            context, source = args.context_length, "--context-length"
+        runner.model = model
+        report = ProbeReport(client.base_url, model, context, source, runner.tenants)
+        runner.run(report)
+    return report
+
+
+def run_probe(args: argparse.Namespace, transport: httpx.BaseTransport | None = None) -> int:
+    """The `probe` subcommand; prints the report and returns the exit code."""
+    try:
+        report = probe(args, transport)
+    except AuditError as error:
+        if args.json:
+            import json
+
+            print(json.dumps({"error": str(error), "exit_code": EXIT_UNREACHABLE}, indent=2))
+        print(f"probe: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(render_json(report) if args.json else render_table(report))
+    return report.exit_code

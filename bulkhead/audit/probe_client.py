@@ -1,0 +1,172 @@
+"""The probe's view of an OpenAI-compatible endpoint: keys, discovery, completions.
+
+Every call returns a `Reply` rather than raising for HTTP errors: the probe's
+checks are about status codes (an over-length prompt must get a 4xx), so a
+non-2xx answer is data. Only a dead endpoint raises (`EngineUnreachable`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bulkhead.audit.errors import AuditError, EngineResponseError, EngineUnreachable
+
+
+class ProbeInputError(AuditError):
+    """The keys file or a `probe` flag cannot be used as given."""
+
+
+def load_keys(path: str | Path) -> dict[str, str]:
+    """`[keys]` table of `"api-key" = "tenant"`, as `bulkhead serve --api-keys` reads it."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ProbeInputError(f"keys file {path}: {error.strerror or error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ProbeInputError(f"keys file {path}: not TOML ({error})") from error
+    keys = data.get("keys")
+    if not isinstance(keys, dict) or not keys:
+        raise ProbeInputError(f'keys file {path}: needs a non-empty [keys] table of "api-key" = "tenant"')
+    for key, tenant in keys.items():
+        if not isinstance(tenant, str) or not tenant:
+            raise ProbeInputError(f"keys file {path}: tenant of a key must be a non-empty string")
+    return dict(keys)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int  # HTTP status; 0 when the request never got an answer
+    text: str = ""  # the completion text (choices[0].text or message.content)
+    tokens: tuple[str, ...] | None = None  # logprobs.tokens when the server returned them
+    prompt_tokens: int | None = None  # usage.prompt_tokens
+    error_code: str | None = None  # error.code of an OpenAI-shaped error body
+    transport_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code")
+        return str(code) if code is not None else error.get("type")
+    return None
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    if isinstance(choice.get("text"), str):
+        return choice["text"]
+    message = choice.get("message") or choice.get("delta") or {}
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+class ProbeClient:
+    """One endpoint, one httpx client shared by the probe's threads."""
+
+    def __init__(self, base_url: str, client: httpx.Client) -> None:
+        base = base_url.rstrip("/")
+        # Accept both http://host:port and http://host:port/v1.
+        self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self._client = client
+
+    @staticmethod
+    def _auth(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    def get_json(self, path: str, key: str) -> dict[str, Any] | None:
+        """GET a JSON object; None when the endpoint is missing or not JSON. Raises if unreachable."""
+        try:
+            response = self._client.get(self.base_url + path, headers=self._auth(key))
+        except httpx.TimeoutException as error:
+            raise EngineUnreachable(self.base_url, f"timed out reading {path}") from error
+        except httpx.TransportError as error:
+            raise EngineUnreachable(self.base_url, f"cannot connect ({type(error).__name__}: {error})") from error
+        if response.status_code in (401, 403):
+            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}: the key was refused")
+        if response.status_code >= 400:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def discover(self, key: str, model: str | None) -> tuple[str, int | None, str]:
+        """(model id, advertised context length or None, where the length came from)."""
+        models = self.get_json("/v1/models", key)
+        entries = [m for m in (models or {}).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        if model is None:
+            if not entries:
+                raise EngineResponseError(self.base_url, "GET /v1/models lists no model; pass --model")
+            model = str(entries[0]["id"])
+        for entry in entries:
+            if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
+                return model, entry["max_model_len"], "/v1/models max_model_len"
+        for path in ("/server_info", "/get_server_info"):
+            info = self.get_json(path, key)
+            if info and isinstance(info.get("context_length"), int):
+                return model, info["context_length"], f"{path} context_length"
+        return model, None, "not advertised"
+
+    def complete(self, key: str, body: dict[str, Any]) -> Reply:
+        try:
+            response = self._client.post(self.base_url + "/v1/completions", json=body, headers=self._auth(key))
+        except httpx.HTTPError as error:
+            return Reply(0, transport_error=f"{type(error).__name__}: {error}")
+        if not 200 <= response.status_code < 300:
+            return Reply(response.status_code, error_code=_error_code(response))
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return Reply(response.status_code, error_code="malformed_response")
+        logprobs = choice.get("logprobs")
+        tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        return Reply(
+            response.status_code,
+            text=_choice_text(choice),
+            tokens=tuple(tokens) if isinstance(tokens, list) else None,
+            prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        )
+
+    def stream_first_chunk(self, key: str, body: dict[str, Any]) -> Reply:
+        """Open a stream, read until the first data chunk, and close the connection (an abort)."""
+        try:
+            with self._client.stream(
+                "POST", self.base_url + "/v1/completions", json={**body, "stream": True}, headers=self._auth(key)
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    response.read()
+                    return Reply(response.status_code, error_code=_error_code(response))
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[len("data:"):].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        continue
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        return Reply(500, error_code=str((chunk["error"] or {}).get("code")))
+                    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+                    text = _choice_text(choices[0]) if choices else ""
+                    return Reply(response.status_code, text=text)  # leaving the block closes the stream
+                return Reply(response.status_code)
+        except httpx.HTTPError as error:
+            return Reply(0, transport_error=f"{type(error).__name__}: {error}")

@@ -1,0 +1,59 @@
+"""Render a ProbeReport as a table for people or JSON for scripts.
+
+Findings name tenants and canaries, never a response's text: the text may be
+another customer's data.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bulkhead.audit.probe import ProbeReport
+
+
+def render_table(report: ProbeReport) -> str:
+    context = f"{report.context_length:,}" if report.context_length is not None else "-"
+    lines = [
+        f"endpoint  {report.url}",
+        f"model     {report.model}  (context {context}, from {report.context_source})",
+        f"tenants   {', '.join(report.tenants)}",
+        "",
+    ]
+    header = ("CHECK", "SENT", "RESULT", "DETAIL")
+    rows = [(c.check, str(c.sent), c.status.upper() if c.status != "ok" else "ok", c.detail) for c in report.checks]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3])
+    lines.append("")
+    for warning in report.warnings:
+        lines.append(f"WARNING  {warning}")
+    for finding in report.findings:
+        lines.append(f"FINDING  {finding.check}  {finding.message}")
+    hits = sum(1 for f in report.findings if f.check == "cross_tenant")
+    if report.exit_code == 0:
+        lines.append("OK: 0 cross-tenant canary hits, every over-length request refused, no divergence")
+    else:
+        lines.append(f"{len(report.findings)} finding(s), {hits} cross-tenant canary hit(s)")
+    return "\n".join(lines)
+
+
+def render_json(report: ProbeReport) -> str:
+    return json.dumps(
+        {
+            "url": report.url,
+            "model": report.model,
+            "context_length": report.context_length,
+            "context_source": report.context_source,
+            "tenants": list(report.tenants),
+            "checks": [{"check": c.check, "sent": c.sent, "status": c.status, "detail": c.detail}
+                       for c in report.checks],
+            "findings": [{"check": f.check, "message": f.message, "tenants": list(f.tenants), "canary": f.canary}
+                         for f in report.findings],
+            "cross_tenant_hits": sum(1 for f in report.findings if f.check == "cross_tenant"),
+            "warnings": report.warnings,
+            "exit_code": report.exit_code,
+        },
+        indent=2,
+    )
