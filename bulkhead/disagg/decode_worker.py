@@ -110,8 +110,14 @@ class DecodeWorker(WorkerBase):
                 self.pending.remove(rid)
 
     def _write_allowed(self, page: int, generation: int, request_id: str) -> bool:
+        # Only while the request still waits for its KV: a late or duplicated
+        # write after commit or failure is refused even though the page's owner
+        # and generation have not changed (found by the TLA+ model, specs/).
+        with self.lock:
+            job = self.jobs.get(request_id)
+            awaiting = job is not None and job.alloc is not None and not job.committed and not job.failed
         ledger = self.engine.ledger
-        return ledger.record(page).owner == request_id and ledger.generation(page) == generation
+        return awaiting and ledger.record(page).owner == request_id and ledger.generation(page) == generation
 
     def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
         try:
