@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bulkhead.disagg.faults import Faults
+from bulkhead.faults import Faults
 from bulkhead.disagg.manifest import Manifest
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests

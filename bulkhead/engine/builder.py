@@ -15,6 +15,7 @@ from bulkhead.engine.engine import Engine
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
+from bulkhead.faults import Faults
 from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
@@ -79,6 +80,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
     ledger = PageLedger(num_pages)
     tokenizer = Tokenizer(cfg.model_dir)
+    faults = Faults()  # test-only; inert unless BULKHEAD_FAULTS_FILE is set
     limits = Limits(
         context_length=decision.context_length,
         pool_tokens=pool.num_tokens,
@@ -89,11 +91,12 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
                         prefix_cache=cfg.prefix_cache),
         ledger,
-        reclaim=lambda: scrub_released(pool, ledger),
+        reclaim=lambda: scrub_released(pool, ledger, faults),
         cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere
     )
     runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
-    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only)
+    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,
+                    faults=faults)
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d",
         num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from bulkhead.engine import legacy
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
@@ -22,6 +23,7 @@ from bulkhead.engine.sampler import Sampler, TokenLogprobs
 from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
+from bulkhead.faults import Faults
 from bulkhead.kv.pool import KVPool, scrub_released
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -61,7 +63,7 @@ class EngineStats:
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
-                 prefill_only: bool = False):
+                 prefill_only: bool = False, faults: Faults | None = None):
         """prefill_only: a request ends at its first token and keeps its pages
         (reserved) for a KV transfer; release_reserved() gives them back."""
         self.scheduler = scheduler
@@ -71,6 +73,7 @@ class Engine:
         self.ledger = scheduler.ledger
         self.tokenizer = tokenizer
         self.prefill_only = prefill_only
+        self.faults = faults or Faults(path="")
         # Request ids owning pages outside the scheduler: prefill pages held
         # until transferred, decode pages granted and awaiting their KV.
         self.reserved: set[str] = set()
@@ -159,7 +162,9 @@ class Engine:
         with self.lock:
             if kind == "add":
                 try:
-                    req = self.scheduler.add(arg)
+                    # A LegacyTicket exists only when a test armed legacy_admission.
+                    req = legacy.add_stub(self.scheduler, arg) if isinstance(arg, legacy.LegacyTicket) \
+                        else self.scheduler.add(arg)
                 except QueueFull as e:
                     sink(_error_output(arg.request_id, len(arg.prompt_token_ids), Overloaded(str(e))))
                     return
@@ -281,7 +286,7 @@ class Engine:
         self._scrub()
 
     def _scrub(self) -> None:
-        scrub_released(self.pool, self.ledger)
+        scrub_released(self.pool, self.ledger, self.faults)
 
     def check_integrity(self) -> None:
         with self.lock:

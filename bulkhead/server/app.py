@@ -15,8 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
+from bulkhead.engine import legacy
 from bulkhead.engine.admission import Admitted, Rejection, admit
 from bulkhead.errors import BulkheadError, InvalidRequest, NotFound
+from bulkhead.faults import Faults
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.server.backend import Backend
@@ -42,6 +44,7 @@ class ServerState:
         self.client = self.backend
         self.metrics = Metrics(self.backend.collector())
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
+        self.faults = Faults()  # test-only hooks; inert unless BULKHEAD_FAULTS_FILE is set
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -88,7 +91,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/server_info")
     async def info():
-        return backend.info()
+        body = backend.info()
+        if state.faults.fired:  # test-only hooks that fired (never in production)
+            body["faults_fired"] = {**body.get("faults_fired", {}), **state.faults.counters()}
+        return body
 
     @app.get("/metrics")
     async def prom():
@@ -136,8 +142,10 @@ def create_app(state: ServerState) -> FastAPI:
         # answered in full or refused in full.
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
-                decision = admit(f"{rid}-{pi}-{j}", tenant, ids, sampling_params(body, len(ids), limits, j), limits,
-                                 cache_salt=body.cache_salt)
+                params = sampling_params(body, len(ids), limits, j)
+                decision = admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits, cache_salt=body.cache_salt)
+                if isinstance(decision, Rejection) and state.faults.fire("legacy_admission"):
+                    decision = legacy.stub_ticket(decision, ids, params, limits.context_length)  # test-only
                 if isinstance(decision, Rejection):
                     metrics.rejections.labels(tenant, decision.error.code).inc()
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()

@@ -75,7 +75,10 @@ class LocalBackend(Backend):
         self.built.engine.stop()
 
     def info(self) -> dict:
-        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
+        body = engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
+        if self.built.engine.faults.fired:
+            body["faults_fired"] = self.built.engine.faults.counters()
+        return body
 
 
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:

@@ -20,18 +20,28 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, args: list[str], log_path: Path, env: dict | None = None):
+        self.args, self.env, self.log_path = args, env, log_path
+        self._launch()
+
+    def _launch(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        cmd = [sys.executable, "-m", "bulkhead.cli", "serve", "--port", str(self.port), *args]
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "bulkhead.cli", "serve", "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(self.env or {})})
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
+        retries = 2
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                # free_port() cannot reserve the port; another process may take it first.
+                if retries and "address already in use" in self.log().lower():
+                    retries -= 1
+                    self._log.close()
+                    self._launch()
+                    continue
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:

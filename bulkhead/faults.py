@@ -1,4 +1,4 @@
-"""Test-only fault injection for the disaggregated workers.
+"""Test-only fault injection (disaggregated workers and the colocated server).
 
 Armed only when the worker starts with BULKHEAD_FAULTS_FILE set; the file
 holds fault names, one per line, and is re-read when it changes, so one
@@ -8,6 +8,10 @@ that its fault really fired, so it cannot pass vacuously.
 
 Faults (prefill side): corrupt_page, wrong_pages, short_transfer,
 stale_generation, replay_control, withhold_drain_ack, slow_transfer.
+Colocated server: legacy_admission (serve an over-length request the way the
+incident's engine did, see engine/legacy.py) and no_scrub (freed pages keep
+their KV). These two exist so `bulkhead probe` can be shown to catch the
+incident; never set BULKHEAD_FAULTS_FILE in production.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 ENV = "BULKHEAD_FAULTS_FILE"
 KNOWN = ("corrupt_page", "wrong_pages", "short_transfer", "stale_generation", "replay_control",
-         "withhold_drain_ack", "slow_transfer")
+         "withhold_drain_ack", "slow_transfer", "legacy_admission", "no_scrub")
 
 
 class Faults:

@@ -1,0 +1,39 @@
+"""The incident's admission path, re-enabled only by a test-only fault.
+
+SGLang's disaggregated engine did not retire a too-long request: it kept it
+live as a 1-token stub while decode allocated pages for the full prompt and
+attended over them, although nobody had written them for this request. This
+module rebuilds exactly that, so that `bulkhead probe` can be shown to catch
+it (tests/audit/test_probe_legacy.py). It is reachable only when the fault
+file names `legacy_admission` (bulkhead.faults); production never arms it.
+"""
+
+from __future__ import annotations
+
+from bulkhead.engine.admission import Admitted, Rejection
+from bulkhead.engine.request import Request, RequestStatus
+from bulkhead.engine.scheduler import Scheduler
+
+
+class LegacyTicket(Admitted):
+    """A rejected request kept alive instead of retired (the bug)."""
+
+
+def stub_ticket(rejection: Rejection, prompt_token_ids, params, context_length: int) -> LegacyTicket:
+    return LegacyTicket(rejection.request_id, rejection.tenant, tuple(prompt_token_ids), params, context_length)
+
+
+def add_stub(scheduler: Scheduler, ticket: Admitted) -> Request:
+    """Pages for every prompt token, a watermark that claims they were
+    written, and only the last token actually computed: decode then attends
+    over whatever the freshly handed-out pages still hold."""
+    n = len(ticket.prompt_token_ids)
+    scheduler.ledger.allocate(ticket.request_id, ticket.tenant, -(-n // scheduler.config.page_size))
+    # Positions [0, n-1) "computed" (never written); the last prompt token is
+    # fed as if it had been sampled, so the next decode step reads them all.
+    req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids[:-1]), ticket.params,
+                  next(scheduler._arrivals), output_token_ids=[ticket.prompt_token_ids[-1]], num_computed=n - 1,
+                  status=RequestStatus.RUNNING)
+    scheduler.requests[req.request_id] = req
+    scheduler.running.append(req)
+    return req
