@@ -100,8 +100,16 @@ def _admit_write(config, state: DecodeState, write: PageWrite) -> Step:
         return Step(state)
     entry = state.ledger.entries[write.page]
     current = (state.incarnation, entry.owner, entry.gen)
-    if config.guards.generation_check and (write.incarnation, write.rid, write.gen) != current:
-        return Step(state)  # stale: the page moved on (or this process is new)
+    if config.guards.generation_check:
+        if (write.incarnation, write.rid, write.gen) != current:
+            return Step(state)  # stale: the page moved on (or this process is new)
+        record = find(state.requests, write.rid)
+        if record is None or record.phase is not Phase.DECODE_ALLOCATED:
+            # Only while the request waits for its KV: a late or duplicated
+            # write after commit (or failure) would otherwise pass the owner
+            # and generation check (found by the TLA+ model; the runtime's
+            # decode guard does the same).
+            return Step(state)
     landing = Landing(decode_addr(state.index), write.rid, write.epoch, state.incarnation,
                       write.page, write.gen, write.payload)
     return Step(state, (landing,))
