@@ -118,3 +118,14 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         eos_token_ids=tuple(sorted(eos)),
         bos_token_id=raw.get("bos_token_id"),
     )
+
+
+def load_sampling_defaults(model_dir: Path) -> dict:
+    """temperature / top_p / top_k from generation_config.json, as vLLM reads
+    them: what a request gets when it does not name them (OpenAI's own
+    defaults otherwise)."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {k: raw[k] for k in ("temperature", "top_p", "top_k") if k in raw}

@@ -8,6 +8,7 @@ dequantizes to fp32), runs once (~30 s for SmolLM2-135M) and is cached.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -82,9 +83,18 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+# SmolLM2's model card samples with these; its generation_config.json names
+# none, and at OpenAI's default temperature 1.0 this 135M model rambles.
+DEFAULT_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
+
+
 def default_model_dir() -> Path:
     """The bundled SmolLM2 as a cached Hugging Face directory, converting on first use."""
     out = cache_root() / "models" / DEFAULT_MODEL_ID
     if not (out / "config.json").exists():
         convert_gguf(bundled_gguf_path(), out)
+    gen_path = out / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    if any(k not in gen for k in DEFAULT_MODEL_SAMPLING):
+        gen_path.write_text(json.dumps({**gen, **DEFAULT_MODEL_SAMPLING}, indent=2))
     return out

@@ -142,7 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
         # answered in full or refused in full.
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
-                params = sampling_params(body, len(ids), limits, j)
+                params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults)
                 decision = admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits, cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection) and state.faults.fire("legacy_admission"):
                     decision = legacy.stub_ticket(decision, ids, params, limits.context_length)  # test-only

@@ -15,6 +15,7 @@ from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.engine import RequestOutput
 from bulkhead.kv.prefix_cache import CACHE_OWNER
+from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
@@ -23,6 +24,7 @@ from bulkhead.server.metrics import EngineCollector
 class Backend(ABC):
     tokenizer: Tokenizer
     model_id: str
+    sampling_defaults: dict = {}  # the model's generation_config.json temperature/top_p/top_k
 
     @property
     @abstractmethod
@@ -55,6 +57,7 @@ class LocalBackend(Backend):
         self.built = built
         self.tokenizer = built.tokenizer
         self.model_id = model_id
+        self.sampling_defaults = load_sampling_defaults(built.config.model_dir)
         self._auth = auth
         self._client = AsyncEngineClient(built.engine)
 
@@ -111,5 +114,6 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode,
         "max_n": limits.max_n,
+        "sampling_defaults": load_sampling_defaults(cfg.model_dir),
         "engine_failures": built.engine.stats.failures,
     }

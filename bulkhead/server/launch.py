@@ -137,6 +137,7 @@ def _router_backend(args, model_dir: Path, model_id: str, auth: str):
     from bulkhead.disagg.launch import cluster_key, spawn_workers
     from bulkhead.disagg.router import DisaggBackend
     from bulkhead.model.gguf_import import cache_root
+    from bulkhead.model.config import load_sampling_defaults
     from bulkhead.model.tokenizer import Tokenizer
 
     control = args.control_address or f"tcp://127.0.0.1:{args.port + 1}"
@@ -144,5 +145,6 @@ def _router_backend(args, model_dir: Path, model_id: str, auth: str):
     args.cluster_key_file = key_file
     backend = DisaggBackend(Tokenizer(model_dir), model_id, Signer(cluster_key(args), "router"), control, auth,
                             request_timeout_s=args.request_timeout)
+    backend.sampling_defaults = load_sampling_defaults(model_dir)
     workers = spawn_workers(args, control, key_file) if args.role == "local" else []
     return backend, workers

@@ -102,18 +102,23 @@ def _logprobs_k(body: _SamplingFields) -> int | None:
     return body.logprobs
 
 
-def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int) -> SamplingParams:
-    """Params for one choice of one prompt. max_tokens=None means 'the rest of the context'."""
+def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int,
+                    defaults: dict | None = None) -> SamplingParams:
+    """Params for one choice of one prompt. max_tokens=None means 'the rest of
+    the context'; unnamed temperature/top_p/top_k come from the model's
+    generation_config.json (`defaults`), else OpenAI's."""
+    defaults = defaults or {}
     max_tokens = requested_max_tokens(body)
     if max_tokens is None:
         max_tokens = max(1, limits.effective_context - prompt_len)
-    temperature = 1.0 if body.temperature is None else body.temperature
+    temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
     seed = None if body.seed is None else body.seed + choice
+    top_k = defaults.get("top_k", 0) if body.top_k is None else body.top_k
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=max(0, body.top_k or 0),
+        top_p=defaults.get("top_p", 1.0) if body.top_p is None else body.top_p,
+        top_k=max(0, top_k),
         seed=seed,
         min_tokens=body.min_tokens,
         stop=tuple(_stop_list(body)),

@@ -80,3 +80,17 @@ def test_seed_differs_per_choice():
     body = completion(seed=5, n=2)
     assert sampling_params(body, 3, LIMITS, 0).seed == 5
     assert sampling_params(body, 3, LIMITS, 1).seed == 6
+
+
+def test_unnamed_sampling_params_come_from_the_models_generation_config():
+    defaults = {"temperature": 0.2, "top_p": 0.9, "top_k": 40}
+    p = sampling_params(chat(), prompt_len=30, limits=LIMITS, choice=0, defaults=defaults)
+    assert (p.temperature, p.top_p, p.top_k) == (0.2, 0.9, 40)
+    named = sampling_params(chat(temperature=0.0, top_p=1.0, top_k=0), 30, LIMITS, 0, defaults)
+    assert (named.temperature, named.top_p, named.top_k) == (0.0, 1.0, 0)  # the request wins
+
+
+def test_the_bundled_model_samples_as_its_model_card_says(smollm2_dir):
+    from bulkhead.model.config import load_sampling_defaults
+
+    assert load_sampling_defaults(smollm2_dir) == {"temperature": 0.2, "top_p": 0.9}
