@@ -32,14 +32,7 @@ class EngineClient:
         return result
 
     def _fetch(self, path: str) -> httpx.Response | EndpointMissing:
-        # Paths are appended, not joined, so engines behind a path prefix work.
-        url = self.base_url + path
-        try:
-            response = self._client.get(url)
-        except httpx.TimeoutException as error:
-            raise EngineUnreachable(self.base_url, f"timed out reading {path}") from error
-        except httpx.TransportError as error:
-            raise EngineUnreachable(self.base_url, f"cannot connect ({type(error).__name__}: {error})") from error
+        response = get_or_unreachable(self._client, self.base_url, path)
         if response.status_code in (401, 403):
             raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key")
         if response.status_code in (404, 405):
@@ -72,3 +65,15 @@ class EngineClient:
             return self.get_text(path)
         except EndpointMissing:
             return None
+
+
+def get_or_unreachable(client: httpx.Client, base_url: str, path: str, **kwargs) -> httpx.Response:
+    """GET base_url + path; a timeout or transport failure becomes EngineUnreachable.
+
+    Paths are appended, not joined, so engines behind a path prefix work."""
+    try:
+        return client.get(base_url + path, **kwargs)
+    except httpx.TimeoutException as error:
+        raise EngineUnreachable(base_url, f"timed out reading {path}") from error
+    except httpx.TransportError as error:
+        raise EngineUnreachable(base_url, f"cannot connect ({type(error).__name__}: {error})") from error

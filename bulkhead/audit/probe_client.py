@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from bulkhead.audit.errors import AuditError, EngineResponseError, EngineUnreachable
+from bulkhead.audit.http_client import get_or_unreachable
 
 
 class ProbeInputError(AuditError):
@@ -88,12 +89,7 @@ class ProbeClient:
 
     def get_json(self, path: str, key: str) -> dict[str, Any] | None:
         """GET a JSON object; None when the endpoint is missing or not JSON. Raises if unreachable."""
-        try:
-            response = self._client.get(self.base_url + path, headers=self._auth(key))
-        except httpx.TimeoutException as error:
-            raise EngineUnreachable(self.base_url, f"timed out reading {path}") from error
-        except httpx.TransportError as error:
-            raise EngineUnreachable(self.base_url, f"cannot connect ({type(error).__name__}: {error})") from error
+        response = get_or_unreachable(self._client, self.base_url, path, headers=self._auth(key))
         if response.status_code in (401, 403):
             raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}: the key was refused")
         if response.status_code >= 400:
