@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bulkhead.verify.cli import add_subcommand as add_verify
 
     add_verify(sub)  # verify: the protocol model checker
+    from bulkhead.sim.cli import add_subcommand as add_sim
+
+    add_sim(sub)  # sim: the deterministic simulation of the running system
     return parser
 
 

@@ -12,7 +12,6 @@ Per request:
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
@@ -21,6 +20,7 @@ from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.engine import RequestOutput
+from bulkhead.faults import pause
 from bulkhead.kv.ledger import OutOfPages
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ class DecodeWorker(WorkerBase):
         with self.lock:
             job = self.jobs.get(rid)
             if result is None:  # pool busy: try again on a later tick
+                self.count("grants_deferred")  # the pool-exhaustion signal (fault matrix)
                 if job is not None:
                     self.pending.append(rid)
                 return
@@ -146,7 +147,7 @@ class DecodeWorker(WorkerBase):
         t = job.ticket
         job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages), tuple(gens))
         # A backstop only: the router's lost-worker detection and deadline act first.
-        job.grant_deadline = time.monotonic() + 4 * self.drain_lease_s
+        job.grant_deadline = self.clock() + 4 * self.drain_lease_s
         self.count("pages_granted", len(pages))
         # write_within_s: prefill starts no write for this grant after it, so a
         # writer that never acks is done writing long before the lease ends.
@@ -160,17 +161,22 @@ class DecodeWorker(WorkerBase):
         if job is None or job.alloc is None or job.failed:
             self.count("manifests_unexpected")
             return
+        self.faults.crash("crash_before_commit")
         manifest = Manifest.from_dict(msg["manifest"])
         alloc = job.alloc
 
         def check():  # engine thread: the pool and the ledger are read in one place
             gens = tuple(self.engine.ledger.generation(p) for p in alloc.pages)
             owners_ok = all(self.engine.ledger.record(p).owner == rid for p in alloc.pages)
-            problems = coverage_problems(alloc, manifest, gens, tuple(page_digests(self.engine.pool, alloc.pages)))
+            # Guards off (benchmark only): the manifest's digests are taken as they come.
+            local = page_digests(self.engine.pool, alloc.pages) if self.built.config.guards else manifest.digests
+            problems = coverage_problems(alloc, manifest, gens, tuple(local))
             if not owners_ok:
                 problems.append("a granted page is no longer owned by the request")
             return problems
 
+        if self.faults.fire("stall_verify"):  # the engine is busy: the check waits its turn
+            self.engine.call(pause)
         # The check runs on the engine thread; the link thread must not wait
         # for it (heartbeats and outputs go through the link thread).
         self.engine.call(check).add_done_callback(lambda f: self._checked(rid, job, msg, f))
@@ -206,7 +212,7 @@ class DecodeWorker(WorkerBase):
             if job is None:
                 return
             job.failed = True
-            job.lease_deadline = time.monotonic() + self.drain_lease_s
+            job.lease_deadline = self.clock() + self.drain_lease_s
         self.link.send({"kind": "transfer_failed", "request_id": rid, "code": code, "reason": reason})
         self._release_if_done(rid)
 
@@ -218,7 +224,7 @@ class DecodeWorker(WorkerBase):
             committed = job.committed
             if not committed:
                 job.failed = True
-                job.lease_deadline = time.monotonic() + self.drain_lease_s
+                job.lease_deadline = self.clock() + self.drain_lease_s
         if committed:
             self.engine.abort(rid)
         else:
@@ -240,7 +246,7 @@ class DecodeWorker(WorkerBase):
 
     def on_tick(self) -> None:
         super().on_tick()
-        now = time.monotonic()
+        now = self.clock()
         if self.pending and now - self._last_grant_try > 0.05:  # the pool frees pages per step, not per poll
             self._last_grant_try = now
             self._grant_pending()

@@ -22,7 +22,7 @@ log = logging.getLogger("bulkhead")
 _ENGINE_VALUE_FLAGS = ("model", "model_id", "page_size", "context_length", "scrub_mode", "dtype",
                        "max_running", "prefill_chunk", "decode_tile", "threads", "log_level", "transfer",
                        "prefix_cache")
-_ENGINE_SWITCHES = ("clamp_context_length", "no_safe_mode")
+_ENGINE_SWITCHES = ("clamp_context_length", "no_safe_mode", "unsafe_no_guards")
 
 
 def add_disagg_arguments(p: argparse.ArgumentParser) -> None:

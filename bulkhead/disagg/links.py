@@ -76,11 +76,13 @@ class _Link:
 class WorkerLink(_Link):
     """A worker's connection to the router."""
 
-    def __init__(self, signer: Signer, router_address: str, replay_fault=None):
-        """replay_fault(): test-only hook; when it fires, the last frames go out twice."""
+    def __init__(self, signer: Signer, router_address: str, faults=None):
+        """faults: test-only hooks (bulkhead/faults.py) that replay, lose or
+        reorder this worker's outgoing messages."""
         super().__init__(signer)
         self.router_address = router_address
-        self._replay_fault = replay_fault
+        self._faults = faults
+        self._held: list[bytes] | None = None  # reorder_<kind>: sealed, sent after the next message
 
     def send(self, message: dict) -> None:
         self._out.put(message)
@@ -98,8 +100,17 @@ class WorkerLink(_Link):
             except queue.Empty:
                 return
             frames = self.signer.seal(message)
+            kind, faults = message.get("kind"), self._faults
+            if faults is not None and faults.fire(f"lose_{kind}"):
+                continue  # lost on the way: nothing retransmits, a deadline must end the request
+            if faults is not None and self._held is None and faults.fire(f"reorder_{kind}"):
+                self._held = frames  # overtaken by the next message: the router sees an older seq
+                continue
             sock.send_multipart(frames)
-            if self._replay_fault is not None and message.get("kind") != "heartbeat" and self._replay_fault():
+            if self._held is not None:
+                sock.send_multipart(self._held)
+                self._held = None
+            if faults is not None and kind != "heartbeat" and faults.fire("replay_control"):
                 sock.send_multipart(frames)  # a captured message sent again: the router must drop it
 
     def _deliver(self, frames, on_message) -> None:

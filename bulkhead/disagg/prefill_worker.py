@@ -10,11 +10,10 @@ write for the request can still land in decode's pool.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bulkhead.faults import Faults
+from bulkhead.faults import pause, wait_until
 from bulkhead.disagg.manifest import Manifest
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
@@ -44,15 +43,6 @@ class PrefillWorker(WorkerBase):
         self.jobs: dict[str, PrefillJob] = {}
         self.sources: dict[str, object] = {}  # transfer backend name -> TransferSource
         self.transfers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulkhead-transfer")
-        self.faults = Faults()
-
-    def replay_fault(self) -> bool:
-        return self.faults.fire("replay_control")
-
-    def heartbeat_body(self) -> dict:
-        body = super().heartbeat_body()
-        body["counters"].update(self.faults.counters())
-        return body
 
     def handle(self, kind: str, msg: dict) -> None:
         if kind == "assign":
@@ -63,7 +53,8 @@ class PrefillWorker(WorkerBase):
                 if job is None or job.finalized:
                     return
                 job.grant = msg
-                job.granted_at = time.monotonic()
+                job.granted_at = self.clock()
+            self.faults.crash("crash_after_grant")
             self._maybe_transfer(msg["request_id"])
         elif kind == "finalize":
             self._finalize(msg["request_id"])
@@ -73,6 +64,8 @@ class PrefillWorker(WorkerBase):
             return
         with self.lock:
             self.jobs[ticket.request_id] = PrefillJob(ticket)
+        if self.faults.fire("stall_prefill"):  # the engine is busy: the request waits in its queue
+            self.engine.call(pause)
         self.engine.submit(ticket_to_admitted(ticket), self._on_output)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
@@ -106,8 +99,10 @@ class PrefillWorker(WorkerBase):
     def _transfer(self, job: PrefillJob) -> None:
         t, out, grant = job.ticket, job.result, job.grant
         rid = t.request_id
+        if self.faults.fire("stall_past_grant"):
+            pause(grant.get("write_within_s", 0) + 0.5)
         with self.lock:
-            late = time.monotonic() - job.granted_at > grant.get("write_within_s", float("inf"))
+            late = self.clock() - job.granted_at > grant.get("write_within_s", float("inf"))
             if job.finalized or late:
                 # Decode has given up on (or will soon reuse) these pages: write nothing.
                 self.count("transfers_skipped")
@@ -127,9 +122,12 @@ class PrefillWorker(WorkerBase):
         drained = True
         try:
             source = self._source(grant["transfer"])
-            digests = page_digests(self.engine.pool, src_pages)
+            # Guards off (benchmark only): no digests, and decode checks none.
+            digests = page_digests(self.engine.pool, src_pages) if self.built.config.guards else [0] * len(src_pages)
             dst_pages, dst_gens, src_pages, digests = self._inject(dst_pages, dst_gens, src_pages, digests)
             self.faults.fire("slow_transfer")
+            if self.faults.fire("stall_transfer"):  # until the router's deadline finalized the request
+                wait_until(lambda: job.finalized)
             source.write_pages(grant["transfer"]["descriptor"], rid, self.engine.pool, src_pages, dst_pages,
                                dst_gens)
             claimed = dst_pages
@@ -137,6 +135,7 @@ class PrefillWorker(WorkerBase):
                 claimed = dst_pages[:-1] + [dst_pages[-1] + 1]
             if self.faults.fire("corrupt_page"):  # bytes differ from what the digests describe
                 self._corrupt(source, grant, rid, src_pages[0], dst_pages[0], dst_gens[0])
+            self.faults.crash("crash_before_manifest")  # pages written, nothing said
             manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.prompt_token_ids), tuple(claimed),
                                 tuple(dst_gens), tuple(digests))
             self.count("transfers")
@@ -155,7 +154,8 @@ class PrefillWorker(WorkerBase):
             self.engine.call(lambda: self.engine.release_reserved(rid))
             if drained and not self.faults.fire("withhold_drain_ack"):
                 self._drained(rid)
-            # Not drained: no ack; decode holds the pages until the lease expires.
+            else:  # not drained: no ack; decode holds the pages until the lease expires
+                self._undrained(rid)
 
     def _inject(self, dst_pages, dst_gens, src_pages, digests):
         """Test-only faults that bend what prefill writes or claims (faults.py)."""
@@ -189,6 +189,9 @@ class PrefillWorker(WorkerBase):
                 self.link.send({"kind": "drain_ack", "request_id": rid})
                 return
             job.finalized = True
+            if job.done:  # its write was not drained: never acked (decode's lease fences it)
+                self.jobs.pop(rid)
+                return
             busy = job.transferring
             holding = job.result is not None and not job.transferring
         if busy:
@@ -198,6 +201,19 @@ class PrefillWorker(WorkerBase):
             self.engine.call(lambda: self.engine.release_reserved(rid))
             self._drained(rid)
         # Still prefilling: the engine's abort output (or its hand-over) acks.
+
+    def _undrained(self, rid: str) -> None:
+        """A write that may still land is never acked; the job is forgotten once
+        the router has finalized the request (found by the simulator: the job
+        used to stay in `jobs` forever after every undrained failure)."""
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            job.transferring = False
+            job.done = True  # no drain_ack for it, ever
+            if job.finalized:
+                self.jobs.pop(rid)
 
     def _drained(self, rid: str) -> None:
         with self.lock:

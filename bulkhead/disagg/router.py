@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -66,12 +67,16 @@ class Route:
 
 class DisaggBackend(Backend):
     def __init__(self, tokenizer: Tokenizer, model_id: str, signer: Signer, bind_address: str, auth: str,
-                 lost_after_s: float = LOST_AFTER_S, request_timeout_s: float = 600.0):
+                 lost_after_s: float = LOST_AFTER_S, request_timeout_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic, make_link=RouterLink):
+        """clock and make_link: the simulator's virtual clock and network
+        (bulkhead/sim); production uses time.monotonic and the ZeroMQ link."""
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.signer = signer
         self.key = signer.key
-        self.link = RouterLink(signer, bind_address, on_undeliverable=self._undeliverable)
+        self.clock = clock  # heartbeat ages; the request deadline uses the event loop's clock
+        self.link = make_link(signer, bind_address, on_undeliverable=self._undeliverable)
         self.auth = auth
         self.lost_after_s = lost_after_s
         self.request_timeout_s = request_timeout_s
@@ -82,7 +87,8 @@ class DisaggBackend(Backend):
         self.lock = threading.Lock()
         self._rooms = itertools.count(1)
         self.counters = {"assigned": 0, "transfer_failed": 0, "prefill_failed": 0, "peer_lost": 0,
-                         "unexpected_sender": 0}
+                         "unexpected_sender": 0,
+                         "client_aborts": 0, "registrations": 0}
 
     # -- Backend ------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +160,7 @@ class DisaggBackend(Backend):
                             route = self.routes.get(rid)
                         if route is not None:
                             self._finalize_route(route, "timed_out")
+                    pending.clear()  # finalized once, as timed out (not again as a client abort)
                     raise RequestTimedOut(f"no answer within the router's {self.request_timeout_s:.0f} s deadline",
                                           limit=self.request_timeout_s) from None
                 if out.finished:
@@ -161,6 +168,7 @@ class DisaggBackend(Backend):
                 yield i, out
         finally:
             for rid in pending:  # the client left: one outcome, told to both workers
+                self.counters["client_aborts"] += 1
                 self._finalize(rid, "aborted")
             with self.lock:
                 for r in routes:
@@ -225,7 +233,7 @@ class DisaggBackend(Backend):
         if worker is None:
             self.link.send(sender, {"kind": "reregister"})
             return
-        worker.last_seen = time.monotonic()
+        worker.last_seen = self.clock()
         rid = msg.get("request_id")
         if kind == "heartbeat":
             worker.info, worker.counters, worker.control = msg["info"], msg["counters"], msg["control"]
@@ -270,13 +278,14 @@ class DisaggBackend(Backend):
             return
         with self.lock:
             previous = self.workers.get(sender)
-            self.workers[sender] = Worker(sender, info["role"], info, msg.get("transfer"), time.monotonic(),
+            self.workers[sender] = Worker(sender, info["role"], info, msg.get("transfer"), self.clock(),
                                           incarnation=msg["_inc"])
             orphaned = [] if previous is None or previous.incarnation == msg["_inc"] else [
                 r.request_id for r in self.routes.values() if sender in (r.prefill, r.decode)]
         for rid in orphaned:  # a restarted worker has no state for its old requests
             self._fail(rid, PeerLostError(f"worker {sender} restarted while serving this request"), "peer_lost")
         self.refused.pop(sender, None)
+        self.counters["registrations"] += 1
         log.info("worker %s registered (%s, context %d, pool %d tokens)", sender, info["role"],
                  info["context_length"], info["pool_tokens"])
         self.link.send(sender, {"kind": "registered"})
@@ -295,7 +304,7 @@ class DisaggBackend(Backend):
         return None
 
     def _on_tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             newly_lost = [w for w in self.workers.values() if not w.lost and now - w.last_seen > self.lost_after_s]
             for w in newly_lost:
@@ -327,6 +336,8 @@ class DisaggBackend(Backend):
             **advertised, "kv_dtype": workers[0]["kv_dtype"] if workers else None,
             "workers": workers, "refused_workers": dict(self.refused),
             "worker_limits_differ": len(contexts) > 1,
+            # One worker without its guards (--unsafe-no-guards) is enough to lose isolation.
+            "guards": "off" if any(w.get("guards") != "on" for w in workers) else "on",
             "control_plane": vars(self.signer.stats).copy(), "counters": dict(self.counters),
             "auth": self.auth,
         }

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.links import WorkerLink
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
+from bulkhead.faults import Faults
 from bulkhead.server.backend import engine_info
 
 log = logging.getLogger(__name__)
@@ -20,22 +22,24 @@ HEARTBEAT_S = 0.5
 class WorkerBase:
     role = "worker"
 
-    def __init__(self, built: BuiltEngine, model_id: str, signer: Signer, router_address: str):
+    def __init__(self, built: BuiltEngine, model_id: str, signer: Signer, router_address: str,
+                 clock: Callable[[], float] = time.monotonic, make_link=WorkerLink):
+        """clock and make_link: the simulator's virtual clock and network
+        (bulkhead/sim); production uses time.monotonic and the ZeroMQ link."""
         self.built = built
         self.engine = built.engine
         self.model_id = model_id
         self.signer = signer
         self.key = signer.key
         self.name = signer.sender
-        self.link = WorkerLink(signer, router_address, replay_fault=self.replay_fault)
+        self.clock = clock  # every deadline, lease and heartbeat reads this
+        self.faults = Faults()  # test-only (BULKHEAD_FAULTS_FILE); never armed in production
+        self.link = make_link(signer, router_address, faults=self.faults)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
         self._stopped = threading.Event()
-
-    def replay_fault(self) -> bool:
-        return False
 
     def accept_ticket(self, ticket: SignedTicket, refusal_kind: str) -> bool:
         """Verify an assigned ticket (signature, and this worker's own limits:
@@ -64,11 +68,12 @@ class WorkerBase:
         if cache is not None:
             counters |= {"prefix_cache_hit_pages": cache.hits, "prefix_cache_miss_pages": cache.misses,
                          "prefix_cache_pages": cache.num_pages}
+        counters |= self.faults.counters()
         return {"kind": "heartbeat", "info": self.info(), "counters": counters,
                 "control": vars(self.signer.stats).copy()}
 
     def on_tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now
             if not self.registered:
@@ -83,12 +88,26 @@ class WorkerBase:
         elif kind == "refused":
             log.error("router refused %s: %s", self.name, msg.get("reason"))
         elif kind == "reregister":
+            # The router does not know us: it restarted, or declared us lost
+            # and failed our requests. Either way no route is left for our
+            # jobs and no finalize will come, so end them here (fail closed,
+            # pages back once no write can land) before registering again.
+            if self.registered:
+                self.abandon_jobs()
             self.registered = False
         else:
             self.handle(kind, msg)
 
     def handle(self, kind: str, msg: dict) -> None:
         raise NotImplementedError
+
+    def abandon_jobs(self) -> None:
+        """Finalize every job as the router would have (link thread)."""
+        with self.lock:
+            orphans = list(self.jobs)
+        for rid in orphans:
+            self.count("jobs_abandoned")
+            self._finalize(rid)
 
     def run(self) -> None:
         self.engine.start()

@@ -24,7 +24,7 @@ from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
 from bulkhead.faults import Faults
-from bulkhead.kv.pool import KVPool, scrub_released
+from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,18 @@ class Engine:
                 except Exception as e:  # the caller decides what a failure means
                     future.set_exception(e)
 
+    def run_once(self) -> bool:
+        """Apply the queued commands and run at most one step on the caller's
+        thread: the simulator (bulkhead/sim) drives the engine this way, on its
+        virtual clock, instead of start(). Returns whether work is left."""
+        self._take_commands(block=False)
+        self.step()
+        return self.has_pending()
+
+    def has_pending(self) -> bool:
+        """Commands queued or requests scheduled (for a driver without the thread)."""
+        return not self._commands.empty() or self.scheduler.has_work()
+
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Drive the engine on the caller's thread (tests without a server)."""
         for _ in range(max_steps):
@@ -286,7 +298,9 @@ class Engine:
         self._scrub()
 
     def _scrub(self) -> None:
-        scrub_released(self.pool, self.ledger, self.faults)
+        # The scheduler's reclaim is the one place that scrubs (the builder
+        # picks it: scrub_released, or release_unscrubbed with guards off).
+        self.scheduler.reclaim()
 
     def check_integrity(self) -> None:
         with self.lock:

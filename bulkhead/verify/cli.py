@@ -4,6 +4,8 @@
     bulkhead verify --protocol legacy    print the shortest cross-tenant reads
     bulkhead verify --bound large        larger world (minutes)
     bulkhead verify --stats              one table row per search
+    bulkhead verify --simulate --seeds 2000   the running system under the seeded
+                                         simulator instead (same as `bulkhead sim`)
 
 Exit status 0 means the expected result: no violation for `real`, the
 incident reproduced for `legacy`.
@@ -33,9 +35,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="world size for the real protocol (legacy searches use their own)")
     parser.add_argument("--stats", action="store_true", help="print a table of the searches")
     parser.add_argument("--no-liveness", action="store_true", help="skip the liveness check")
+    parser.add_argument("--simulate", action="store_true",
+                        help="run the deterministic simulation of the running system (bulkhead/sim)")
+    from bulkhead.sim.cli import add_arguments as add_sim_arguments
+
+    add_sim_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.simulate:
+        from bulkhead.sim.cli import run as simulate
+
+        return simulate(args)
     if args.protocol == "real":
         world = WORLDS[args.bound]()
         result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)

@@ -3,6 +3,7 @@ import pytest
 from bulkhead.kv.layout import KVLayout
 from bulkhead.server.process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
+from tests.disagg.cluster_tools import wait_workers_idle
 SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
 PREFILL_POOL_TOKENS = 1024  # smaller than decode's ...
 DECODE_POOL_TOKENS = 2048  # ... smaller than the model's 8192-token context: the incident's shape
@@ -30,20 +31,6 @@ def cluster(tmp_path_factory, smollm2_dir):
         wait_workers_idle(proc)
     finally:
         proc.stop()
-
-
-def wait_workers_idle(proc, timeout=30.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        workers = proc.info()["workers"]
-        busy = [w["name"] for w in workers if w["owned_pages"] or w["dirty_pages"]]
-        if not busy:
-            return workers
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"workers still hold pages: {busy}")
-        time.sleep(0.1)
 
 
 @pytest.fixture

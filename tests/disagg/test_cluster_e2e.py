@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -12,35 +11,11 @@ import httpx
 import openai
 import pytest
 
-from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS, wait_workers_idle
+from tests.disagg.cluster_tools import arm, counters, disarm, pid_of, total, wait_for, wait_workers_idle
+from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS
 
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.e2e
-
-
-def counters(cluster) -> dict[str, dict]:
-    return {w["name"]: w["counters"] for w in cluster.info()["workers"]}
-
-
-def total(cluster, counter: str, role: str | None = None) -> int:
-    return sum(c.get(counter, 0) for name, c in counters(cluster).items() if role is None or name.startswith(role))
-
-
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.1)
-
-
-def arm(cluster, *faults):
-    cluster.faults_file.write_text("\n".join(faults) + "\n")
-    time.sleep(0.05)
-
-
-def disarm(cluster):
-    cluster.faults_file.unlink(missing_ok=True)
 
 
 def test_the_router_advertises_the_smallest_worker_limit(cluster):
@@ -201,15 +176,6 @@ def test_client_disconnect_during_the_transfer(cluster):
     wait_workers_idle(cluster)
 
 
-def _pid_of(cluster, worker: str) -> int:
-    # The control address (HTTP port + 1) tells this cluster's workers from any other's.
-    control = f"tcp://127.0.0.1:{cluster.port + 1}"
-    pattern = f"--router {control} .*--worker-name {worker} "
-    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
-    assert len(out) == 1, out
-    return int(out[0])
-
-
 def test_kill_9_of_a_prefill_worker_mid_transfer(cluster, alpha):
     arm(cluster, "slow_transfer")
     errors = []
@@ -228,7 +194,7 @@ def test_kill_9_of_a_prefill_worker_mid_transfer(cluster, alpha):
     victim = next(n for n, c in counters(cluster).items()
                   if n.startswith("prefill") and c.get("assigned", 0) > before[n].get("assigned", 0))
     time.sleep(0.5)  # inside the slow transfer
-    os.kill(_pid_of(cluster, victim), signal.SIGKILL)
+    os.kill(pid_of(cluster, victim), signal.SIGKILL)
     disarm(cluster)
     t.join(timeout=60)
     assert errors and errors[0].status_code == 503 and errors[0].body["code"] == "worker_lost"
@@ -255,7 +221,7 @@ def test_kill_9_of_a_decode_worker_mid_decode(cluster, alpha):
                             if w["name"].startswith("decode") and w["owned_pages"]]
 
                 wait_for(busy_decodes)
-                os.kill(_pid_of(cluster, busy_decodes()[0]), signal.SIGKILL)
+                os.kill(pid_of(cluster, busy_decodes()[0]), signal.SIGKILL)
                 killed = True
     assert killed and "error" in events[-1] and events[-1]["error"]["code"] == "worker_lost"
     r = alpha.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)

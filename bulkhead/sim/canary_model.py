@@ -1,0 +1,68 @@
+"""A stand-in for the transformer that makes every KV read checkable.
+
+Each simulated request's prompt is one repeated token, its *canary*, unique
+to the request. The model writes, for every token it computes, K = the token
+and V = its position into every layer's page slot, exactly where the real
+model writes K/V; it then reads back every position [0, kv_len) of each
+sequence, as attention would, and expects K = the sequence's own canary and
+V = the position. Anything else is a read of KV not written for this request:
+another request's canary (cross-request read), 0 (a scrubbed, never-written
+slot) or a moved position. It predicts the canary again, so greedy decoding
+keeps writing the request's own canary.
+
+Why not the tiny random Llama: thousands of seeds with ~50 engine steps each
+must fit in the test suite's budget, and a real model's KV does not say whose
+it is. The engine, scheduler, runner, ledger, pool, sampler, transfer
+verification and workers around this model are the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from bulkhead.model.batch import PagedBatch
+
+# (worker, canary of the reading sequence, position, K seen, V seen)
+BadRead = tuple[str, int, int, float, float]
+
+
+class CanaryModel:
+    def __init__(self, vocab_size: int, worker: str, on_bad_read: Callable[[BadRead], None]):
+        self.vocab_size = vocab_size
+        self.worker = worker
+        self.on_bad_read = on_bad_read
+
+    def forward(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        # numpy views of the same storage: these pools are tiny and per-op overhead dominates
+        slots = batch.write_slots.numpy()  # real rows only; padding rows write nothing
+        n = len(slots)
+        tokens = batch.token_ids.numpy()
+        positions = batch.positions.numpy()[:n]
+        flat = [(k.numpy().reshape(-1, k.shape[2] * k.shape[3]), v.numpy().reshape(-1, v.shape[2] * v.shape[3]))
+                for k, v in layers]  # each [pages * page_size, kv_heads * head_dim]
+        for k, v in flat:
+            k[slots] = tokens[:n, None]
+            v[slots] = positions[:, None]
+        page_size = layers[0][0].shape[1]
+        pages = batch.pages.numpy()
+        for seq in batch.sequences:
+            self._check_read(int(tokens[seq.row_end - 1]), pages[seq.page_offset : seq.page_offset + seq.num_pages],
+                             seq.kv_len, flat, page_size)
+        rows = batch.logit_rows
+        logits = torch.zeros(len(rows), self.vocab_size)
+        logits[torch.arange(len(rows)), batch.token_ids[rows]] = 1.0  # the canary predicts itself
+        return logits
+
+    def _check_read(self, canary: int, pages: np.ndarray, kv_len: int, flat, page_size: int) -> None:
+        pos = np.arange(kv_len)
+        slots = pages[pos // page_size] * page_size + pos % page_size  # [kv_len]
+        for k, v in flat:
+            seen_k, seen_v = k[slots], v[slots]  # [kv_len, heads * dim]
+            bad = ((seen_k != canary) | (seen_v != pos[:, None])).any(axis=1)
+            if bad.any():
+                i = int(bad.nonzero()[0][0])
+                self.on_bad_read((self.worker, canary, i, float(seen_k[i, 0]), float(seen_v[i, 0])))
+                return  # one report per sequence and step is enough
