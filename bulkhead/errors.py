@@ -6,6 +6,7 @@ limit and the value that broke it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -36,7 +37,9 @@ class BulkheadError(Exception):
         if self.limit is not None:
             body["limit"] = self.limit
         if self.value is not None:
-            body["value"] = self.value
+            # JSON has no NaN or infinity: a non-finite value the client sent comes back as text.
+            finite = not isinstance(self.value, float) or math.isfinite(self.value)
+            body["value"] = self.value if finite else str(self.value)
         return {"error": body}
 
 
@@ -54,6 +57,24 @@ class AuthenticationFailed(BulkheadError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class BodyTooLarge(InvalidRequest):
+    status = 413
+    code = "body_too_large"
+
+
+class Conflict(InvalidRequest):
+    status = 409
+    code = "conflict"
+
+
+class RequestCancelled(BulkheadError):
+    """Its owner cancelled the request (DELETE /v1/requests/{id}); 499 as for a client that went away."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "cancelled"
 
 
 class NotFound(BulkheadError):

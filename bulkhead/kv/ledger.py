@@ -49,6 +49,9 @@ class PageLedger:
         self._dirty: list[int] = []
         self._pages_of: dict[str, list[int]] = {}
         self._tenant_of: dict[str, str] = {}
+        # Pages handed out since start: a request refused before admission
+        # must leave this unchanged (tests read it from /metrics and /server_info).
+        self.pages_allocated = 0
 
     # -- queries ---------------------------------------------------------
     @property
@@ -99,6 +102,7 @@ class PageLedger:
             self._generation[p] += 1
         self._pages_of.setdefault(request_id, []).extend(pages)
         self._tenant_of[request_id] = tenant
+        self.pages_allocated += count
         return pages
 
     def release(self, request_id: str) -> list[int]:

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
@@ -22,10 +23,13 @@ from bulkhead.faults import Faults
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.server.backend import Backend
+from bulkhead.server.body_limit import BodyLimit
+from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.metrics import Metrics
 from bulkhead.server.params import (
-    chat_messages, completion_prompts, sampling_params, validate_common,
+    chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
 )
+from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
@@ -45,6 +49,7 @@ class ServerState:
         self.metrics = Metrics(self.backend.collector())
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
         self.faults = Faults()  # test-only hooks; inert unless BULKHEAD_FAULTS_FILE is set
+        self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -60,25 +65,20 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        err = InvalidRequest(f"{loc or 'body'}: {first.get('msg', 'invalid request')}", param=loc or None)
-        return JSONResponse(err.to_dict(), status_code=400)
+        err = schema_error(e.errors())
+        return JSONResponse(err.to_dict(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
+        if isinstance(e.__cause__, UnicodeDecodeError):  # FastAPI could not decode the body to parse it
+            err = InvalidRequest(f"the body is not valid UTF-8: {e.__cause__.reason} at byte {e.__cause__.start}",
+                                 code="invalid_utf8")
+            return JSONResponse(err.to_dict(), status_code=err.status)
         err = BulkheadError(str(e.detail), code="not_found" if e.status_code == 404 else "http_error")
         err.type = "invalid_request_error" if e.status_code < 500 else "server_error"
         return JSONResponse(err.to_dict(), status_code=e.status_code)
 
-    @app.middleware("http")
-    async def _body_limit(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            err = InvalidRequest(f"request body of {length} bytes exceeds {MAX_BODY_BYTES}", code="body_too_large",
-                                 limit=MAX_BODY_BYTES, value=int(length))
-            return JSONResponse(err.to_dict(), status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     def tenant_of(request: Request) -> str:
         if state.keys is None:
@@ -108,6 +108,8 @@ def create_app(state: ServerState) -> FastAPI:
             "max_model_len": backend.limits.context_length,
         }]}
 
+    add_request_routes(app, state.inflight, tenant_of)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         tenant = tenant_of(request)
@@ -135,7 +137,10 @@ def create_app(state: ServerState) -> FastAPI:
                            param="model", code="model_not_found")
 
     async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], limits, chat: bool):
+        # rid names the engine's requests (unique server-wide); public_id is
+        # what the client sees and addresses, unique only within its tenant.
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        public_id = client_request_id(request.headers.get("x-request-id")) or rid
         endpoint = "chat" if chat else "completions"
         tickets: list[Admitted] = []
         # Every choice is admitted before any is submitted: a request is
@@ -153,13 +158,25 @@ def create_app(state: ServerState) -> FastAPI:
                     raise decision.error
                 tickets.append(decision)
         prompt_tokens = sum(len(p) for p in prompts)
+        entry = InFlight(public_id, tenant, endpoint, len(tickets), prompt_tokens, body.stream)
+        state.inflight.add(entry)  # a duplicate id is refused here, before anything is submitted
         metrics.tokens.labels(tenant, "prompt").inc(prompt_tokens)
-        log.info("%s tenant=%s admitted prompts=%d prompt_tokens=%d n=%d max_tokens=%d", rid, tenant,
-                 len(prompts), prompt_tokens, body.n, tickets[0].params.max_tokens)
-        run = _Run(state, rid, tenant, endpoint, tickets, chat, prompt_tokens, body)
+        log.info("%s tenant=%s id=%s admitted prompts=%d prompt_tokens=%d n=%d max_tokens=%d", rid, tenant,
+                 public_id, len(prompts), prompt_tokens, body.n, tickets[0].params.max_tokens)
+        run = _Run(state, rid, tenant, endpoint, tickets, chat, prompt_tokens, body, entry)
+        headers = {"X-Request-Id": public_id}
         if body.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
-        return await run.collect(request)
+            # The background task is a backstop: a stream never started still leaves the registry.
+            return StreamingResponse(run.stream(), media_type="text/event-stream", headers=headers,
+                                     background=BackgroundTask(state.inflight.remove, entry))
+        try:
+            response = await run.collect(request)
+        finally:  # whatever happened, the id is free again (a no-op after a normal end)
+            entry.end("failed")
+            state.inflight.remove(entry)
+        if isinstance(response, dict):
+            return JSONResponse(response, headers=headers)
+        return response
 
     return app
 
@@ -167,15 +184,18 @@ def create_app(state: ServerState) -> FastAPI:
 class _Run:
     """One HTTP request's generation: streams chunks or collects one response."""
 
-    def __init__(self, state: ServerState, rid, tenant, endpoint, tickets, chat, prompt_tokens, body):
+    def __init__(self, state: ServerState, rid, tenant, endpoint, tickets, chat, prompt_tokens, body,
+                 entry: InFlight):
         self.state, self.rid, self.tenant, self.endpoint = state, rid, tenant, endpoint
         self.tickets, self.chat, self.prompt_tokens, self.body = tickets, chat, prompt_tokens, body
+        self.entry = entry
         self.kind = "chat.completion" if chat else "text_completion"
         self.started = time.monotonic()
         self.first_token = False
 
     def _observe(self, out) -> None:
         m = self.state.metrics
+        self.entry.completion_tokens += len(out.token_ids)
         if out.token_ids:
             m.tokens.labels(self.tenant, "completion").inc(len(out.token_ids))
             if not self.first_token:
@@ -183,6 +203,9 @@ class _Run:
                 m.ttft.observe(time.monotonic() - self.started)
 
     def _done(self, status: int, completion_tokens: int) -> None:
+        cancelled = self.entry.cancelled.is_set()
+        self.entry.end("cancelled" if cancelled else {200: "finished", 499: "disconnected"}.get(status, "failed"))
+        self.state.inflight.remove(self.entry)
         self.state.metrics.requests.labels(self.tenant, self.endpoint, str(status)).inc()
         log.info("%s tenant=%s finished status=%d completion_tokens=%d", self.rid, self.tenant, status,
                  completion_tokens)
@@ -198,7 +221,7 @@ class _Run:
         texts, reasons, lps, counts = [""] * n, [None] * n, [[] for _ in range(n)], [0] * n
 
         async def gather():
-            async for i, out in self.state.client.generate(self.tickets):
+            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
                 if out.error is not None:
                     raise out.error
                 self._observe(out)
@@ -229,7 +252,8 @@ class _Run:
                 c["text"] = texts[i]
             choices.append(c)
         self._done(200, sum(counts))
-        return envelope(self.kind, self.rid, self.state.model_id, choices, usage(self.prompt_tokens, sum(counts)))
+        return envelope(self.kind, self.entry.request_id, self.state.model_id, choices,
+                        usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -238,11 +262,11 @@ class _Run:
         offsets = [0] * len(self.tickets)
         if self.chat:
             for i in range(len(self.tickets)):
-                yield sse(envelope(kind, self.rid, model, [
+                yield sse(envelope(kind, self.entry.request_id, model, [
                     {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]))
         try:
-            async for i, out in self.state.client.generate(self.tickets):
+            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
                 if out.error is not None:
                     self._done(out.error.status, sum(counts))
                     yield sse(out.error.to_dict())
@@ -258,7 +282,7 @@ class _Run:
                     choice["delta"] = {"content": out.text} if out.text else {}
                 else:
                     choice["text"] = out.text
-                yield sse(envelope(kind, self.rid, model, [choice]))
+                yield sse(envelope(kind, self.entry.request_id, model, [choice]))
         except asyncio.CancelledError:
             self._done(499, sum(counts))
             raise
@@ -268,6 +292,6 @@ class _Run:
             return
         opts = self.body.stream_options
         if opts is not None and opts.include_usage:
-            yield sse(envelope(kind, self.rid, model, [], usage(self.prompt_tokens, sum(counts))))
+            yield sse(envelope(kind, self.entry.request_id, model, [], usage(self.prompt_tokens, sum(counts))))
         self._done(200, sum(counts))
         yield sse("[DONE]")

@@ -26,6 +26,8 @@ class EngineCollector:
             by_tenant.add_metric([tenant], count)
         yield by_tenant
         yield CounterMetricFamily("bulkhead_kv_pages_scrubbed", "Pages scrubbed after release", pool.pages_scrubbed)
+        yield CounterMetricFamily("bulkhead_kv_pages_allocated", "Pages handed out by the ledger",
+                                  ledger.pages_allocated)
         sched = self.engine.scheduler
         yield GaugeMetricFamily("bulkhead_requests_running", "Requests holding pages", len(sched.running))
         yield GaugeMetricFamily("bulkhead_requests_waiting", "Admitted requests waiting", len(sched.waiting))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.request import SamplingParams
 from bulkhead.errors import InvalidRequest
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 MAX_STOP_STRINGS = 16
+# torch seeds a generator from a 64-bit integer; a seed beyond int64 would
+# fail the engine step that samples it (and with it every request in the batch).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+# Below this a temperature divides logits into infinities; like vLLM, sample greedily instead.
+GREEDY_BELOW = 1e-5
 
 
 def _bad(message: str, param: str, *, limit=None, value=None, code: str = "invalid_value") -> InvalidRequest:
@@ -49,8 +56,32 @@ def requested_max_tokens(body: _SamplingFields) -> int | None:
     return body.max_tokens
 
 
+def _check_unicode(value, param: str | None = None) -> None:
+    """JSON may escape a lone surrogate (\\ud800) that no tokenizer (nor the
+    JSON encoder of an error message) can encode: refuse it, naming the field."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise _bad(f"{param}: text holds an unpaired surrogate {value[e.start]!r} at character {e.start}; "
+                           "it must be valid Unicode", param, code="invalid_unicode") from None
+    elif isinstance(value, (list, tuple)):
+        if value and not isinstance(value[0], int):  # token ids: nothing to check
+            for item in value:
+                _check_unicode(item, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, param)
+            _check_unicode(item, param)
+    elif hasattr(value, "__dict__"):  # the body, or a nested model (messages, content parts)
+        for key, item in vars(value).items():
+            _check_unicode(item, param or key)
+
+
 def validate_common(body: _SamplingFields, limits: Limits) -> None:
     """Every check that does not depend on the prompt's length."""
+    _check_unicode(body)
     _unsupported(body)
     max_tokens = requested_max_tokens(body)
     if max_tokens is not None and max_tokens < 1:
@@ -60,6 +91,9 @@ def validate_common(body: _SamplingFields, limits: Limits) -> None:
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise _bad(f"temperature must be in [0, 2], got {body.temperature}", "temperature", limit=2.0,
                    value=body.temperature)
+    if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
+        raise _bad(f"seed must be a 64-bit signed integer, got {body.seed}", "seed", limit=SEED_RANGE[1],
+                   value=body.seed)
     if body.top_p is not None and not 0.0 < body.top_p <= 1.0:
         raise _bad(f"top_p must be in (0, 1], got {body.top_p}", "top_p", limit=1.0, value=body.top_p)
     if body.top_k is not None and body.top_k < -1:
@@ -112,6 +146,8 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
     if max_tokens is None:
         max_tokens = max(1, limits.effective_context - prompt_len)
     temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
     seed = None if body.seed is None else body.seed + choice
     top_k = defaults.get("top_k", 0) if body.top_k is None else body.top_k
     return SamplingParams(
@@ -160,3 +196,28 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
             content = "".join(part.text for part in content)
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
     return messages
+
+
+# Pydantic names union members in an error's location ("prompt.list[int].0");
+# the client named only the field.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[A-Za-z_]+\[.*\])$")
+
+
+def schema_error(errors: list[dict]) -> InvalidRequest:
+    """The first schema violation as a typed 400 naming the parameter (never
+    FastAPI's default 422 `detail` list, which no OpenAI client reads)."""
+    first = errors[0] if errors else {}
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        where = first.get("loc", ("body", 0))[-1]
+        reason = first.get("ctx", {}).get("error", "JSON decode error")
+        return _bad(f"the body is not valid JSON: {reason} at character {where}", None, code="invalid_json")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _UNION_TAG.match(str(x))]
+    param = ".".join(loc) or None
+    if kind == "missing":
+        code = "missing_parameter"
+    elif any(s in kind for s in ("type", "parsing", "literal", "int_from_float")):
+        code = "invalid_type"
+    else:
+        code = "invalid_value"
+    return _bad(f"{param or 'body'}: {first.get('msg', 'invalid request')}", param, code=code)

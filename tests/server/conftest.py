@@ -2,6 +2,7 @@ import pytest
 
 from bulkhead.server.process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
+from tests.server.tiny_server import LONG_CONTEXT, make_long_tiny_model, start_tiny_server, stop_checked
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +37,18 @@ def client(server):
 @pytest.fixture
 def beta_client(server):
     return openai_client(server.url, "sk-beta-test")
+
+
+@pytest.fixture(scope="session")
+def long_tiny_model_dir(tmp_path_factory, smollm2_dir):
+    return make_long_tiny_model(tmp_path_factory.mktemp("tiny-long"), smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, long_tiny_model_dir):
+    """bulkhead serve over a tiny random model: bad input, tenancy, requests by id.
+    Prefix cache on, so a client cache_salt can be shown not to cross tenants."""
+    proc = start_tiny_server(tmp_path_factory.mktemp("tiny-server"), long_tiny_model_dir,
+                             "--context-length", str(LONG_CONTEXT), "--prefix-cache", "on")
+    yield proc
+    stop_checked(proc)

@@ -117,8 +117,8 @@ def test_bad_and_missing_keys_get_401(server):
         ({"prompt": [1, -1]}, 400, "invalid_token_id"),
         ({"prompt": [1, 10**9]}, 400, "invalid_token_id"),
         ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
-        ({"prompt": 5}, 400, "invalid_request"),
-        ({"prompt": "hi", "max_tokens": "many"}, 400, "invalid_request"),
+        ({"prompt": 5}, 400, "invalid_type"),
+        ({"prompt": "hi", "max_tokens": "many"}, 400, "invalid_type"),
     ],
 )
 def test_bad_requests_get_typed_errors(server, body, status, code):

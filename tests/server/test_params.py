@@ -94,3 +94,24 @@ def test_the_bundled_model_samples_as_its_model_card_says(smollm2_dir):
     from bulkhead.model.config import load_sampling_defaults
 
     assert load_sampling_defaults(smollm2_dir) == {"temperature": 0.2, "top_p": 0.9}
+
+
+@pytest.mark.parametrize("body,param", [
+    (completion(seed=2**63), "seed"),
+    (completion(seed=-(2**63) - 1), "seed"),
+    (completion(prompt="a\ud800"), "prompt"),
+    (completion(prompt=["ok", "\udfff"]), "prompt"),
+    (completion(stop=["\ud800"]), "stop"),
+    (completion(cache_salt="\ud800"), "cache_salt"),
+    (chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]), "messages"),
+])
+def test_values_the_engine_could_not_use_are_refused_at_the_edge(body, param):
+    # Each of these once reached the engine and failed a whole step (or the tokenizer) with a 500.
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(body, LIMITS)
+    assert e.value.param == param
+
+
+def test_a_vanishing_temperature_samples_greedily():
+    assert sampling_params(completion(temperature=1e-300), 3, LIMITS, 0).temperature == 0.0
+    assert sampling_params(completion(temperature=0.01), 3, LIMITS, 0).temperature == 0.01
