@@ -19,11 +19,18 @@ from bulkhead.faults import Faults
 from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
-from bulkhead.kv.pool import KVPool, scrub_released
+from bulkhead.kv.pool import KVPool, release_unscrubbed, scrub_released
 from bulkhead.model.loader import load_model
+from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+GUARDS_OFF_WARNING = (
+    "ISOLATION GUARDS OFF (--unsafe-no-guards, benchmark only): freed KV pages are not scrubbed, transfers are "
+    "not digested, and steps skip the page-ownership and finite-logit checks. One tenant's KV can reach another's "
+    "requests. Never serve real traffic like this."
+)
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,19 @@ class EngineConfig:
     dtype: str = "float32"  # fp32: this CPU class has no fast bf16 matmul
     max_running: int = 32
     prefill_chunk: int = 512
-    decode_tile: int = 16
+    decode_tile: int = 16  # 0 = batch invariance off
+    # Measure at start-up the smallest row multiple that keeps decode
+    # batch-invariant (bulkhead.model.row_invariance); decode_tile is the
+    # fallback when none is found.
+    measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
     prefix_cache: bool = False
+    # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
+    # guards — scrub on free, transfer digests, the runner's per-step ownership
+    # and finite-logit checks — so their cost can be measured. Never False
+    # with more than one tenant (serve refuses it with API keys).
+    guards: bool = True
 
 
 @dataclass
@@ -53,6 +69,7 @@ class BuiltEngine:
     clamped: bool
     layout: KVLayout
     model_config: object  # bulkhead.model.config.ModelConfig
+    decode_row_multiple: int = 0  # measured at start-up; 0 = tiles of config.decode_tile
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -87,14 +104,21 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         page_size=cfg.page_size,
         vocab_size=mc.vocab_size,
     )
+    if cfg.guards:
+        reclaim = lambda: scrub_released(pool, ledger, faults)  # noqa: E731
+    else:
+        reclaim = lambda: release_unscrubbed(ledger)  # noqa: E731
     scheduler = Scheduler(
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
                         prefix_cache=cfg.prefix_cache),
         ledger,
-        reclaim=lambda: scrub_released(pool, ledger, faults),
+        reclaim=reclaim,
         cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere
     )
-    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_tile=cfg.decode_tile, safe_mode=cfg.safe_mode))
+    row_multiple = _decode_row_multiple(model, cfg)
+    runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
+                                 safe_mode=cfg.safe_mode and cfg.guards)
+    runner = ModelRunner(model, pool, ledger, runner_config)
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,
                     faults=faults)
     log.info(
@@ -102,4 +126,22 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
         cfg.dtype, cfg.scrub_mode, decision.context_length,
     )
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc)
+    if not cfg.guards:
+        log.warning(GUARDS_OFF_WARNING)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple)
+
+
+def _decode_row_multiple(model, cfg: EngineConfig) -> int:
+    """Measure how decode batches can be padded and stay batch-invariant on
+    this CPU (0 = use fixed tiles of cfg.decode_tile rows)."""
+    if not cfg.decode_tile or not cfg.measure_decode_rows:
+        return 0
+    w = model.weights
+    layer = w.layers[0]
+    weights = [layer.qkv, layer.o, layer.gate_up, layer.down, w.lm_head]
+    multiple = invariant_row_multiple(weights, cfg.max_running)
+    if multiple is None:
+        log.info("decode: no row count is batch-invariant on this CPU; tiles of %d rows", cfg.decode_tile)
+        return 0
+    log.info("decode: batches padded to a multiple of %d rows (measured batch-invariant on this CPU)", multiple)
+    return multiple

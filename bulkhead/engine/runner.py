@@ -25,6 +25,11 @@ class RunnerConfig:
     # its batch-mates (CPU GEMM kernels pick different reduction orders for
     # different row counts). 0 turns batch invariance off.
     decode_tile: int = 16
+    # When > 0 (measured at start-up, see bulkhead.model.row_invariance):
+    # decode rows are padded to a multiple of this instead, and each linear
+    # layer runs as one matmul over all of them; just as batch-invariant on a
+    # CPU where it was measured, and it reads the weights once per step.
+    decode_row_multiple: int = 0
     # Check on every step that each page in a plan is owned by the request
     # that will read it (invariant 5), and that logits are finite. Costs
     # microseconds per step.
@@ -90,11 +95,13 @@ class ModelRunner:
         else:
             for w in plan.decode:
                 add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True)
-            tile = self.config.decode_tile
-            if tile:
-                padded = -(-len(tokens) // tile) * tile
+            multiple = self.config.decode_row_multiple or self.config.decode_tile
+            tile = 0 if self.config.decode_row_multiple else self.config.decode_tile
+            if multiple:
+                padded = -(-len(tokens) // multiple) * multiple
                 # Padding rows: token 0 at position 0; they write no KV and are
-                # never sampled. The lm_head sees them so its tiles stay whole.
+                # never sampled. The lm_head sees them so its row count stays
+                # one that was measured (or tiled) to be batch-invariant.
                 pad = padded - len(tokens)
                 tokens.extend([0] * pad)
                 positions.extend([0] * pad)

@@ -76,3 +76,12 @@ def scrub_released(pool: KVPool, ledger: PageLedger, faults=None) -> int:
             pool.scrub(dirty)
         ledger.mark_scrubbed(dirty)
     return len(dirty)
+
+
+def release_unscrubbed(ledger: PageLedger) -> int:
+    """Benchmark only (`--unsafe-no-guards`): hand released pages out again
+    with the previous owner's KV still in them, to measure what scrubbing costs."""
+    dirty = ledger.dirty_pages()
+    if dirty:
+        ledger.mark_scrubbed(dirty)
+    return len(dirty)

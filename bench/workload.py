@@ -1,0 +1,123 @@
+"""The peers benchmark's workload: the prompts, and a closed-loop streaming
+client that measures each request's time to first token and per-token time.
+
+Every system gets the same prompts. They are random token ids passed once
+through the model's tokenizer (decode, encode, cut to length), so that the
+text form, for servers that only take text (llama-cpp-python), tokenizes back
+to about the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str
+
+
+def make_prompts(tokenizer, n: int, length: int, seed: int) -> list[Prompt]:
+    """tokenizer: a `tokenizers.Tokenizer`. Ids stay clear of special tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(n):
+        raw = torch.randint(1000, 40000, (2 * length,), generator=g).tolist()
+        ids = tokenizer.encode(tokenizer.decode(raw), add_special_tokens=False).ids[:length]
+        assert len(ids) == length  # static batches (transformers) need equal lengths
+        prompts.append(Prompt(ids, tokenizer.decode(ids)))
+    return prompts
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to ask one OpenAI-compatible server for a benchmark completion."""
+
+    url: str
+    model: str
+    text_prompts: bool = False  # the server takes only text (llama-cpp-python)
+    # How the server is made to produce exactly max_tokens tokens: the
+    # `ignore_eos` extension (bulkhead, vLLM) or `min_tokens` (llama-cpp-python).
+    exact_length: str = "ignore_eos"
+    extra: tuple[tuple[str, object], ...] = ()  # other server-specific body fields
+
+    def body(self, prompt: Prompt, output_tokens: int) -> dict:
+        body = {"model": self.model, "prompt": prompt.text if self.text_prompts else prompt.ids,
+                "max_tokens": output_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, **dict(self.extra)}
+        body[self.exact_length] = True if self.exact_length == "ignore_eos" else output_tokens
+        return body
+
+
+async def one_request(http: httpx.AsyncClient, ep: Endpoint, prompt: Prompt, output_tokens: int) -> dict:
+    start = time.perf_counter()
+    first = None
+    chunks = 0
+    usage = None
+    async with http.stream("POST", ep.url + "/v1/completions", json=ep.body(prompt, output_tokens)) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:500]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if chunk.get("choices"):
+                first = first or time.perf_counter()
+                chunks += 1
+            usage = chunk.get("usage") or usage
+    end = time.perf_counter()
+    # One chunk per token where the server sends no usage (llama-cpp-python).
+    tokens = usage["completion_tokens"] if usage else chunks
+    return {"ttft": first - start, "tpot": (end - first) / max(1, tokens - 1), "tokens": tokens}
+
+
+async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, output_tokens: int) -> dict:
+    """`concurrency` clients, each sending its next request as soon as the last one ends."""
+    queue = list(reversed(prompts))
+    records: list[dict] = []
+
+    async def client(http):
+        while queue:
+            records.append(await one_request(http, ep, queue.pop(), output_tokens))
+
+    async with httpx.AsyncClient(timeout=1800) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return {"wall_s": wall, "records": records}
+
+
+def run_level(ep: Endpoint, prompts: list[Prompt], concurrency: int, output_tokens: int) -> dict:
+    asyncio.run(closed_loop(ep, prompts[:1], 1, 4))  # warm-up: first-request costs are not the level's
+    return asyncio.run(closed_loop(ep, prompts, concurrency, output_tokens))
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that was measured, never interpolated."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summarise(wall_s: float, records: list[dict]) -> dict:
+    ttfts = [r["ttft"] for r in records]
+    return {
+        "requests": len(records),
+        "output_tokens": sum(r["tokens"] for r in records),
+        "tok_s": sum(r["tokens"] for r in records) / wall_s,
+        "ttft_median_s": statistics.median(ttfts),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "tpot_median_s": statistics.median(r["tpot"] for r in records),
+        "wall_s": wall_s,
+    }

@@ -1,0 +1,48 @@
+"""Which decode batch sizes give every row the numbers it would get alone.
+
+A CPU GEMM picks its kernel by the number of rows, and different kernels sum
+in different orders, so one request's logits can change with how many other
+requests share its decode step. The isolation oracle (a request's greedy
+output must not depend on its batch-mates, see `bulkhead probe`) needs them
+not to change.
+
+Measured on this project's machine (MKL, AVX2): a row's result is the same in
+every batch whose row count is a multiple of 4 (1 thread: every count >= 4),
+but not at 1, 2 or 3 rows. That is a property of the BLAS build, the CPU and
+the thread count, not of torch, so it is measured at start-up on the weights
+the server will run rather than assumed: `invariant_row_multiple` finds the
+smallest R for which padding decode batches to a multiple of R rows is
+batch-invariant. The engine falls back to fixed row tiles when no R is found.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CANDIDATES = (1, 2, 4, 8, 16)
+
+
+def invariant_row_multiple(weights: list[torch.Tensor], max_rows: int,
+                           candidates: tuple[int, ...] = CANDIDATES) -> int | None:
+    """Smallest R in candidates such that, for every weight, a row of x @ w.T
+    gets the same numbers at any position of any batch whose size is a
+    multiple of R (up to max_rows, rounded up). None when no candidate holds."""
+    shapes = {tuple(w.shape): w for w in weights}.values()  # one probe per distinct shape
+    for r in candidates:
+        if all(_holds(w, r, -(-max_rows // r) * r) for w in shapes):
+            return r
+    return None
+
+
+def _holds(w: torch.Tensor, r: int, max_rows: int) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(max_rows, w.shape[1], generator=gen).to(w.dtype)
+    full = F.linear(x, w)
+    # A row's result may depend on where it sits in the batch (edge blocks
+    # take other kernels): moving every row one place must not change it ...
+    if not torch.equal(F.linear(x.roll(1, 0), w), full.roll(1, 0)):
+        return False
+    # ... nor may the batch size, at any multiple of r; with the check above,
+    # any row at any position of any such batch gets the same numbers.
+    return all(torch.equal(F.linear(x[:m], w), full[:m]) for m in range(r, max_rows, r))

@@ -1,0 +1,47 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bulkhead.model.row_invariance import invariant_row_multiple
+
+# SmolLM2-135M's linear shapes: fused qkv, o, fused gate/up, down, lm_head.
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
+MAX_ROWS = 16
+
+
+def weights(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen) for shape in SHAPES]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return invariant_row_multiple(weights(0), max_rows=MAX_ROWS)
+
+
+def test_the_measured_multiple_holds_for_other_weights_and_inputs(measured):
+    # The probe uses one set of inputs; the claim is about the kernels, so it
+    # must hold for weights and activations it never saw.
+    r = measured
+    if r is None:
+        pytest.skip("no batch-invariant row multiple on this CPU: the engine falls back to fixed tiles")
+    gen = torch.Generator().manual_seed(1)
+    for w in weights(2):
+        x = torch.randn(MAX_ROWS, w.shape[1], generator=gen)
+        alone = [F.linear(torch.cat([x[i : i + 1], x.new_zeros(r - 1, w.shape[1])]), w)[0] for i in range(MAX_ROWS)]
+        for m in range(r, MAX_ROWS + 1, r):
+            assert torch.equal(F.linear(x[:m], w), torch.stack(alone[:m])), (w.shape, m)
+
+
+def test_smaller_multiples_are_refused_because_rows_really_differ_there(measured):
+    # Padding is the guard: without it (multiples below r) some row's result
+    # changes with the batch size on this CPU, and the measurement sees it.
+    r = measured
+    if r is None:
+        pytest.skip("no batch-invariant row multiple on this CPU")
+    smaller = tuple(c for c in (1, 2, 4, 8, 16) if c < r)
+    if not smaller:
+        pytest.skip(f"every batch size is invariant on this CPU (r = {r}): no padding needed")
+    assert invariant_row_multiple(weights(0), max_rows=MAX_ROWS, candidates=smaller) is None
