@@ -47,6 +47,7 @@ def test_unsafe_no_guards_is_refused_with_api_keys(tmp_path, caplog):
 def test_unsafe_no_guards_reaches_every_disaggregated_worker(tmp_path, tiny_model_dir):
     from bulkhead.server.process import ServerProcess
     from tests.conftest import openai_client
+    from tests.disagg.cluster_tools import total, wait_for
 
     flags = ["--role", "local", "--model", str(tiny_model_dir), "--model-id", "tiny", "--kv-memory", "64MiB",
              "--threads", "1", "--unsafe-no-guards", "--cluster-key-file", str(tmp_path / "cluster.key")]
@@ -57,8 +58,9 @@ def test_unsafe_no_guards_reaches_every_disaggregated_worker(tmp_path, tiny_mode
         info = proc.info()
         assert info["guards"] == "off"
         assert sorted(w["guards"] for w in info["workers"]) == ["off", "off"]
-        decode = next(w for w in info["workers"] if w["role"] == "decode")
-        assert decode["counters"]["commits"] == 1  # committed without digests
+        # Worker counters ride on heartbeats (every 0.5 s): wait for the one after the commit.
+        commits = wait_for(lambda: total(proc, "commits", role="decode"), what="decode heartbeat with the commit")
+        assert commits == 1  # committed without digests
         assert "ISOLATION GUARDS OFF" in proc.log()
     finally:
         proc.stop()
