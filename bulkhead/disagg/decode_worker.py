@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
+from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, write_admissible
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
@@ -110,14 +110,15 @@ class DecodeWorker(WorkerBase):
                 self.pending.remove(rid)
 
     def _write_allowed(self, page: int, generation: int, request_id: str) -> bool:
-        # Only while the request still waits for its KV: a late or duplicated
-        # write after commit or failure is refused even though the page's owner
-        # and generation have not changed (found by the TLA+ model, specs/).
+        # The same rule the model checker explores (manifest.write_admissible).
         with self.lock:
             job = self.jobs.get(request_id)
             awaiting = job is not None and job.alloc is not None and not job.committed and not job.failed
+        if not awaiting:
+            return False
         ledger = self.engine.ledger
-        return awaiting and ledger.record(page).owner == request_id and ledger.generation(page) == generation
+        return write_admissible((request_id, generation), (ledger.record(page).owner, ledger.generation(page)),
+                                awaiting)
 
     def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
         try:

@@ -1,4 +1,10 @@
-"""Exact coverage (invariant 3): the transfer manifest against decode's allocation. Pure."""
+"""Exact coverage (invariant 3): the transfer manifest against decode's allocation. Pure.
+
+Decode's commit decision is made of the functions here, and both the running
+decode worker (bulkhead.disagg.decode_worker) and the protocol model the
+checker explores (bulkhead.disagg.protocol_decode) call them, so what is
+model-checked is the code that decides.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +46,24 @@ class Manifest:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
+# The fields a manifest must repeat exactly, in the order problems are reported.
+IDENTITY_FIELDS = ("request_id", "tenant", "room", "epoch", "token_count", "pages", "generations")
+
+
+def identity_problems(alloc: Allocation, manifest: Manifest) -> list[str]:
+    """Where the manifest does not describe exactly this allocation: another
+    request, tenant, room or epoch, or other pages, counts or generations."""
+    return [f"{name}: allocated {getattr(alloc, name)!r}, manifest {getattr(manifest, name)!r}"
+            for name in IDENTITY_FIELDS if getattr(alloc, name) != getattr(manifest, name)]
+
+
+def mismatched_pages(pages, local_digests, claimed_digests) -> list[int]:
+    """Pages whose bytes here do not hash to what the writer says it sent.
+    A local digest of None (the model: nothing landed yet) is not compared."""
+    return [p for p, mine, theirs in zip(pages, local_digests, claimed_digests)
+            if mine is not None and mine != theirs]
+
+
 def coverage_problems(
     alloc: Allocation, manifest: Manifest, current_generations: tuple[int, ...], local_digests: tuple[int, ...]
 ) -> list[str]:
@@ -49,16 +73,21 @@ def coverage_problems(
     (a page that moved on since the grant must not be committed).
     local_digests: digests decode computed over its own pool pages.
     """
-    problems = []
-    for name in ("request_id", "tenant", "room", "epoch", "token_count", "pages", "generations"):
-        if getattr(alloc, name) != getattr(manifest, name):
-            problems.append(f"{name}: allocated {getattr(alloc, name)!r}, manifest {getattr(manifest, name)!r}")
+    problems = identity_problems(alloc, manifest)
     if tuple(current_generations) != alloc.generations:
         problems.append("a page changed generation since it was granted")
     if len(manifest.digests) != len(alloc.pages):
         problems.append(f"{len(manifest.digests)} digests for {len(alloc.pages)} pages")
-    else:
-        bad = [p for p, mine, theirs in zip(alloc.pages, local_digests, manifest.digests) if mine != theirs]
-        if bad:
-            problems.append(f"digest mismatch on pages {bad}")
+    elif bad := mismatched_pages(alloc.pages, local_digests, manifest.digests):
+        problems.append(f"digest mismatch on pages {bad}")
     return problems
+
+
+def write_admissible(writer: tuple, page_now: tuple, awaiting_kv: bool) -> bool:
+    """May a remote write land on a page? Only while the page is still what
+    the writer was granted (its owner and generation, and in the model the
+    process incarnation: `writer` and `page_now` in the same order), and only
+    while the request still waits for its KV: a late or duplicated write
+    after commit or failure would otherwise pass the owner and generation
+    check (found by the TLA+ model, specs/)."""
+    return awaiting_kv and writer == page_now

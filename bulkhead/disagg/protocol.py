@@ -1,11 +1,16 @@
 """The prefill/decode transfer protocol as pure transition functions.
 
 Each actor is a function `step(config, state, event) -> Step(state, send,
-notes)` over frozen dataclasses: no I/O, no clock, no threads. The runtime
-(router, prefill and decode loops) feeds it real messages and timer events
-and performs `send`; the model checker (bulkhead.verify) feeds it every
-interleaving an adversarial environment allows. `notes` (PageRead,
-WriteLanded, Committed, ClientResponse) are what an observer may check.
+notes)` over frozen dataclasses: no I/O, no clock, no threads. The model
+checker (bulkhead.verify) feeds it every interleaving an adversarial
+environment allows. `notes` (PageRead, WriteLanded, Committed,
+ClientResponse) are what an observer may check.
+
+The runtime (bulkhead.disagg.router, prefill_worker, decode_worker) follows
+the table below with its own mutable state; decode's two decisions about a
+transfer, whether a write may land and whether a manifest may commit, are
+the same functions in both (bulkhead.disagg.manifest). The simulator
+(bulkhead.sim) checks the runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,
         DeadlinePassed, PeerLost, DecodeDone, TransferFailed, PrefillRejected

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from bulkhead.disagg.manifest import Allocation, identity_problems, mismatched_pages, write_admissible
+from bulkhead.disagg.manifest import Manifest as RuntimeManifest
 from bulkhead.disagg.protocol_ledger import Ledger
 from bulkhead.disagg.protocol_messages import (
     Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
@@ -99,17 +101,12 @@ def _admit_write(config, state: DecodeState, write: PageWrite) -> Step:
     if not 0 <= write.page < len(state.ledger.entries):
         return Step(state)
     entry = state.ledger.entries[write.page]
-    current = (state.incarnation, entry.owner, entry.gen)
     if config.guards.generation_check:
-        if (write.incarnation, write.rid, write.gen) != current:
-            return Step(state)  # stale: the page moved on (or this process is new)
         record = find(state.requests, write.rid)
-        if record is None or record.phase is not Phase.DECODE_ALLOCATED:
-            # Only while the request waits for its KV: a late or duplicated
-            # write after commit (or failure) would otherwise pass the owner
-            # and generation check (found by the TLA+ model; the runtime's
-            # decode guard does the same).
-            return Step(state)
+        awaiting = record is not None and record.phase is Phase.DECODE_ALLOCATED
+        if not write_admissible((write.incarnation, write.rid, write.gen),
+                                (state.incarnation, entry.owner, entry.gen), awaiting):
+            return Step(state)  # stale (the page moved on, or this process is new) or late
     landing = Landing(decode_addr(state.index), write.rid, write.epoch, state.incarnation,
                       write.page, write.gen, write.payload)
     return Step(state, (landing,))
@@ -158,18 +155,21 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
     if config.variant is Variant.LEGACY:
         return "" if manifest.room == ticket.room else "room mismatch"
     if guards.coverage_check:
-        expected = (ticket.rid, ticket.tenant, ticket.room, ticket.epoch, ticket.prompt_pages,
-                    record.prompt_pages)
-        claimed = (manifest.rid, manifest.tenant, manifest.room, manifest.epoch,
-                   manifest.prompt_pages, manifest.pages)
-        if claimed != expected or len(manifest.digests) != len(manifest.pages):
+        # The runtime's own check (bulkhead.disagg.manifest), over the model's
+        # ticket and manifest; the model's manifests carry no generations
+        # (each write is checked against the generation instead).
+        allocated = Allocation(ticket.rid, ticket.tenant, ticket.room, ticket.epoch, ticket.prompt_pages,
+                               record.prompt_pages, ())
+        claimed = RuntimeManifest(manifest.rid, manifest.tenant, manifest.room, manifest.epoch, 0,
+                                  manifest.prompt_pages, manifest.pages, (), manifest.digests)
+        if identity_problems(allocated, claimed) or len(manifest.digests) != len(manifest.pages):
             return "manifest does not match the allocation"
     entries = state.ledger.entries
     if guards.digest_check:
-        for page, digest in zip(manifest.pages, manifest.digests):
-            landed = entries[page]
-            if landed.written_epoch == ticket.epoch and landed.landed_digest != digest:
-                return f"digest mismatch on page {page}"
+        landed = [entries[p].landed_digest if entries[p].written_epoch == ticket.epoch else None
+                  for p in manifest.pages]
+        if bad := mismatched_pages(manifest.pages, landed, manifest.digests):
+            return f"digest mismatch on page {bad[0]}"
     if guards.coverage_check:
         if any(entries[p].written_epoch != ticket.epoch for p in record.prompt_pages):
             return "wait"  # writes may still be in flight; the deadline bounds the wait

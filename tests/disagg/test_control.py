@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems
+from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 
 KEY = b"k" * 32
@@ -101,3 +101,22 @@ def test_any_difference_refuses_the_commit(change, expect):
 def test_a_page_that_moved_on_since_the_grant_refuses_the_commit():
     problems = coverage_problems(ALLOC, manifest(), (2, 6, 1), (11, 22, 33))
     assert any("generation" in p for p in problems)
+
+
+def test_digests_not_yet_landed_are_not_compared_but_wrong_ones_are():
+    # The model checker passes None for a page nothing has landed on yet
+    # (it waits for it); the runtime always has a digest of its own.
+    assert mismatched_pages((7, 3, 9), (11, None, 30), (11, 22, 33)) == [9]
+
+
+@pytest.mark.parametrize(
+    "writer,page_now,awaiting,admitted",
+    [
+        (("r1", 4), ("r1", 4), True, True),
+        (("r1", 4), ("r1", 5), True, False),  # the page was freed and handed out again
+        (("r1", 4), ("r2", 4), True, False),  # another request's page
+        (("r1", 4), ("r1", 4), False, False),  # a late or duplicated write after commit
+    ],
+)
+def test_a_write_lands_only_on_the_granted_page_while_its_request_awaits_kv(writer, page_now, awaiting, admitted):
+    assert write_admissible(writer, page_now, awaiting) is admitted
