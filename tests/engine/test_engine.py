@@ -34,6 +34,29 @@ def prompts(n, length=20):
     return [torch.randint(3, 49000, (length + 3 * i,), generator=g).tolist() for i in range(n)]
 
 
+def swap_victim_page_into_thief_plan(engine) -> list:
+    """Fault: from the next decode plan on (once), request "thief"'s page
+    table names request "victim"'s first page. Returns the list that gets
+    an entry when the fault fires."""
+    from dataclasses import replace
+
+    fired = []
+    real_schedule = engine.scheduler.schedule
+
+    def swap_pages():
+        plan = real_schedule()
+        if plan and plan.decode and not fired:
+            victim_page = engine.ledger.pages_of("victim")[0]
+            works = [replace(w, pages=(victim_page, *w.pages[1:])) if w.request_id == "thief" else w
+                     for w in plan.decode]
+            plan = replace(plan, decode=tuple(works))
+            fired.append(1)
+        return plan
+
+    engine.scheduler.schedule = swap_pages
+    return fired
+
+
 def assert_clean(built):
     """Every page back in the pool, scrubbed (poison = NaN), ledger consistent."""
     e = built.engine
@@ -126,21 +149,8 @@ def test_a_page_of_another_request_in_a_plan_fails_closed(make_engine):
     for _ in range(3):
         engine._take_commands(block=False)
         engine.step()
-    fired = []
     real_schedule = engine.scheduler.schedule
-
-    def swap_pages():  # fault: the thief's page table names the victim's page
-        plan = real_schedule()
-        if plan and plan.decode and not fired:
-            from dataclasses import replace
-            victim_page = engine.ledger.pages_of("victim")[0]
-            works = [replace(w, pages=(victim_page, *w.pages[1:])) if w.request_id == "thief" else w
-                     for w in plan.decode]
-            plan = replace(plan, decode=tuple(works))
-            fired.append(1)
-        return plan
-
-    engine.scheduler.schedule = swap_pages
+    fired = swap_victim_page_into_thief_plan(engine)
     engine.run_until_idle()
     assert fired, "the fault never fired"
     for rid in ("victim", "thief"):

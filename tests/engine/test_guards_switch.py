@@ -4,7 +4,7 @@ checks off, so a benchmark of "guards off" measures what it says."""
 
 import torch
 
-from tests.engine.test_engine import Collector, prompts, submit
+from tests.engine.test_engine import Collector, prompts, submit, swap_victim_page_into_thief_plan
 
 
 def test_guards_are_on_by_default_and_freed_pages_are_scrubbed(make_engine):
@@ -37,8 +37,6 @@ def test_guards_off_serves_a_plan_that_names_another_requests_page(make_engine):
     # The same fault test_engine fails closed with guards on: with them off
     # nothing notices, which is what "off" means (and why serve refuses it
     # with API keys).
-    from dataclasses import replace
-
     built = make_engine(guards=False)
     engine = built.engine
     sink = Collector()
@@ -47,20 +45,7 @@ def test_guards_off_serves_a_plan_that_names_another_requests_page(make_engine):
     for _ in range(3):
         engine._take_commands(block=False)
         engine.step()
-    fired = []
-    real_schedule = engine.scheduler.schedule
-
-    def swap_pages():
-        plan = real_schedule()
-        if plan and plan.decode and not fired:
-            victim_page = engine.ledger.pages_of("victim")[0]
-            works = [replace(w, pages=(victim_page, *w.pages[1:])) if w.request_id == "thief" else w
-                     for w in plan.decode]
-            plan = replace(plan, decode=tuple(works))
-            fired.append(1)
-        return plan
-
-    engine.scheduler.schedule = swap_pages
+    fired = swap_victim_page_into_thief_plan(engine)
     engine.run_until_idle()
     assert fired, "the fault never fired"
     assert engine.stats.failures == 0
