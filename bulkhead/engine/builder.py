@@ -20,6 +20,7 @@ from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed, scrub_released
+from bulkhead.model import linear_kernel
 from bulkhead.model.loader import load_model
 from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
@@ -52,6 +53,9 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
+    # "auto": oneDNN over weights laid out at load where this torch build
+    # runs it, else F.linear (bulkhead.model.linear_kernel).
+    linear_kernel: str = "auto"
     prefix_cache: bool = False
     # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
     # guards — scrub on free, transfer digests, the runner's per-step ownership
@@ -70,6 +74,7 @@ class BuiltEngine:
     layout: KVLayout
     model_config: object  # bulkhead.model.config.ModelConfig
     decode_row_multiple: int = 0  # measured at start-up; 0 = tiles of config.decode_tile
+    linear_kernel: str = "aten"  # what "auto" resolved to
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -81,7 +86,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
-    model = load_model(cfg.model_dir, dtype=dtype)
+    kernel = linear_kernel.choose(cfg.linear_kernel, dtype)
+    model = load_model(cfg.model_dir, dtype=dtype, linear_kernel=kernel)
     mc = model.config
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, cfg.dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -122,13 +128,13 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,
                     faults=faults)
     log.info(
-        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d",
+        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s",
         num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
-        cfg.dtype, cfg.scrub_mode, decision.context_length,
+        cfg.dtype, cfg.scrub_mode, decision.context_length, kernel,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel)
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from bulkhead.model.batch import PagedBatch
 from bulkhead.model.config import ModelConfig
+from bulkhead.model.linear_kernel import linear
 from bulkhead.model.rope import apply_rope, rope_tables
 
 
@@ -34,12 +35,14 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
     lm_head: torch.Tensor  # [V, D]  (the embedding itself when tied)
+    # Linear weights may be plain tensors or oneDNN-laid-out ones
+    # (bulkhead.model.linear_kernel.prepare); _linear runs either.
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, row_tile: int) -> torch.Tensor:
     if row_tile and x.shape[0] > row_tile:
-        return torch.cat([F.linear(part, w, b) for part in x.split(row_tile)])
-    return F.linear(x, w, b)
+        return torch.cat([linear(part, w, b) for part in x.split(row_tile)])
+    return linear(x, w, b)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from bulkhead.model.config import ModelConfig, load_model_config
+from bulkhead.model.linear_kernel import prepare
 from bulkhead.model.llama import LayerWeights, LlamaModel, ModelWeights
 
 
@@ -54,8 +55,10 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
     return ModelWeights(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten") -> LlamaModel:
+    """linear_kernel: "aten" (F.linear) or "onednn" (weights laid out once
+    for oneDNN, see bulkhead.model.linear_kernel)."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
     weights = build_weights(config, _read_tensors(model_dir), dtype)
-    return LlamaModel(config, weights)
+    return LlamaModel(config, prepare(weights, linear_kernel))

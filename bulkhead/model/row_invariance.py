@@ -6,9 +6,10 @@ requests share its decode step. The isolation oracle (a request's greedy
 output must not depend on its batch-mates, see `bulkhead probe`) needs them
 not to change.
 
-Measured on this project's machine (MKL, AVX2): a row's result is the same in
-every batch whose row count is a multiple of 4 (1 thread: every count >= 4),
-but not at 1, 2 or 3 rows. That is a property of the BLAS build, the CPU and
+Measured on this project's machine (AMD EPYC, 2 threads): with MKL's sgemm a
+row's result is the same in every batch whose row count is a multiple of 4
+(1 thread: every count >= 4), but not at 1, 2 or 3 rows; with oneDNN over
+laid-out weights (bulkhead.model.linear_kernel), every even count. That is a property of the BLAS build, the CPU and
 the thread count, not of torch, so it is measured at start-up on the weights
 the server will run rather than assumed: `invariant_row_multiple` finds the
 smallest R for which padding decode batches to a multiple of R rows is
@@ -18,7 +19,8 @@ batch-invariant. The engine falls back to fixed row tiles when no R is found.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from bulkhead.model.linear_kernel import linear
 
 CANDIDATES = (1, 2, 4, 8, 16)
 
@@ -38,11 +40,11 @@ def invariant_row_multiple(weights: list[torch.Tensor], max_rows: int,
 def _holds(w: torch.Tensor, r: int, max_rows: int) -> bool:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(max_rows, w.shape[1], generator=gen).to(w.dtype)
-    full = F.linear(x, w)
+    full = linear(x, w)  # the kernel the model runs this weight with
     # A row's result may depend on where it sits in the batch (edge blocks
     # take other kernels): moving every row one place must not change it ...
-    if not torch.equal(F.linear(x.roll(1, 0), w), full.roll(1, 0)):
+    if not torch.equal(linear(x.roll(1, 0), w), full.roll(1, 0)):
         return False
     # ... nor may the batch size, at any multiple of r; with the check above,
     # any row at any position of any such batch gets the same numbers.
-    return all(torch.equal(F.linear(x[:m], w), full[:m]) for m in range(r, max_rows, r))
+    return all(torch.equal(linear(x[:m], w), full[:m]) for m in range(r, max_rows, r))

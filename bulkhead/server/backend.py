@@ -113,6 +113,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "prefill_chunk": cfg.prefill_chunk,
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
+        "linear_kernel": built.linear_kernel,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.

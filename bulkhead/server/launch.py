@@ -45,6 +45,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--linear-kernel", choices=("auto", "onednn", "aten"), default="auto",
+                   help="linear layers: oneDNN over weights laid out at load (auto: where this torch build has it) "
+                        "or aten's F.linear")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
                    help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
                         "make greedy output depend on which request filled the cache)")
@@ -72,7 +75,8 @@ def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
         page_size=args.page_size, context_length=args.context_length,
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
-        safe_mode=not args.no_safe_mode, threads=args.threads, guards=not args.unsafe_no_guards,
+        safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
+        guards=not args.unsafe_no_guards,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and args.role == "prefill"),
     )
 

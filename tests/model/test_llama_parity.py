@@ -14,13 +14,14 @@ from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
+from bulkhead.model.linear_kernel import onednn_usable
 from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
 
 
-def paged_logits(model_dir, ids, chunk):
+def paged_logits(model_dir, ids, chunk, kernel):
     """Logits at each chunk end (prefill) and at each of the last 3 tokens (decode)."""
-    model = load_model(model_dir)
+    model = load_model(model_dir, linear_kernel=kernel)
     c = model.config
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "float32")
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
@@ -46,8 +47,8 @@ def reference_logits(model_dir, ids):
         return hf(torch.tensor([ids])).logits[0]
 
 
-def assert_parity(model_dir, ids, chunk, atol):
-    ours = paged_logits(model_dir, ids, chunk)
+def assert_parity(model_dir, ids, chunk, atol, kernel="aten"):
+    ours = paged_logits(model_dir, ids, chunk, kernel)
     ref = reference_logits(model_dir, ids)
     for pos, logits in ours.items():
         diff = (logits - ref[pos]).abs().max().item()
@@ -56,6 +57,11 @@ def assert_parity(model_dir, ids, chunk, atol):
 
 
 IDS = list(range(100, 140))
+
+# The serving default is oneDNN over laid-out weights where the build has it
+# (bulkhead.model.linear_kernel); the tiny-model matrix runs F.linear.
+KERNELS = ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not onednn_usable(torch.float32), reason="this torch build has no oneDNN linear"))]
 
 
 @pytest.mark.parametrize(
@@ -77,8 +83,15 @@ def test_tiny_models_match_transformers(tmp_path, smollm2_dir, model_type, overr
     assert_parity(model_dir, IDS, chunk=16, atol=1e-4)
 
 
-def test_smollm2_matches_transformers(smollm2_dir):
-    assert_parity(smollm2_dir, IDS, chunk=13, atol=1e-3)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_smollm2_matches_transformers(smollm2_dir, kernel):
+    assert_parity(smollm2_dir, IDS, chunk=13, atol=1e-3, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_tiny_model_with_biases_matches_transformers_on_either_kernel(tmp_path, smollm2_dir, kernel):
+    model_dir = make_tiny_model(tmp_path, smollm2_dir, "qwen2")  # qkv bias
+    assert_parity(model_dir, IDS, chunk=16, atol=1e-4, kernel=kernel)
 
 
 def test_unsupported_rope_is_refused(tmp_path, smollm2_dir):

@@ -1,7 +1,10 @@
+"""The start-up measurement of batch-invariant decode row counts, for each
+linear kernel the model can run (bulkhead.model.linear_kernel)."""
+
 import pytest
 import torch
-import torch.nn.functional as F
 
+from bulkhead.model.linear_kernel import lay_out, linear, onednn_usable
 from bulkhead.model.row_invariance import invariant_row_multiple
 
 # SmolLM2-135M's linear shapes: fused qkv, o, fused gate/up, down, lm_head.
@@ -11,31 +14,38 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
 MAX_ROWS = 16
 
 
-def weights(seed: int):
+@pytest.fixture(scope="module", params=["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not onednn_usable(torch.float32), reason="this torch build has no oneDNN linear"))])
+def kernel(request):
+    return request.param
+
+
+def weights(seed: int, kernel: str):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen) for shape in SHAPES]
+    plain = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    return [lay_out(w) for w in plain] if kernel == "onednn" else plain
 
 
 @pytest.fixture(scope="module")
-def measured():
-    return invariant_row_multiple(weights(0), max_rows=MAX_ROWS)
+def measured(kernel):
+    return invariant_row_multiple(weights(0, kernel), max_rows=MAX_ROWS)
 
 
-def test_the_measured_multiple_holds_for_other_weights_and_inputs(measured):
+def test_the_measured_multiple_holds_for_other_weights_and_inputs(measured, kernel):
     # The probe uses one set of inputs; the claim is about the kernels, so it
     # must hold for weights and activations it never saw.
     r = measured
     if r is None:
         pytest.skip("no batch-invariant row multiple on this CPU: the engine falls back to fixed tiles")
     gen = torch.Generator().manual_seed(1)
-    for w in weights(2):
+    for w in weights(2, kernel):
         x = torch.randn(MAX_ROWS, w.shape[1], generator=gen)
-        alone = [F.linear(torch.cat([x[i : i + 1], x.new_zeros(r - 1, w.shape[1])]), w)[0] for i in range(MAX_ROWS)]
+        alone = [linear(torch.cat([x[i : i + 1], x.new_zeros(r - 1, w.shape[1])]), w)[0] for i in range(MAX_ROWS)]
         for m in range(r, MAX_ROWS + 1, r):
-            assert torch.equal(F.linear(x[:m], w), torch.stack(alone[:m])), (w.shape, m)
+            assert torch.equal(linear(x[:m], w), torch.stack(alone[:m])), (w.shape, m)
 
 
-def test_smaller_multiples_are_refused_because_rows_really_differ_there(measured):
+def test_smaller_multiples_are_refused_because_rows_really_differ_there(measured, kernel):
     # Padding is the guard: without it (multiples below r) some row's result
     # changes with the batch size on this CPU, and the measurement sees it.
     r = measured
@@ -44,4 +54,4 @@ def test_smaller_multiples_are_refused_because_rows_really_differ_there(measured
     smaller = tuple(c for c in (1, 2, 4, 8, 16) if c < r)
     if not smaller:
         pytest.skip(f"every batch size is invariant on this CPU (r = {r}): no padding needed")
-    assert invariant_row_multiple(weights(0), max_rows=MAX_ROWS, candidates=smaller) is None
+    assert invariant_row_multiple(weights(0, kernel), max_rows=MAX_ROWS, candidates=smaller) is None
