@@ -111,10 +111,7 @@ def _paged_attention(
             mask, causal = None, seq.num_queries > 1
         else:
             if gathered is None:
-                gathered = (
-                    k_pages.index_select(0, batch.pages).view(-1, kvh, hd),
-                    v_pages.index_select(0, batch.pages).view(-1, kvh, hd),
-                )
+                gathered = (_gather_pages(k_pages, batch.pages, kvh, hd), _gather_pages(v_pages, batch.pages, kvh, hd))
             start = seq.page_offset * k_pages.shape[1]
             # Only positions below the written watermark kv_len are read.
             k_seq = gathered[0][start : start + seq.kv_len]
@@ -130,6 +127,13 @@ def _paged_attention(
         )  # [1, H, Tq, hd]
         out[rows] = o[0].transpose(0, 1).reshape(seq.num_queries, -1)
     return out
+
+
+def _gather_pages(pages: torch.Tensor, which: torch.Tensor, kvh: int, hd: int) -> torch.Tensor:
+    """The listed pages' rows, [len(which) * page_size, KVH, hd]. Selecting
+    rows of a 2-D view copies each page as one block: half the time of
+    index_select on the 4-D view (measured; the values are the same)."""
+    return pages.view(pages.shape[0], -1).index_select(0, which).view(-1, kvh, hd)
 
 
 def _chunk_mask(num_queries: int, kv_len: int, device: torch.device) -> torch.Tensor | None:
