@@ -110,15 +110,16 @@ class DecodeWorker(WorkerBase):
                 self.pending.remove(rid)
 
     def _write_allowed(self, page: int, generation: int, request_id: str) -> bool:
-        # The same rule the model checker explores (manifest.write_admissible).
+        # Only while the request still waits for its KV, even at an unchanged
+        # owner and generation: a late or duplicated write after commit would
+        # overwrite verified KV (TLA+ found it). The rule is the one the model
+        # checker explores (manifest.write_admissible).
         with self.lock:
             job = self.jobs.get(request_id)
             awaiting = job is not None and job.alloc is not None and not job.committed and not job.failed
-        if not awaiting:
-            return False
         ledger = self.engine.ledger
-        return write_admissible((request_id, generation), (ledger.record(page).owner, ledger.generation(page)),
-                                awaiting)
+        page_now = (ledger.record(page).owner, ledger.generation(page)) if awaiting else None
+        return write_admissible((request_id, generation), page_now, awaiting)
 
     def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
         try:

@@ -1,9 +1,12 @@
 """Exact coverage (invariant 3): the transfer manifest against decode's allocation. Pure.
 
-Decode's commit decision is made of the functions here, and both the running
-decode worker (bulkhead.disagg.decode_worker) and the protocol model the
-checker explores (bulkhead.disagg.protocol_decode) call them, so what is
-model-checked is the code that decides.
+Shared with the protocol model the checker explores
+(bulkhead.disagg.protocol_decode): `write_admissible` (may a remote write
+land) and the manifest checks `identity_problems` and `mismatched_pages`,
+which the running decode worker (bulkhead.disagg.decode_worker) calls through
+`coverage_problems`. Not shared: the runtime's check that the granted pages'
+generations and owners are unchanged at commit (the model checks
+generations per write instead) and the model's wait for in-flight landings.
 """
 
 from __future__ import annotations

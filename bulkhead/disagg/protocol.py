@@ -7,9 +7,9 @@ environment allows. `notes` (PageRead, WriteLanded, Committed,
 ClientResponse) are what an observer may check.
 
 The runtime (bulkhead.disagg.router, prefill_worker, decode_worker) follows
-the table below with its own mutable state; decode's two decisions about a
-transfer, whether a write may land and whether a manifest may commit, are
-the same functions in both (bulkhead.disagg.manifest). The simulator
+the table below with its own mutable state; decode's rule for whether a
+write may land and its checks of a manifest against the allocation and the
+digests are the same functions in both (bulkhead.disagg.manifest). The simulator
 (bulkhead.sim) checks the runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,

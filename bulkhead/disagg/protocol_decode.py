@@ -158,10 +158,12 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
         # The runtime's own check (bulkhead.disagg.manifest), over the model's
         # ticket and manifest; the model's manifests carry no generations
         # (each write is checked against the generation instead).
-        allocated = Allocation(ticket.rid, ticket.tenant, ticket.room, ticket.epoch, ticket.prompt_pages,
-                               record.prompt_pages, ())
-        claimed = RuntimeManifest(manifest.rid, manifest.tenant, manifest.room, manifest.epoch, 0,
-                                  manifest.prompt_pages, manifest.pages, (), manifest.digests)
+        # The model counts a prompt in pages where the runtime counts tokens.
+        allocated = Allocation(request_id=ticket.rid, tenant=ticket.tenant, room=ticket.room, epoch=ticket.epoch,
+                               token_count=ticket.prompt_pages, pages=record.prompt_pages, generations=())
+        claimed = RuntimeManifest(request_id=manifest.rid, tenant=manifest.tenant, room=manifest.room,
+                                  epoch=manifest.epoch, prefix_len=0, token_count=manifest.prompt_pages,
+                                  pages=manifest.pages, generations=(), digests=manifest.digests)
         if identity_problems(allocated, claimed) or len(manifest.digests) != len(manifest.pages):
             return "manifest does not match the allocation"
     entries = state.ledger.entries

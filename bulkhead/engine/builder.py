@@ -63,6 +63,10 @@ class EngineConfig:
     # with more than one tenant (serve refuses it with API keys).
     guards: bool = True
 
+    def __post_init__(self):
+        if self.linear_kernel not in linear_kernel.KERNELS:
+            raise ValueError(f"linear_kernel must be one of {linear_kernel.KERNELS}, not {self.linear_kernel!r}")
+
 
 @dataclass
 class BuiltEngine:

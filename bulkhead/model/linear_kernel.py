@@ -3,7 +3,7 @@ load, or PyTorch's default (`F.linear`, MKL's sgemm on x86 builds).
 
 Why oneDNN: on this project's 2-core AMD EPYC machine MKL's sgemm runs the
 whole model's linear layers 3.7x slower at 4 rows (49 vs 13 ms per decode
-step, weights cycling through memory) and 2-3x slower at prefill sizes than
+step, weights cycling through memory) and 2-2.5x slower at prefill sizes than
 oneDNN's kernel over a weight laid out for it ahead of time, which is also
 what vLLM's CPU build runs. The reorder is done once per weight when the
 model is built; the laid-out copy replaces the plain one, so it costs no
@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "onednn", "aten")
 
-# The row count oneDNN lays a weight out for. Any count runs on it; measured
-# here, a hint of 1 makes the 1-row results differ from the rest, 4 and 16
-# do not (measured with the check of bulkhead.model.row_invariance).
+# The row count oneDNN lays a weight out for; any count runs on it. Measured
+# here with the check of bulkhead.model.row_invariance over the model's
+# shapes, hints 1, 4 and 16 all give R = 2 (a 1-row result differs from the
+# same row in a bigger batch); 16 is the decode batch this is tuned for.
 ROWS_HINT = 16
 
 
@@ -75,7 +76,9 @@ def prepare(weights, kernel: str):
     (a ModelWeights; returned as a new one, the input is not changed)."""
     if kernel == "aten":
         return weights
-    pack = lay_out
-    layers = [dataclasses.replace(layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up),
-                                  down=pack(layer.down)) for layer in weights.layers]
-    return dataclasses.replace(weights, layers=layers, lm_head=pack(weights.lm_head))
+    if kernel != "onednn":
+        raise ValueError(f"prepare() takes a chosen kernel, aten or onednn, not {kernel!r} (see choose())")
+    layers = [dataclasses.replace(layer, qkv=lay_out(layer.qkv), o=lay_out(layer.o),
+                                  gate_up=lay_out(layer.gate_up), down=lay_out(layer.down))
+              for layer in weights.layers]
+    return dataclasses.replace(weights, layers=layers, lm_head=lay_out(weights.lm_head))

@@ -34,7 +34,7 @@ class ModelWeights:
     embed: torch.Tensor  # [V, D]
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
-    lm_head: torch.Tensor  # [V, D]  (the embedding itself when tied)
+    lm_head: torch.Tensor  # [V, D]  (the embedding when tied; a laid-out copy of it for oneDNN)
     # Linear weights may be plain tensors or oneDNN-laid-out ones
     # (bulkhead.model.linear_kernel.prepare); _linear runs either.
 
@@ -131,8 +131,9 @@ def _paged_attention(
 
 def _gather_pages(pages: torch.Tensor, which: torch.Tensor, kvh: int, hd: int) -> torch.Tensor:
     """The listed pages' rows, [len(which) * page_size, KVH, hd]. Selecting
-    rows of a 2-D view copies each page as one block: half the time of
-    index_select on the 4-D view (measured; the values are the same)."""
+    rows of a 2-D view copies each page as one block: 58 vs 123 us for the
+    4-D view on a hot pool, 256 vs 305 us per call in a real decode step
+    (measured; the values are the same)."""
     return pages.view(pages.shape[0], -1).index_select(0, which).view(-1, kvh, hd)
 
 

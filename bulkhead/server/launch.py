@@ -12,6 +12,7 @@ from pathlib import Path
 from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
+from bulkhead.model import linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -45,7 +46,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--linear-kernel", choices=("auto", "onednn", "aten"), default="auto",
+    p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
                    help="linear layers: oneDNN over weights laid out at load (auto: where this torch build has it) "
                         "or aten's F.linear")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",

@@ -1,9 +1,10 @@
 """The prefix-cache timing side channel, measured both ways on the real server.
 
 Two-sided: within one tenant the cache must show (a re-sent secret is
-clearly faster than a decoy), across tenants it must not. With the cache's
-tenant scoping removed, the cross-tenant AUC is as high as the within one
-(tried by hand, see docs/reliability.md), so this test fails.
+clearly faster than a decoy), across tenants it must not. Tried by hand (see
+docs/reliability.md): with the cache's tenant scoping removed, the runner's
+page ownership check fails the attacker's request (a typed 500, so this test
+fails); with that check removed too, the cross-tenant AUC is 1.0.
 
 Sizes: 129-token prompts (8 full pages, so a hit computes 1 token instead of
 129) keep a hit several times faster than a miss even on a loaded machine.
