@@ -34,6 +34,11 @@ GUARDS_OFF_WARNING = (
 )
 
 
+# Prefill row counts are rounded up to this with the oneDNN kernel, which
+# caches a compiled kernel per row count (RunnerConfig.prefill_row_bucket).
+PREFILL_ROW_BUCKET = 32
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: Path
@@ -127,6 +132,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     )
     row_multiple = _decode_row_multiple(model, cfg)
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
+                                 prefill_row_bucket=PREFILL_ROW_BUCKET if kernel == "onednn" else 0,
                                  safe_mode=cfg.safe_mode and cfg.guards)
     runner = ModelRunner(model, pool, ledger, runner_config)
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,

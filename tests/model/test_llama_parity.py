@@ -9,6 +9,7 @@ greedy token in practice.
 import pytest
 import torch
 
+from bulkhead.engine.builder import PREFILL_ROW_BUCKET
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
@@ -25,7 +26,9 @@ def paged_logits(model_dir, ids, chunk, kernel):
     c = model.config
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "float32")
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
-    runner = ModelRunner(model, pool, ledger, RunnerConfig())
+    # As the engine builds it: oneDNN pads prefill rows to a bucket.
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(prefill_row_bucket=PREFILL_ROW_BUCKET if kernel == "onednn"
+                                                           else 0))
     pages = tuple(ledger.allocate("r", "t", layout.pages_for_tokens(len(ids))))
     out = {}
     prefill_len = len(ids) - 3
