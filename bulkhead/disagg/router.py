@@ -52,6 +52,7 @@ class Worker:
     control: dict = field(default_factory=dict)
     lost: bool = False
     incarnation: str = ""
+    heartbeats: int = 0  # received; lets a reader wait for counters newer than a moment it knows
 
 
 @dataclass
@@ -237,6 +238,7 @@ class DisaggBackend(Backend):
         rid = msg.get("request_id")
         if kind == "heartbeat":
             worker.info, worker.counters, worker.control = msg["info"], msg["counters"], msg["control"]
+            worker.heartbeats += 1
         elif kind == "pages_granted":
             route = self._route_for(sender, rid, "decode")
             if route is not None:
@@ -322,7 +324,7 @@ class DisaggBackend(Backend):
     # -- observability ------------------------------------------------------------
     def info(self) -> dict:
         with self.lock:
-            workers = [dict(w.info, counters=w.counters, control=w.control, lost=w.lost)
+            workers = [dict(w.info, counters=w.counters, control=w.control, lost=w.lost, heartbeats=w.heartbeats)
                        for w in self.workers.values()]
         try:
             limits = self.limits

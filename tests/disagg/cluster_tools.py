@@ -13,13 +13,34 @@ import time
 
 
 def counters(cluster) -> dict[str, dict]:
-    """Heartbeat counters of every live worker, by worker name."""
+    """Heartbeat counters of every live worker, by worker name (as of each
+    one's last heartbeat: up to HEARTBEAT_S old)."""
     return {w["name"]: w["counters"] for w in cluster.info()["workers"]}
 
 
-def total(cluster, counter: str, role: str | None = None) -> int:
-    """One counter summed over the live workers (of one role)."""
-    return sum(c.get(counter, 0) for name, c in counters(cluster).items() if role is None or name.startswith(role))
+def fresh_counters(cluster, timeout: float = 15.0) -> dict[str, dict]:
+    """Like counters(), but from heartbeats built after this call: each
+    worker's beat count must move by 2, because the beat that arrives first
+    may have been built, and sent, before the call. Use it around a
+    before/after comparison, where a stale beat miscounts."""
+    seen = {w["name"]: w["heartbeats"] for w in cluster.info()["workers"]}
+
+    def newer():
+        workers = {w["name"]: w for w in cluster.info()["workers"]}
+        if all(name in workers and workers[name]["heartbeats"] >= n + 2 for name, n in seen.items()):
+            return {name: w["counters"] for name, w in workers.items()}
+        return None
+
+    return wait_for(newer, timeout, "two fresh heartbeats from every worker")
+
+
+def total(cluster, counter: str, role: str | None = None, fresh: bool = False) -> int:
+    """One counter summed over the live workers (of one role). fresh=True
+    for a baseline: a stale one could already miss a count that a later
+    wait then takes for the fault it is waiting for. Reads after a fresh one
+    are at least as new."""
+    snapshot = fresh_counters(cluster) if fresh else counters(cluster)
+    return sum(c.get(counter, 0) for name, c in snapshot.items() if role is None or name.startswith(role))
 
 
 def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):

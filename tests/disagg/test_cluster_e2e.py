@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.disagg.cluster_tools import arm, counters, disarm, pid_of, total, wait_for, wait_workers_idle
+from tests.disagg.cluster_tools import arm, counters, disarm, fresh_counters, pid_of, total, wait_for, wait_workers_idle
 from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -68,7 +68,7 @@ def test_the_incident_is_closed(cluster, alpha, beta):
     mixed in, and ordinary ones. Every over-limit request is refused at the
     router before any room, page or transfer exists, and beta never sees a
     canary."""
-    before = counters(cluster)
+    before = fresh_counters(cluster)  # a stale beat could miss the previous test's last request
     router_before = cluster.info()["counters"]["assigned"]
     canaries = [f"CANARY-{uuid.uuid4().hex[:12]}" for _ in range(4)]
     filler = "The committee reviewed the quarterly numbers and found them in order. " * 40
@@ -103,7 +103,7 @@ def test_the_incident_is_closed(cluster, alpha, beta):
     # Nothing of the refused requests reached a worker: rooms = admitted requests only.
     admitted = len(canaries) + 3
     assert cluster.info()["counters"]["assigned"] - router_before == admitted
-    after = counters(cluster)
+    after = fresh_counters(cluster)
     for role in ("prefill", "decode"):
         delta = sum(after[n].get("assigned", 0) - before.get(n, {}).get("assigned", 0) for n in after
                     if n.startswith(role))
@@ -117,7 +117,7 @@ def test_the_incident_is_closed(cluster, alpha, beta):
 
 @pytest.mark.parametrize("fault", ["corrupt_page", "wrong_pages", "short_transfer", "stale_generation"])
 def test_a_bad_transfer_fails_closed(cluster, alpha, fault):
-    fired_before = total(cluster, f"fault_{fault}")
+    fired_before = total(cluster, f"fault_{fault}", fresh=True)
     refused_before = total(cluster, "coverage_failures", "decode")
     arm(cluster, fault)
     try:
@@ -149,7 +149,7 @@ def test_a_replayed_control_message_is_dropped(cluster, alpha):
 
 
 def test_without_a_drain_ack_pages_wait_for_the_lease(cluster, alpha):
-    expiries = total(cluster, "lease_expiries", "decode")
+    expiries = total(cluster, "lease_expiries", "decode", fresh=True)
     arm(cluster, "corrupt_page", "withhold_drain_ack")
     try:
         with pytest.raises(openai.InternalServerError):
@@ -187,7 +187,7 @@ def test_kill_9_of_a_prefill_worker_mid_transfer(cluster, alpha):
             errors.append(e)
 
     t = threading.Thread(target=call)
-    before = counters(cluster)
+    before = fresh_counters(cluster)
     t.start()
     wait_for(lambda: any(c.get("assigned", 0) > before[n].get("assigned", 0)
                          for n, c in counters(cluster).items() if n.startswith("prefill")))

@@ -37,7 +37,7 @@ HELD_BY = {"queued_at_prefill": "stall_prefill", "during_transfer": "stall_trans
                               "while_decode_verifies"])
 def test_client_leaves(cluster, state, stream):
     fault = HELD_BY[state]
-    fired, aborts = total(cluster, f"fault_{fault}"), _aborts(cluster)
+    fired, aborts = total(cluster, f"fault_{fault}", fresh=True), _aborts(cluster)
     arm(cluster, fault)
     sock = open_request(cluster, {"prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0, "stream": stream,
                                   "cache_salt": uuid.uuid4().hex})
@@ -52,7 +52,7 @@ def test_client_leaves(cluster, state, stream):
 
 
 def test_client_leaves_while_decoding(cluster):
-    commits, aborts = total(cluster, "commits", "decode"), _aborts(cluster)
+    commits, aborts = total(cluster, "commits", "decode", fresh=True), _aborts(cluster)
     sock = open_request(cluster, {"prompt": "Write a very long essay about rivers.", "max_tokens": 200,
                                   "temperature": 0, "stream": True, "ignore_eos": True})
     try:

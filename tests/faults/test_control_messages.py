@@ -25,7 +25,7 @@ def test_duplicated_control_message_is_dropped(cluster):
 
 @pytest.mark.parametrize("kind", ["prefill_ready", "pages_granted", "transfer_done"])
 def test_lost_control_message_ends_at_the_deadline(cluster, kind):
-    fired = total(cluster, f"fault_lose_{kind}")
+    fired = total(cluster, f"fault_lose_{kind}", fresh=True)
     arm(cluster, f"lose_{kind}")
     expect_error(504, "request_timed_out", greedy, cluster, LONG_PROMPT)
     disarm(cluster)
@@ -34,7 +34,7 @@ def test_lost_control_message_ends_at_the_deadline(cluster, kind):
 
 
 def test_lost_drain_ack_pages_wait_for_the_lease(cluster):
-    expiries = total(cluster, "lease_expiries", "decode")
+    expiries = total(cluster, "lease_expiries", "decode", fresh=True)
     fired = total(cluster, "fault_lose_drain_ack")
     arm(cluster, "corrupt_page", "lose_drain_ack")
     expect_error(500, "kv_transfer_failed", greedy, cluster, LONG_PROMPT)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.disagg.cluster_tools import arm, counters, disarm, wait_for
+from tests.disagg.cluster_tools import arm, counters, disarm, fresh_counters, wait_for
 from tests.faults.checks import LONG_PROMPT, assert_recovered, greedy
 
 
@@ -26,8 +26,8 @@ def _expect_worker_lost(future) -> None:
     assert (e.value.status_code, e.value.body.get("code")) == (503, "worker_lost"), e.value.body
 
 
-def _prefill_counters(cluster) -> dict[str, dict]:
-    return {n: c for n, c in counters(cluster).items() if n.startswith("prefill")}
+def _prefill_counters(cluster, fresh: bool = False) -> dict[str, dict]:
+    return {n: c for n, c in (fresh_counters if fresh else counters)(cluster).items() if n.startswith("prefill")}
 
 
 def _restarted(cluster, name: str, registrations: int) -> None:
@@ -38,7 +38,7 @@ def _restarted(cluster, name: str, registrations: int) -> None:
 
 
 def test_kill_9_prefill_mid_transfer_then_restart(cluster):
-    fired = {n: c.get("fault_stall_transfer", 0) for n, c in _prefill_counters(cluster).items()}
+    fired = {n: c.get("fault_stall_transfer", 0) for n, c in _prefill_counters(cluster, fresh=True).items()}
     registrations = cluster.info()["counters"]["registrations"]
     arm(cluster, "stall_transfer")  # holds the write until we act
     call = _in_background(greedy, cluster, LONG_PROMPT)

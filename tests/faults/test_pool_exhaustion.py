@@ -17,7 +17,7 @@ WAITER = "count " * 150  # ... and ~151 tokens, 10 pages, cannot fit beside it
 def test_full_decode_pool_defers_grants_and_answers_stay_exact(cluster):
     assert DECODE_PAGES == 32
     reference = greedy(cluster, WAITER, max_tokens=4)  # alone (fresh cache salt)
-    deferred, stalls = total(cluster, "grants_deferred", "decode"), total(cluster, "fault_stall_transfer")
+    deferred, stalls = total(cluster, "grants_deferred", "decode", fresh=True), total(cluster, "fault_stall_transfer")
     # The filler's grant is held (its transfer stalls until its client
     # leaves), so its decode worker's pool stays full without computing.
     arm(cluster, "stall_transfer")

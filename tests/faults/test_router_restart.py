@@ -21,7 +21,7 @@ STATES = {
 @pytest.mark.parametrize("state", list(STATES))
 def test_router_kill_9_and_restart(cluster, state):
     body, marker, fault = STATES[state]
-    abandoned = total(cluster, "jobs_abandoned")
+    abandoned = total(cluster, "jobs_abandoned", fresh=True)
     fired = total(cluster, f"fault_{fault}") if fault else 0
     if fault:
         arm(cluster, fault)

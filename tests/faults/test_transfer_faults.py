@@ -12,7 +12,7 @@ from tests.faults.checks import LONG_PROMPT, assert_recovered, expect_error, gre
 
 @pytest.mark.parametrize("fault", ["corrupt_page", "wrong_pages", "short_transfer", "stale_generation"])
 def test_bad_kv_is_refused_by_decode(cluster, fault):
-    fired, refused = total(cluster, f"fault_{fault}"), total(cluster, "coverage_failures", "decode")
+    fired, refused = total(cluster, f"fault_{fault}", fresh=True), total(cluster, "coverage_failures", "decode")
     arm(cluster, fault)
     expect_error(500, "kv_transfer_failed", greedy, cluster, LONG_PROMPT)  # (a) nothing decoded on it
     disarm(cluster)
@@ -23,7 +23,7 @@ def test_bad_kv_is_refused_by_decode(cluster, fault):
 
 def test_slow_transfer_gives_the_fault_free_answer(cluster):
     reference = greedy(cluster, LONG_PROMPT, salt=uuid.uuid4().hex)
-    fired = total(cluster, "fault_slow_transfer")
+    fired = total(cluster, "fault_slow_transfer", fresh=True)
     arm(cluster, "slow_transfer")
     assert greedy(cluster, LONG_PROMPT, salt=uuid.uuid4().hex) == reference  # (a) correct, only later
     disarm(cluster)
@@ -34,7 +34,7 @@ def test_slow_transfer_gives_the_fault_free_answer(cluster):
 def test_writer_that_misses_its_write_window_writes_nothing(cluster):
     # write_within_s after the grant, decode may already count on the pages
     # being untouched (its lease starts from the grant): a late writer backs off.
-    fired, skipped = total(cluster, "fault_stall_past_grant"), total(cluster, "transfers_skipped", "prefill")
+    fired, skipped = total(cluster, "fault_stall_past_grant", fresh=True), total(cluster, "transfers_skipped", "prefill")
     arm(cluster, "stall_past_grant")
     expect_error(500, "kv_transfer_failed", greedy, cluster, LONG_PROMPT)
     disarm(cluster)
@@ -46,7 +46,7 @@ def test_writer_that_misses_its_write_window_writes_nothing(cluster):
 def test_transfer_stalled_past_the_request_deadline(cluster):
     # The stalled write lands only after the router's 504 finalized the
     # request; decode keeps the pages fenced until prefill's drain ack.
-    fired = total(cluster, "fault_stall_transfer")
+    fired = total(cluster, "fault_stall_transfer", fresh=True)
     arm(cluster, "stall_transfer")
     expect_error(504, "request_timed_out", greedy, cluster, LONG_PROMPT)
     disarm(cluster)
