@@ -10,15 +10,18 @@ request when the last one ends), ~256-token prompts, 128 output tokens,
 greedy, streaming (so time to first token is measured), every request made
 to produce exactly the requested number of tokens. Systems, one at a time:
 
-  bulkhead             colocated, every isolation guard on (the baseline)
+  bulkhead             colocated, every isolation guard on (the baseline); for the
+                       bundled 4-bit SmolLM2 its decode takes int4 weights
+  bulkhead-fp32        the same with fp32 linear layers throughout: the exact model
   bulkhead-disagg      router + 1 prefill + 1 decode process, guards on
   bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):
                        no scrub, transfer digests or per-step checks
   transformers         `generate` over static batches of the concurrency's size
   llama-cpp            llama-cpp-python's OpenAI server on the model's GGUF
                        (optional: bench/setup_llama.sh builds it)
-  vllm                 vLLM's CPU build (optional: bench/setup_vllm.sh); it binds
-                       beyond loopback, so it runs in a private network namespace
+  vllm                 vLLM's CPU build, fp32 (optional: bench/setup_vllm.sh); it
+                       binds beyond loopback, so it runs in a private network namespace
+  vllm-bf16            the same in bf16, vLLM's CPU default where AVX-512 BF16 exists
 
 Prints one table per concurrency (output tok/s, median and p99 TTFT, median
 TPOT, peak RSS of the server's processes), each figure also as a ratio to
@@ -47,7 +50,8 @@ from bench.memory import PeakMemory  # noqa: E402
 from bench.workload import Prompt, make_prompts, run_level, summarise  # noqa: E402
 
 # Guards on and off run back to back: the guard cost is their ratio, on a machine whose load drifts.
-SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-disagg", "transformers", "llama-cpp", "vllm")
+SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-fp32", "bulkhead-disagg", "transformers", "llama-cpp", "vllm",
+           "vllm-bf16")
 IN_NETNS = "BULKHEAD_BENCH_NETNS"  # set inside the namespace the vLLM run makes for itself
 PREFILL_TOKENS = 4096
 
@@ -175,11 +179,11 @@ class Harness:
             raise RuntimeError(f"{cmd[1]} exited with {proc.returncode}:\n{err[-3000:]}")
         return json.loads(out.strip().splitlines()[-1]), peak
 
-    def run_vllm(self, python: Path) -> None:
+    def run_vllm(self, name: str, python: Path) -> None:
         if os.environ.get(IN_NETNS):
-            self.run_server("vllm", systems.vllm(python, self.settings, self.args.vllm_args.split()))
+            self.run_server(name, systems.vllm(name, python, self.settings, self.args.vllm_args.split()))
             return
-        merged = self.run_in_netns(["--systems", "vllm", "--vllm-python", str(python),
+        merged = self.run_in_netns(["--systems", name, "--vllm-python", str(python),
                                     f"--vllm-args={self.args.vllm_args}"])
         for key, target in (("levels", self.levels), ("raw", self.raw)):
             for system, by_c in merged[key].items():
@@ -212,11 +216,13 @@ class Harness:
         optional = {"llama-cpp": (systems.venv_python(a.llama_python, ".venv-llama"), "llama_cpp.server",
                                   "bench/setup_llama.sh, ~11 min of both cores"),
                     "vllm": (systems.venv_python(a.vllm_python, ".venv-vllm"), "vllm", "bench/setup_vllm.sh")}
+        optional["vllm-bf16"] = optional["vllm"]
         for system, (python, module, setup) in optional.items():
             if system not in a.systems:
                 continue
             problem = systems.import_problem(python, module, setup)
-            if problem is None and system == "vllm" and not os.environ.get(IN_NETNS) and not shutil.which("unshare"):
+            if problem is None and system.startswith("vllm") and not os.environ.get(IN_NETNS) \
+                    and not shutil.which("unshare"):
                 problem = "`unshare` is missing, and vLLM binds beyond loopback"
             if problem:
                 self.skipped[system] = problem
@@ -238,8 +244,8 @@ class Harness:
                     self.run_transformers()
                 elif system == "llama-cpp":
                     self.run_server(system, systems.llama_cpp(optional[system], self.settings))
-                elif system == "vllm":
-                    self.run_vllm(optional[system])
+                elif system.startswith("vllm"):
+                    self.run_vllm(system, optional[system])
             except Exception as e:  # one peer failing must not lose the others' figures
                 self.failed[system] = f"{type(e).__name__}: {e}"[:2000]
                 print(f"{system}: FAILED: {self.failed[system]}", flush=True)

@@ -47,6 +47,9 @@ class Settings:
 
 BULKHEAD_FLAGS = {
     "bulkhead": ["--role", "colocated"],
+    # The exact fp32 model: oneDNN fp32 linear layers for decode too (the
+    # default takes int4 ones for the bundled 4-bit SmolLM2).
+    "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn"],
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
     # Benchmark only: the guard cost is this system against "bulkhead".
     "bulkhead-no-guards": ["--role", "colocated", "--unsafe-no-guards"],
@@ -117,19 +120,24 @@ def child_server(name: str, cmd: list[str], env: dict, url: str, s: Settings, ti
                 proc.wait()
 
 
+VLLM_DTYPES = {"vllm": "float32", "vllm-bf16": "bfloat16"}
+
+
 @contextlib.contextmanager
-def vllm(python: Path, s: Settings, extra_args: list[str]):
+def vllm(name: str, python: Path, s: Settings, extra_args: list[str]):
     """vLLM's CPU build (bench/setup_vllm.sh). It binds beyond loopback: the
-    harness runs it only inside a private network namespace (peers.py)."""
+    harness runs it only inside a private network namespace (peers.py).
+    "vllm" runs fp32 as bulkhead-fp32 and transformers do; "vllm-bf16" in
+    bf16, its CPU default where the CPU has AVX-512 BF16, as this one does."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir),
            "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
-    # fp32 as bulkhead and transformers run here; the same KV budget as bulkhead's.
+           "--dtype", VLLM_DTYPES[name], "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
+    # The same KV budget as bulkhead's.
     env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_memory_gib)))}
     # Its first start compiles kernels: minutes on two cores, many more on busy ones.
-    with child_server("vllm", cmd, env, url, s, timeout=1800) as proc:
+    with child_server(name, cmd, env, url, s, timeout=1800) as proc:
         yield Running(Endpoint(url, "bench"), proc.pid, {})
 
 

@@ -20,8 +20,9 @@ from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed, scrub_released
-from bulkhead.model import linear_kernel
-from bulkhead.model.loader import load_model
+from bulkhead.model import decode_kernel, linear_kernel
+from bulkhead.model.llama import LlamaModel
+from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -34,8 +35,8 @@ GUARDS_OFF_WARNING = (
 )
 
 
-# Prefill row counts are rounded up to this with the oneDNN kernel, which
-# caches a compiled kernel per row count (RunnerConfig.prefill_row_bucket).
+# Prefill row counts are rounded up to this with the oneDNN kernels, which
+# cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket).
 PREFILL_ROW_BUCKET = 32
 
 
@@ -58,9 +59,13 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
-    # "auto": oneDNN over weights laid out at load where this torch build
-    # runs it, else F.linear (bulkhead.model.linear_kernel).
+    # "auto": int4 decode over weights that are 4-bit already (the bundled
+    # Q4_1 SmolLM2), else oneDNN fp32 where this torch build runs it, else
+    # F.linear (bulkhead.model.linear_kernel).
     linear_kernel: str = "auto"
+    # "auto": the C kernel that reads decode KV in place where it compiles
+    # here, else torch (bulkhead.model.decode_kernel).
+    decode_attention: str = "auto"
     prefix_cache: bool = False
     # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
     # guards — scrub on free, transfer digests, the runner's per-step ownership
@@ -71,6 +76,9 @@ class EngineConfig:
     def __post_init__(self):
         if self.linear_kernel not in linear_kernel.KERNELS:
             raise ValueError(f"linear_kernel must be one of {linear_kernel.KERNELS}, not {self.linear_kernel!r}")
+        if self.decode_attention not in decode_kernel.CHOICES:
+            raise ValueError(f"decode_attention must be one of {decode_kernel.CHOICES}, "
+                             f"not {self.decode_attention!r}")
 
 
 @dataclass
@@ -84,6 +92,7 @@ class BuiltEngine:
     model_config: object  # bulkhead.model.config.ModelConfig
     decode_row_multiple: int = 0  # measured at start-up; 0 = tiles of config.decode_tile
     linear_kernel: str = "aten"  # what "auto" resolved to
+    decode_attention: str = "torch"  # what "auto" resolved to
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -95,9 +104,12 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
-    kernel = linear_kernel.choose(cfg.linear_kernel, dtype)
-    model = load_model(cfg.model_dir, dtype=dtype, linear_kernel=kernel)
-    mc = model.config
+    mc, weights = load_weights(cfg.model_dir, dtype)
+    kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights)
+    attention = decode_kernel.choose(cfg.decode_attention, cfg.dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
+                                     cfg.page_size)
+    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel), attention)
+    del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, cfg.dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
     # The gate runs before the pool is allocated: a misconfigured worker fails fast.
@@ -132,19 +144,19 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     )
     row_multiple = _decode_row_multiple(model, cfg)
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
-                                 prefill_row_bucket=PREFILL_ROW_BUCKET if kernel == "onednn" else 0,
+                                 prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
     runner = ModelRunner(model, pool, ledger, runner_config)
     engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,
                     faults=faults)
     log.info(
-        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s",
-        num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
-        cfg.dtype, cfg.scrub_mode, decision.context_length, kernel,
+        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
+        "decode attention %s", num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
+        cfg.dtype, cfg.scrub_mode, decision.context_length, kernel, attention,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention)
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:
@@ -155,7 +167,7 @@ def _decode_row_multiple(model, cfg: EngineConfig) -> int:
     w = model.weights
     layer = w.layers[0]
     weights = [layer.qkv, layer.o, layer.gate_up, layer.down, w.lm_head]
-    multiple = invariant_row_multiple(weights, cfg.max_running)
+    multiple = invariant_row_multiple(weights, cfg.max_running, dtype=model.dtype)
     if multiple is None:
         log.info("decode: no row count is batch-invariant on this CPU; tiles of %d rows", cfg.decode_tile)
         return 0

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+# How K is laid out inside a page (bulkhead.kv.pool.KVPool); workers whose
+# pages differ here cannot exchange KV, so /server_info shows it and the
+# router's pairing gate compares it.
+K_PAGE_ORDER = "kv_heads,head_dim,positions"
+
+
 @dataclass(frozen=True)
 class KVLayout:
     num_layers: int

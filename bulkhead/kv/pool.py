@@ -18,6 +18,13 @@ def pool_shape(layout: KVLayout, num_pages: int) -> tuple[int, ...]:
 class KVPool:
     """data: [num_layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim].
 
+    Inside a page, V is stored position-major as that shape says, and K
+    head-dim-major: [kv_heads, head_dim, page_size] (layer_views gives both
+    their real shapes). Decode attention then reads a page's K as rows of
+    consecutive positions, which is what lets the C kernel compute 16 scores
+    per vector instruction (bulkhead/model/csrc). Everything outside the
+    model (transfers, digests, scrubbing) treats a page as opaque bytes.
+
     Freed pages are scrubbed before the ledger may hand them out again:
     "zero" in production; "poison" fills them with NaN so that any read of KV
     this request did not write shows up as NaN logits in tests.
@@ -50,8 +57,11 @@ class KVPool:
         return self.num_pages * self.layout.page_size
 
     def layer_views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(k, v) per layer, each [num_pages, page_size, kv_heads, head_dim], sharing storage."""
-        return [(self.data[i, 0], self.data[i, 1]) for i in range(self.layout.num_layers)]
+        """(k, v) per layer, sharing storage: k [num_pages, kv_heads, head_dim,
+        page_size], v [num_pages, page_size, kv_heads, head_dim]."""
+        lay = self.layout
+        k_shape = (self.num_pages, lay.num_kv_heads, lay.head_dim, lay.page_size)
+        return [(self.data[i, 0].view(k_shape), self.data[i, 1]) for i in range(lay.num_layers)]
 
     def scrub(self, pages: list[int]) -> None:
         if not pages:

@@ -51,3 +51,11 @@ class PagedBatch:
     # its batch (the isolation oracle needs batch-invariant greedy output).
     # 0 = one matmul over all rows.
     row_tile: int = 0
+    # Every row is a decode row (one per request): the linear layers take
+    # their decode kernel (bulkhead.model.linear_kernel.Linear).
+    decode: bool = False
+    # Decode steps, for the C attention kernel: per sequence, where its pages
+    # start in `pages`, and its kv_len. [S] int64 each; None otherwise.
+    decode_page_offset: torch.Tensor | None = None
+    decode_kv_len: torch.Tensor | None = None
+

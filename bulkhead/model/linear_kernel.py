@@ -1,17 +1,40 @@
-"""Which kernel runs the linear layers: oneDNN over weights reordered once at
-load, or PyTorch's default (`F.linear`, MKL's sgemm on x86 builds).
+"""Which kernel runs the linear layers, and the weights laid out for it.
+
+| kernel | prefill | decode | weights held |
+|---|---|---|---|
+| `aten` | `F.linear` (MKL sgemm), fp32 | same | fp32 |
+| `onednn` | oneDNN over a laid-out fp32 weight | same | fp32 |
+| `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
+| `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
+
+`auto` is `int4` for weights that already lie on a 4-bit grid (a Q4_0 or
+Q4_1 GGUF, such as the bundled SmolLM2; `on_4bit_grid`), where this build
+runs it; otherwise `onednn` where this build runs it, else `aten`, the exact
+fp32 model. `int4` and `onednn-bf16` are not the exact fp32 model and say so
+in `/server_info`; everything around the matmuls (norms, rotary, attention,
+the KV cache, sampling, the lm_head) stays fp32, and each matmul's output
+returns to fp32.
 
 Why oneDNN: on this project's 2-core AMD EPYC machine MKL's sgemm runs the
-whole model's linear layers 3.7x slower at 4 rows (49 vs 13 ms per decode
-step, weights cycling through memory) and 2-2.5x slower at prefill sizes than
-oneDNN's kernel over a weight laid out for it ahead of time, which is also
-what vLLM's CPU build runs. The reorder is done once per weight when the
-model is built; the laid-out copy replaces the plain one, so it costs no
-memory (except a tied lm_head, whose embedding stays for token lookup).
+whole model's linear layers 3.7x slower at 4 rows than oneDNN's kernel over a
+weight laid out for it ahead of time, which is also what vLLM's CPU build
+runs. Why bf16: the CPU has AVX-512 BF16, where oneDNN's bf16 GEMM reads half
+the bytes and runs 1.7-2x faster than its fp32 one, at prefill sizes too.
+Why int4 for decode only: a decode step reads every weight for a handful of
+rows, so it is bound by memory, and 4-bit weights read 8x fewer bytes than
+fp32 (4.8 vs 24 ms for SmolLM2's layers at 1 row, measured); torch's int4
+kernel computes slower than oneDNN past ~16 rows, and a prompt's pass makes
+its first token, so prompts stay exact fp32 (with bf16 prompts, the README's
+question, 0.08 nats from a tie in fp32, was answered in French). The bundled
+SmolLM2 ships as Q4_1 (4-bit, groups of 32), so its linear weights are 4-bit
+to begin with (`on_4bit_grid`).
 
-Batch invariance is not assumed of either kernel: the engine measures at
-start-up, through `linear` below, which decode row counts give a row the
-same numbers whatever its batch-mates (bulkhead.model.row_invariance).
+Batch invariance is not assumed of any kernel: the engine measures at
+start-up, through the decode path of these weights, which decode row counts
+give a row the same numbers whatever its batch-mates
+(bulkhead.model.row_invariance). A request's decode rows always take the
+decode kernel, whatever the batch size, so the choice itself never depends on
+batch-mates.
 """
 
 from __future__ import annotations
@@ -24,20 +47,89 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten")
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4")
+# What /server_info says each kernel computes in.
+MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16", "int4": "bf16 (int4 decode weights)"}
 
 # The row count oneDNN lays a weight out for; any count runs on it. Measured
 # here with the check of bulkhead.model.row_invariance over the model's
 # shapes, hints 1, 4 and 16 all give R = 2 (a 1-row result differs from the
 # same row in a bigger batch); 16 is the decode batch this is tuned for.
 ROWS_HINT = 16
+INT4_GROUP = 32  # input features per scale/zero pair, as Q4_0/Q4_1 GGUF weights have
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T + b, by whichever kernel the weight was prepared for."""
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    return F.linear(x, w, b)
+class Linear:
+    """One linear layer's weight, prepared for a kernel: `layer(x, b,
+    decode)` is x @ w.T + b in x's dtype. `decode` says the rows are decode
+    rows (one per request), which some kernels run differently; a caller
+    must pass it by phase, never by row count, so that a request's kernel
+    does not depend on how many others share its step."""
+
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None, decode: bool = False) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class AtenLinear(Linear):
+    def __init__(self, w: torch.Tensor):
+        self.w = w.contiguous()
+        self.out_features, self.in_features = w.shape
+
+    def __call__(self, x, b=None, decode=False):
+        return F.linear(x, self.w, b)
+
+
+class OneDNNLinear(Linear):
+    """oneDNN's linear over a weight reordered once for it, computing in
+    `dtype` (fp32, or bf16 with fp32 accumulation)."""
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
+        self.out_features, self.in_features = w.shape
+        self.w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype), ROWS_HINT)
+
+    def __call__(self, x, b=None, decode=False):
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.w, None if b is None else b.to(self.dtype),
+                                               "none", [], "")
+        return y.to(x.dtype)
+
+
+class Int4Linear(Linear):
+    """Decode rows through torch's int4 weight-only kernel (bf16 activations);
+    other rows through `prefill` (a oneDNN layer over the same weight).
+
+    Quantization: per group of INT4_GROUP input features, asymmetric over
+    [min, max] in 16 steps, as GGUF's Q4_1 does: w ~ (q - 8) * scale + zero.
+    scale and zero are rounded to bf16 (the kernel's format) before q is
+    chosen, so q is the nearest step of the grid the kernel will use."""
+
+    def __init__(self, w: torch.Tensor, prefill: Linear):
+        self.prefill = prefill
+        self.out_features, self.in_features = w.shape
+        n, k = w.shape
+        groups = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny).bfloat16()
+        zero = (lo + 8 * scale.float()).bfloat16()
+        q = torch.round((groups - zero.float()) / scale.float() + 8).clamp_(0, 15).to(torch.int32).reshape(n, k)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # [N, K / 2] uint8
+        self.scale_zero = torch.stack([scale.squeeze(-1).t(), zero.squeeze(-1).t()], -1).contiguous()  # [K/G, N, 2]
+
+    @staticmethod
+    def fits(w: torch.Tensor) -> bool:
+        """The kernel's shape rules: whole groups along the input, N a multiple of 16."""
+        return w.shape[1] % INT4_GROUP == 0 and w.shape[0] % 16 == 0
+
+    def __call__(self, x, b=None, decode=False):
+        if not decode:
+            return self.prefill(x, b)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, INT4_GROUP, self.scale_zero)
+        if b is not None:
+            y = y + b.bfloat16()
+        return y.to(x.dtype)
 
 
 def onednn_usable(dtype: torch.dtype) -> bool:
@@ -45,19 +137,57 @@ def onednn_usable(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=dtype), ROWS_HINT)
-        y = linear(torch.ones(2, 8, dtype=dtype), w)
+        y = OneDNNLinear(torch.ones(8, 8), dtype)(torch.ones(2, 8))
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     return bool(torch.all(y == 8))
 
 
-def choose(kernel: str, dtype: torch.dtype) -> str:
-    """Resolve "auto" to a kernel this build can run."""
+def int4_usable() -> bool:
+    """This torch build has the CPU int4 weight-only kernel."""
+    try:
+        w = torch.ones(16, INT4_GROUP)
+        y = Int4Linear(w, AtenLinear(w))(torch.ones(2, INT4_GROUP), decode=True)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(y, torch.full_like(y, INT4_GROUP)))
+
+
+def on_4bit_grid(weights) -> bool:
+    """Every linear weight the int4 kernel would take holds, in each group of
+    INT4_GROUP inputs, only values of a 16-step grid from the group's min to
+    its max (to 1e-3 of a step): 4-bit weights dequantized, so int4 loses
+    nothing but the rounding of scale and zero to bf16."""
+    for layer in weights.layers:
+        for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            if not Int4Linear.fits(w):
+                return False
+            groups = w.float().reshape(w.shape[0], -1, INT4_GROUP)
+            lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            step = (hi - lo) / 15
+            off_grid = (groups - lo - torch.round((groups - lo) / step.clamp_min(1e-30)) * step).abs()
+            if bool((off_grid > 1e-3 * step + 1e-7 * groups.abs()).any()):
+                return False
+    return True
+
+
+def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
+    """Resolve "auto" to a kernel this build can run (int4 only for weights
+    given and on a 4-bit grid); refuse one it cannot run."""
     if kernel not in KERNELS:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
+    if kernel == "auto" and weights is not None and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
+            and int4_usable() and on_4bit_grid(weights):
+        log.info("linear weights lie on a 4-bit grid: int4 decode kernel")
+        return "int4"
+    if kernel in ("onednn-bf16", "int4"):
+        if not onednn_usable(torch.bfloat16):
+            raise RuntimeError(f"--linear-kernel {kernel}: this torch build cannot run oneDNN bf16 linear layers")
+        if kernel == "int4" and not int4_usable():
+            raise RuntimeError("--linear-kernel int4: this torch build has no CPU int4 weight-only kernel")
+        return kernel
     if onednn_usable(dtype):
         return "onednn"
     if kernel == "onednn":
@@ -66,19 +196,32 @@ def choose(kernel: str, dtype: torch.dtype) -> str:
     return "aten"
 
 
-def lay_out(w: torch.Tensor) -> torch.Tensor:
-    """A [out, in] weight laid out for oneDNN's linear (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROWS_HINT)
+def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
+    """One [out, in] weight laid out for a chosen kernel."""
+    if kernel == "aten":
+        return AtenLinear(w)
+    if kernel == "onednn":
+        return OneDNNLinear(w, w.dtype)
+    if kernel == "onednn-bf16":
+        return OneDNNLinear(w, torch.bfloat16)
+    if kernel == "int4":
+        prefill = OneDNNLinear(w, w.dtype)
+        return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
+    raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
 def prepare(weights, kernel: str):
     """The model's weights with every linear layer's laid out for `kernel`
-    (a ModelWeights; returned as a new one, the input is not changed)."""
-    if kernel == "aten":
-        return weights
-    if kernel != "onednn":
-        raise ValueError(f"prepare() takes a chosen kernel, aten or onednn, not {kernel!r} (see choose())")
-    layers = [dataclasses.replace(layer, qkv=lay_out(layer.qkv), o=lay_out(layer.o),
-                                  gate_up=lay_out(layer.gate_up), down=lay_out(layer.down))
+    (a ModelWeights; returned as a new one, the input is not changed). The
+    laid-out copy replaces the plain one, except for a tied lm_head, whose
+    embedding stays for token lookup.
+
+    lm_head stays fp32 on every kernel: its outputs are the logits, and bf16
+    keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured on the
+    README's question: fp32 puts "The" 0.08 nats above "L"; with a bf16
+    lm_head they tie and greedy decoding answers in French."""
+    layers = [dataclasses.replace(layer, qkv=prepare_one(layer.qkv, kernel), o=prepare_one(layer.o, kernel),
+                                  gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
               for layer in weights.layers]
-    return dataclasses.replace(weights, layers=layers, lm_head=lay_out(weights.lm_head))
+    head_kernel = "onednn" if kernel in ("onednn-bf16", "int4") else kernel
+    return dataclasses.replace(weights, layers=layers, lm_head=prepare_one(weights.lm_head, head_kernel))

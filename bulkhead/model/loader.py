@@ -55,10 +55,16 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
     return ModelWeights(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten") -> LlamaModel:
-    """linear_kernel: "aten" (F.linear) or "onednn" (weights laid out once
-    for oneDNN, see bulkhead.model.linear_kernel)."""
+def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, ModelWeights]:
+    """The config and the plain (not yet laid-out) weights of a directory."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
-    weights = build_weights(config, _read_tensors(model_dir), dtype)
-    return LlamaModel(config, prepare(weights, linear_kernel))
+    return config, build_weights(config, _read_tensors(model_dir), dtype)
+
+
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten",
+               decode_attention: str = "torch") -> LlamaModel:
+    """linear_kernel: a chosen kernel of bulkhead.model.linear_kernel ("aten",
+    "onednn", ...); decode_attention: "c" or "torch" (LlamaModel)."""
+    config, weights = load_weights(model_dir, dtype)
+    return LlamaModel(config, prepare(weights, linear_kernel), decode_attention)

@@ -14,8 +14,10 @@ from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.engine import RequestOutput
+from bulkhead.kv.layout import K_PAGE_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
+from bulkhead.model.linear_kernel import MATMUL_PRECISION
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
@@ -106,7 +108,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "pages_allocated_total": ledger.pages_allocated,
         "kv_dtype": cfg.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
-                      "head_dim": built.layout.head_dim},
+                      "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER},
         "vocab_size": limits.vocab_size,
         "scrub_mode": cfg.scrub_mode,
         "max_running_requests": cfg.max_running,
@@ -114,6 +116,8 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "linear_kernel": built.linear_kernel,
+        "matmul_precision": MATMUL_PRECISION[built.linear_kernel],
+        "decode_attention": built.decode_attention,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.

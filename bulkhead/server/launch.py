@@ -12,7 +12,7 @@ from pathlib import Path
 from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import linear_kernel
+from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -47,8 +47,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
-                   help="linear layers: oneDNN over weights laid out at load (auto: where this torch build has it) "
-                        "or aten's F.linear")
+                   help="linear layers: auto = oneDNN fp32 over weights laid out at load where this torch build "
+                        "has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = 4-bit "
+                        "weights for decode, bf16 for prompts (docs/performance.md)")
+    p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
+                   help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
+                        "machine), torch = gather pages and SDPA per request; auto = c where it builds")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
                    help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
                         "make greedy output depend on which request filled the cache)")
@@ -77,6 +81,7 @@ def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
+        decode_attention=args.decode_attention,
         guards=not args.unsafe_no_guards,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and args.role == "prefill"),
     )

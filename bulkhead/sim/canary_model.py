@@ -41,26 +41,28 @@ class CanaryModel:
         n = len(slots)
         tokens = batch.token_ids.numpy()
         positions = batch.positions.numpy()[:n]
-        flat = [(k.numpy().reshape(-1, k.shape[2] * k.shape[3]), v.numpy().reshape(-1, v.shape[2] * v.shape[3]))
-                for k, v in layers]  # each [pages * page_size, kv_heads * head_dim]
-        for k, v in flat:
-            k[slots] = tokens[:n, None]
-            v[slots] = positions[:, None]
-        page_size = layers[0][0].shape[1]
+        page_size = layers[0][1].shape[1]
+        # Position-major numpy views of the same storage, [pages, page_size, kv_heads, head_dim]
+        # (K is stored head-dim-major inside a page: bulkhead.kv.pool.KVPool).
+        views = [(k.numpy().transpose(0, 3, 1, 2), v.numpy()) for k, v in layers]
+        for k, v in views:
+            k[slots // page_size, slots % page_size] = tokens[:n, None, None]
+            v[slots // page_size, slots % page_size] = positions[:, None, None]
         pages = batch.pages.numpy()
         for seq in batch.sequences:
             self._check_read(int(tokens[seq.row_end - 1]), pages[seq.page_offset : seq.page_offset + seq.num_pages],
-                             seq.kv_len, flat, page_size)
+                             seq.kv_len, views, page_size)
         rows = batch.logit_rows
         logits = torch.zeros(len(rows), self.vocab_size)
         logits[torch.arange(len(rows)), batch.token_ids[rows]] = 1.0  # the canary predicts itself
         return logits
 
-    def _check_read(self, canary: int, pages: np.ndarray, kv_len: int, flat, page_size: int) -> None:
+    def _check_read(self, canary: int, pages: np.ndarray, kv_len: int, views, page_size: int) -> None:
         pos = np.arange(kv_len)
-        slots = pages[pos // page_size] * page_size + pos % page_size  # [kv_len]
-        for k, v in flat:
-            seen_k, seen_v = k[slots], v[slots]  # [kv_len, heads * dim]
+        page, offset = pages[pos // page_size], pos % page_size  # [kv_len] each
+        for k, v in views:
+            seen_k = k[page, offset].reshape(kv_len, -1)  # [kv_len, heads * dim]
+            seen_v = v[page, offset].reshape(kv_len, -1)
             bad = ((seen_k != canary) | (seen_v != pos[:, None])).any(axis=1)
             if bad.any():
                 i = int(bad.nonzero()[0][0])

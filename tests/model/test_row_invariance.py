@@ -4,7 +4,7 @@ linear kernel the model can run (bulkhead.model.linear_kernel)."""
 import pytest
 import torch
 
-from bulkhead.model.linear_kernel import lay_out, linear, onednn_usable
+from bulkhead.model.linear_kernel import int4_usable, onednn_usable, prepare_one
 from bulkhead.model.row_invariance import invariant_row_multiple
 
 # SmolLM2-135M's linear shapes: fused qkv, o, fused gate/up, down, lm_head.
@@ -14,16 +14,27 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
 MAX_ROWS = 16
 
 
-@pytest.fixture(scope="module", params=["aten", pytest.param("onednn", marks=pytest.mark.skipif(
-    not onednn_usable(torch.float32), reason="this torch build has no oneDNN linear"))])
+def _needs(usable: bool, what: str):
+    return pytest.mark.skipif(not usable, reason=f"this torch build has no {what}")
+
+
+@pytest.fixture(scope="module", params=[
+    "aten",
+    pytest.param("onednn", marks=_needs(onednn_usable(torch.float32), "oneDNN linear")),
+    pytest.param("onednn-bf16", marks=_needs(onednn_usable(torch.bfloat16), "oneDNN bf16 linear")),
+    pytest.param("int4", marks=_needs(onednn_usable(torch.bfloat16) and int4_usable(), "CPU int4 kernel")),
+])
 def kernel(request):
     return request.param
 
 
 def weights(seed: int, kernel: str):
     gen = torch.Generator().manual_seed(seed)
-    plain = [torch.randn(shape, generator=gen) for shape in SHAPES]
-    return [lay_out(w) for w in plain] if kernel == "onednn" else plain
+    return [prepare_one(torch.randn(shape, generator=gen), kernel) for shape in SHAPES]
+
+
+def linear(x, layer):
+    return layer(x, decode=True)  # the rows the measurement is about
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +50,10 @@ def test_the_measured_multiple_holds_for_other_weights_and_inputs(measured, kern
         pytest.skip("no batch-invariant row multiple on this CPU: the engine falls back to fixed tiles")
     gen = torch.Generator().manual_seed(1)
     for w in weights(2, kernel):
-        x = torch.randn(MAX_ROWS, w.shape[1], generator=gen)
-        alone = [linear(torch.cat([x[i : i + 1], x.new_zeros(r - 1, w.shape[1])]), w)[0] for i in range(MAX_ROWS)]
+        x = torch.randn(MAX_ROWS, w.in_features, generator=gen)
+        alone = [linear(torch.cat([x[i : i + 1], x.new_zeros(r - 1, w.in_features)]), w)[0] for i in range(MAX_ROWS)]
         for m in range(r, MAX_ROWS + 1, r):
-            assert torch.equal(linear(x[:m], w), torch.stack(alone[:m])), (w.shape, m)
+            assert torch.equal(linear(x[:m], w), torch.stack(alone[:m])), (w.out_features, m)
 
 
 def test_smaller_multiples_are_refused_because_rows_really_differ_there(measured, kernel):

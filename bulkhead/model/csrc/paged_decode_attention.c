@@ -1,0 +1,264 @@
+/* Decode attention read straight from the paged KV pool: one query row per
+ * request, every position below the request's kv_len, nothing else.
+ *
+ * Why C: torch has no CPU paged-attention kernel. Without one, each decode
+ * step copies every request's pages out of the pool (index_select) and calls
+ * SDPA once per request and layer; on this project's 2-core machine that was
+ * about half of a 16-request step. Batched SDPA over padded rows was tried
+ * and is not batch-invariant at 2 threads (its work split depends on the
+ * batch size), which the isolation oracle forbids.
+ *
+ * Batch invariance by construction: one work item is (request, kv head); a
+ * single thread computes it, in a fixed order over positions and lanes, from
+ * that request's own pages only. Which thread takes it, and which other
+ * requests share the step, cannot change its numbers.
+ *
+ * Fail closed: a page id outside the pool, or a page list longer than the
+ * table, stops the call (returns the request's index + 1, and the caller
+ * raises) before any KV byte is read; a NaN score
+ * (poisoned KV) or NaN value yields NaN output, which the runner's finite
+ * check turns into a failed request. No -ffast-math, for that reason.
+ *
+ * Layouts (float32, contiguous; bulkhead.kv.pool.KVPool):
+ *   q, out        [B, H, hd]
+ *   k_pool        [num_pages, KVH, hd, page_size]   (one layer's view)
+ *   v_pool        [num_pages, page_size, KVH, hd]
+ *   pages         int64, each request's page ids in position order, concatenated
+ *   page_offset   int64 [B], where request b's ids start in `pages`
+ *   kv_len        int64 [B], positions written (the watermark)
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LANES 16
+#define MAX_GROUP 16   /* query heads per kv head */
+#define MAX_HEAD_DIM 256
+#define MAX_PAGE 256
+
+typedef struct {
+    const float *q, *k, *v;
+    const int64_t *pages, *page_offset, *kv_len;
+    float *out;
+    int64_t num_pool_pages, table_len;
+    int B, H, KVH, hd, page_size, threads;
+    float scale;
+} Args;
+
+/* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), a degree-6
+ * polynomial on [-ln2/2, ln2/2]; relative error < 2e-7; 0 below -87. Plain
+ * arithmetic without branches or libm calls, so that it vectorises. */
+static inline float exp_neg(float x) {
+    const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f, shifter = 12582912.0f; /* 1.5 * 2^23 */
+    float under = x < -87.0f ? 0.0f : 1.0f;
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * log2e + shifter) - shifter;  /* round to nearest, in the default rounding mode */
+    float r = x - n * ln2;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union { float f; int32_t i; } scale2 = { .i = ((int32_t)n + 127) << 23 };
+    return p * scale2.f * under;
+}
+
+static int check_pages(const Args *a, int b) {
+    int64_t used = (a->kv_len[b] + a->page_size - 1) / a->page_size;
+    if (a->page_offset[b] < 0 || a->page_offset[b] + used > a->table_len) return 0;  /* ids past the table */
+    for (int64_t i = 0; i < used; i++) {
+        int64_t page = a->pages[a->page_offset[b] + i];
+        if (page < 0 || page >= a->num_pool_pages) return 0;
+    }
+    return 1;
+}
+
+static void one_item(const Args *a, int b, int kvh, float *scores) {
+#if defined(HEAD_DIM) && defined(GROUP) && defined(PAGE_SIZE)
+    /* compiled for this model: loop bounds are constants, accumulators stay in registers */
+    const int hd = HEAD_DIM, G = GROUP, ps = PAGE_SIZE;
+#else
+    const int hd = a->hd, G = a->H / a->KVH, ps = a->page_size;
+#endif
+    const int64_t len = a->kv_len[b], stride = len + 1;      /* a score row, and its 1 / sum */
+    const int64_t row_stride = (int64_t)a->KVH * hd;         /* V: floats per position */
+    const int64_t page_stride = (int64_t)ps * row_stride;    /* floats per page, K or V */
+    const float *q = a->q + ((int64_t)b * a->H + (int64_t)kvh * G) * hd;
+    const int64_t *pages = a->pages + a->page_offset[b];
+    const int64_t used = (len + ps - 1) / ps;
+
+    /* scores[g][l] = scale * q_g . k_l, a page at a time. A page's K for one
+     * kv head is [hd][ps]: row d holds dimension d of every position, so one
+     * vector FMA adds q[d] * k[d] to ps scores at once, in the order d = 0,
+     * 1, ... for every score (a fixed order, whatever the batch). */
+    for (int64_t pi = 0; pi < used; pi++) {
+        const float *restrict kt = a->k + pages[pi] * page_stride + (int64_t)kvh * hd * ps;
+        const int64_t n = len - pi * ps < ps ? len - pi * ps : ps;  /* written positions only */
+        float acc[MAX_GROUP * MAX_PAGE];
+        if (n == ps) {
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < ps; j++) acc[g * ps + j] = 0.0f;
+            for (int d = 0; d < hd; d++)
+                for (int g = 0; g < G; g++) {
+                    const float qd = q[g * hd + d];
+                    for (int j = 0; j < ps; j++) acc[g * ps + j] += qd * kt[d * ps + j];
+                }
+        } else {
+            for (int g = 0; g < G; g++)
+                for (int64_t j = 0; j < n; j++) acc[g * ps + j] = 0.0f;
+            for (int d = 0; d < hd; d++)
+                for (int g = 0; g < G; g++) {
+                    const float qd = q[g * hd + d];
+                    for (int64_t j = 0; j < n; j++) acc[g * ps + j] += qd * kt[d * ps + j];
+                }
+        }
+        for (int g = 0; g < G; g++)
+            for (int64_t j = 0; j < n; j++) scores[g * stride + pi * ps + j] = acc[g * ps + j] * a->scale;
+    }
+    /* softmax numerators in place; scores[g][len] = 1 / their sum */
+    int nan_head[MAX_GROUP];
+    for (int g = 0; g < G; g++) {
+        float *s = scores + g * stride;
+        float max = s[0];
+        int nan = 0;
+        for (int64_t l = 0; l < len; l++) {
+            nan |= s[l] != s[l];
+            max = s[l] > max ? s[l] : max;
+        }
+        nan_head[g] = nan;  /* poisoned or corrupted KV: make it visible, never hide it */
+        for (int64_t l = 0; l < len; l++) s[l] = nan ? 0.0f : exp_neg(s[l] - max);
+        float lanes[LANES] = {0};  /* the sum in 16 lanes, then halving: a fixed order */
+        int64_t l = 0;
+        for (; l + LANES <= len; l += LANES)
+            for (int j = 0; j < LANES; j++) lanes[j] += s[l + j];
+        for (; l < len; l++) lanes[0] += s[l];
+        for (int w = LANES / 2; w > 0; w /= 2)
+            for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
+        s[len] = nan ? 0.0f : 1.0f / lanes[0];
+    }
+    /* out_g = sum_l p_g[l] v_l / sum_g: each V row read once for all G heads. */
+    float acc[MAX_GROUP * MAX_HEAD_DIM];
+    memset(acc, 0, sizeof(float) * (size_t)(G * hd));
+    for (int64_t l = 0; l < len; l++) {
+        const float *restrict v = a->v + pages[l / ps] * page_stride + (l % ps) * row_stride + (int64_t)kvh * hd;
+        for (int g = 0; g < G; g++) {
+            const float p = scores[g * stride + l];
+            float *restrict o = acc + g * hd;
+            for (int d = 0; d < hd; d++) o[d] += p * v[d];
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *o = a->out + ((int64_t)b * a->H + (int64_t)kvh * G + g) * hd;
+        const float inv = scores[g * stride + len];
+        for (int d = 0; d < hd; d++) o[d] = nan_head[g] ? NAN : acc[g * hd + d] * inv;
+    }
+}
+
+/* Computes items t, t + threads, ... of one call; returns 0, or 1 when out of memory. */
+static int run_share(Args *a, int t) {
+    int64_t longest = 0;
+    for (int b = 0; b < a->B; b++) longest = a->kv_len[b] > longest ? a->kv_len[b] : longest;
+    int G = a->H / a->KVH;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (longest + 1)));
+    if (scores == NULL) return 1;
+    int items = a->B * a->KVH;
+    for (int item = t; item < items; item += a->threads)
+        one_item(a, item / a->KVH, item % a->KVH, scores);
+    free(scores);
+    return 0;
+}
+
+/* A persistent pool of helper threads. Creating threads per call cost
+ * ~110 us here (30 layers a step); these sleep on a condition variable
+ * between calls, so they never spin on a core that torch's threads need.
+ * One call at a time (call_lock); a forked child starts a pool of its own. */
+#define MAX_THREADS 64
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_ready = PTHREAD_COND_INITIALIZER, work_done = PTHREAD_COND_INITIALIZER;
+static int pool_size = 0, pending = 0, failures = 0;
+static pid_t pool_pid = 0;
+static long generation = 0;
+static Args *current = NULL;
+
+static long born_at[MAX_THREADS + 1];  /* the generation current when helper t was created */
+
+static void *helper(void *arg) {
+    int t = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool_lock);
+    long seen = born_at[t];  /* not `generation`: a call may have started before this thread ran */
+    for (;;) {
+        while (generation == seen) pthread_cond_wait(&work_ready, &pool_lock);
+        seen = generation;
+        Args *a = current;
+        if (t >= a->threads) continue;  /* not needed for this call */
+        pthread_mutex_unlock(&pool_lock);
+        int failed = run_share(a, t);
+        pthread_mutex_lock(&pool_lock);
+        failures += failed;
+        if (--pending == 0) pthread_cond_signal(&work_done);
+    }
+    return NULL;
+}
+
+/* Grows the pool to `want` helpers (threads 1..want); returns how many exist. */
+static int ensure_pool(int want) {
+    if (pool_pid != getpid()) { pool_size = 0; pool_pid = getpid(); }  /* fork: the parent's helpers are not here */
+    while (pool_size < want) {
+        pthread_t tid;
+        born_at[pool_size + 1] = generation;  /* generation moves only under call_lock, which we hold */
+        if (pthread_create(&tid, NULL, helper, (void *)(intptr_t)(pool_size + 1)) != 0) break;
+        pthread_detach(tid);
+        pool_size++;
+    }
+    return pool_size;
+}
+
+/* Returns 0 on success; -1 for bad geometry or no memory; b + 1 for a
+ * request b whose page list runs past the table or names a page outside the
+ * pool (nothing computed then). */
+int64_t paged_decode_attention(const float *q, const float *k_pool, const float *v_pool, int64_t num_pool_pages,
+                               const int64_t *pages, int64_t table_len, const int64_t *page_offset,
+                               const int64_t *kv_len,
+                               float *out, int B, int H, int KVH, int hd, int page_size, float scale, int threads) {
+    if (KVH <= 0 || H % KVH || H / KVH > MAX_GROUP || hd > MAX_HEAD_DIM || page_size <= 0 ||
+        page_size > MAX_PAGE) return -1;
+#if defined(HEAD_DIM) && defined(GROUP) && defined(PAGE_SIZE)
+    if (hd != HEAD_DIM || H / KVH != GROUP || page_size != PAGE_SIZE) return -1;  /* built for another model */
+#endif
+    int64_t work = 0;
+    for (int b = 0; b < B; b++) {
+        if (kv_len[b] <= 0) return -1;
+        work += kv_len[b];
+    }
+    Args a = {q, k_pool, v_pool, pages, page_offset, kv_len, out, num_pool_pages, table_len, B, H, KVH, hd, page_size,
+              threads < 1 ? 1 : threads, scale};
+    for (int b = 0; b < B; b++) {
+        if (!check_pages(&a, b)) return (int64_t)b + 1;
+    }
+    /* Waking a helper costs more than a few thousand positions of work. Which
+     * thread computes an item never changes its numbers. */
+    if (work * KVH < 4096) a.threads = 1;
+    if (a.threads > B * KVH) a.threads = B * KVH;
+    if (a.threads > MAX_THREADS) a.threads = MAX_THREADS;
+    pthread_mutex_lock(&call_lock);
+    if (a.threads > 1) a.threads = 1 + ensure_pool(a.threads - 1);
+    int failed = 0;
+    if (a.threads > 1) {
+        pthread_mutex_lock(&pool_lock);
+        current = &a;
+        pending = a.threads - 1;
+        failures = 0;
+        generation++;
+        pthread_cond_broadcast(&work_ready);
+        pthread_mutex_unlock(&pool_lock);
+    }
+    failed |= run_share(&a, 0);
+    if (a.threads > 1) {
+        pthread_mutex_lock(&pool_lock);
+        while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);
+        failed |= failures;
+        pthread_mutex_unlock(&pool_lock);
+    }
+    pthread_mutex_unlock(&call_lock);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,155 @@
+"""The C decode-attention kernel (csrc/paged_decode_attention.c): compiled
+once per machine with the system's C compiler, loaded with ctypes.
+
+Why compiled here and not shipped: `-march=native` is what makes its loops
+AVX-512 on this CPU class, and a binary built for one CPU can fault on
+another; and it is compiled for one model's head_dim, query heads per KV head
+and page size, so that its loops have constant bounds and keep their
+accumulators in registers. The cache key holds the source, the flags (those
+numbers included), the compiler's version and the CPU's feature flags.
+Compiling takes under a second. Where
+there is no compiler, or it fails, `load()` returns None and the model runs
+decode attention through torch (bulkhead.model.attention), saying so in the
+log and in /server_info.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bulkhead.model.gguf_import import cache_root
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
+# No -ffast-math: NaN from poisoned KV must reach the logits (invariant 6).
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-pthread")
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_f32p = ctypes.POINTER(ctypes.c_float)
+
+
+class KernelError(RuntimeError):
+    """The kernel refused its inputs (a page outside the pool, bad geometry)."""
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+@functools.cache
+def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
+    """The kernel built for this geometry (group = query heads per KV head), or None."""
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler: decode attention runs through torch (slower)")
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        flags = [*FLAGS, f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DPAGE_SIZE={page_size}"]
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
+        target = cache_root() / "kernels" / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True,
+                               text=True, timeout=120)
+                os.replace(built, target)  # atomic: workers starting together may all compile
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        log.warning("could not build the C decode-attention kernel (%s): decode attention runs through torch",
+                    str(detail).strip()[:500])
+        return None
+    fn = lib.paged_decode_attention
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    return lib
+
+
+CHOICES = ("auto", "c", "torch")
+
+
+def fits(kv_dtype: str, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> str | None:
+    """Why the kernel cannot serve this model's KV, or None when it can
+    (the limits are the C file's MAX_* constants)."""
+    if kv_dtype != "float32":
+        return f"KV dtype {kv_dtype} (the kernel reads float32)"
+    if head_dim > 256 or page_size > 256:
+        return f"head_dim {head_dim} or page size {page_size} over 256"
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > 16:
+        return f"{num_heads} query heads over {num_kv_heads} KV heads"
+    return None
+
+
+def choose(choice: str, kv_dtype: str, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> str:
+    """Resolve "auto" to "c" where the kernel builds and fits, else "torch";
+    asking for "c" where it cannot run is an error, not a fallback."""
+    if choice not in CHOICES:
+        raise ValueError(f"decode attention must be one of {CHOICES}, not {choice!r}")
+    if choice == "torch":
+        return "torch"
+    why = fits(kv_dtype, num_heads, num_kv_heads, head_dim, page_size)
+    if why is None and load(head_dim, num_heads // num_kv_heads, page_size) is None:
+        why = "it could not be compiled here (see the log)"
+    if why is None:
+        return "c"
+    if choice == "c":
+        raise RuntimeError(f"--decode-attention c: the C kernel cannot run: {why}")
+    log.info("decode attention through torch: the C kernel cannot run: %s", why)
+    return "torch"
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, H, hd] float32
+    k_pages: torch.Tensor,  # [num_pages, KVH, hd, page_size] one layer's pool views (bulkhead.kv.pool)
+    v_pages: torch.Tensor,  # [num_pages, page_size, KVH, hd]
+    pages: torch.Tensor,  # int64, each request's pages in position order, concatenated
+    page_offset: torch.Tensor,  # [B] int64 where each request's pages start in `pages`
+    kv_len: torch.Tensor,  # [B] int64 positions written
+    scale: float,
+) -> torch.Tensor:  # [B, H, hd]
+    b, h, hd = q.shape
+    kvh, page_size = v_pages.shape[2], v_pages.shape[1]
+    lib = load(hd, h // kvh, page_size)
+    if lib is None:
+        raise KernelError("the C decode-attention kernel is not available")
+    if not (k_pages.is_contiguous() and v_pages.is_contiguous() and q.dtype == k_pages.dtype == torch.float32):
+        raise KernelError("the kernel reads contiguous float32 pool views and queries")
+    if any(t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1 for t in (pages, page_offset, kv_len)):
+        raise KernelError("pages, page_offset and kv_len must be contiguous 1-D int64 tensors")
+    if page_offset.shape[0] != b or kv_len.shape[0] != b:
+        raise KernelError(f"{b} query rows but {page_offset.shape[0]} page offsets and {kv_len.shape[0]} lengths")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    ptr = lambda t, kind: ctypes.cast(t.data_ptr(), kind)  # noqa: E731
+    rc = lib.paged_decode_attention(
+        ptr(q, _f32p), ptr(k_pages, _f32p), ptr(v_pages, _f32p), k_pages.shape[0],
+        ptr(pages, _i64p), pages.shape[0], ptr(page_offset, _i64p), ptr(kv_len, _i64p), ptr(out, _f32p),
+        b, h, kvh, hd, page_size, scale, torch.get_num_threads())
+    if rc > 0:
+        raise KernelError(f"decode row {rc - 1}'s page list runs past the page table or names a page outside "
+                          f"the pool of {k_pages.shape[0]} pages")
+    if rc < 0:
+        raise KernelError("the decode-attention kernel refused its geometry or ran out of memory")
+    return out
