@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model.batch import PagedBatch
-from bulkhead.model.decode_kernel import paged_decode_attention
+from bulkhead.model.decode_kernel import gather_k_position_major, paged_decode_attention
 
 
 def paged_attention(
@@ -66,7 +66,8 @@ def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch) -> tor
             mask, causal = None, seq.num_queries > 1
         else:
             if gathered is None:
-                gathered = (_gather_k_pages(k_pages, batch.pages), _gather_pages(v_pages, batch.pages, kvh, hd))
+                gathered = (_gather_k_pages(k_pages, batch.pages, q.shape[1] // kvh),
+                            _gather_pages(v_pages, batch.pages, kvh, hd))
             start = seq.page_offset * v_pages.shape[1]
             # Only positions below the written watermark kv_len are read.
             k_seq = gathered[0][start : start + seq.kv_len]
@@ -92,8 +93,13 @@ def _gather_pages(pages: torch.Tensor, which: torch.Tensor, kvh: int, hd: int) -
     return pages.view(pages.shape[0], -1).index_select(0, which).view(-1, kvh, hd)
 
 
-def _gather_k_pages(k_pages: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
-    """The listed pages' K, position-major like V: [len(which) * page_size, KVH, hd]."""
+def _gather_k_pages(k_pages: torch.Tensor, which: torch.Tensor, group: int) -> torch.Tensor:
+    """The listed pages' K, position-major like V: [len(which) * page_size, KVH, hd].
+    The C gather where it is built: torch's permute-copy of the same bytes is
+    ~10x slower (2.5 ms a layer at 4,096 positions, measured)."""
+    fast = gather_k_position_major(k_pages, which, group)
+    if fast is not None:
+        return fast
     n, (kvh, hd, page_size) = which.shape[0], k_pages.shape[1:]
     rows = k_pages.view(k_pages.shape[0], -1).index_select(0, which).view(n, kvh, hd, page_size)
     return rows.permute(0, 3, 1, 2).reshape(n * page_size, kvh, hd)

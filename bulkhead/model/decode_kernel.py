@@ -84,6 +84,9 @@ def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int64
     fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    gather = lib.gather_k_position_major
+    gather.restype = ctypes.c_int64
+    gather.argtypes = [_f32p, ctypes.c_int64, _i64p, ctypes.c_int64, _f32p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -152,4 +155,23 @@ def paged_decode_attention(
                           f"the pool of {k_pages.shape[0]} pages")
     if rc < 0:
         raise KernelError("the decode-attention kernel refused its geometry or ran out of memory")
+    return out
+
+
+def gather_k_position_major(k_pages: torch.Tensor, which: torch.Tensor, group: int) -> torch.Tensor | None:
+    """The listed pages' K as [len(which) * page_size, KVH, hd] (the pool keeps
+    it [KVH, hd, page_size] per page), or None where the library cannot be
+    built (the caller permutes in torch then). group: query heads per KV head,
+    part of the library's geometry."""
+    kvh, hd, page_size = k_pages.shape[1:]
+    lib = load(hd, group, page_size)
+    if lib is None or not k_pages.is_contiguous() or k_pages.dtype != torch.float32:
+        return None
+    which = which.contiguous()
+    out = torch.empty(which.shape[0] * page_size, kvh, hd)
+    rc = lib.gather_k_position_major(ctypes.cast(k_pages.data_ptr(), _f32p), k_pages.shape[0],
+                                     ctypes.cast(which.data_ptr(), _i64p), which.shape[0],
+                                     ctypes.cast(out.data_ptr(), _f32p), kvh, hd, page_size)
+    if rc:
+        raise KernelError(f"page list entry {rc - 1} names a page outside the pool of {k_pages.shape[0]} pages")
     return out

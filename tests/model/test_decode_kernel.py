@@ -89,6 +89,8 @@ def test_a_poisoned_position_it_does_read_comes_out_as_nan_for_that_request_only
     assert torch.isfinite(out[0]).all() and torch.isnan(out[1]).all()
     k[pages[0], 0, 0, 2] = float("nan")  # a NaN key poisons its head's scores
     assert torch.isnan(run(pool, q, pages, offsets, lengths)[0, : H // KVH]).all()
+    k[pages[0], 0, 0, 2] = float("inf")  # so does an infinite one (corrupted, not poisoned)
+    assert not torch.isfinite(run(pool, q, pages, offsets, lengths)[0, : H // KVH]).any()
 
 
 def test_a_page_outside_the_pool_is_refused_before_anything_is_read():
@@ -109,3 +111,13 @@ def test_c_is_refused_where_it_cannot_run_and_auto_falls_back():
         choose("c", "bfloat16", H, KVH, HD, PS)
     with pytest.raises(ValueError, match="decode attention must be one of"):
         choose("cuda", "float32", H, KVH, HD, PS)
+
+
+def test_the_k_gather_returns_pages_position_major_and_refuses_foreign_ids():
+    pool, *_ = make_case([40])
+    k, _ = pool.layer_views()[0]
+    which = torch.tensor([7, 3, 200])
+    expected = k[which].permute(0, 3, 1, 2).reshape(-1, KVH, HD)
+    assert torch.equal(decode_kernel.gather_k_position_major(k, which, H // KVH), expected)
+    with pytest.raises(KernelError, match="entry 1 names a page outside the pool"):
+        decode_kernel.gather_k_position_major(k, torch.tensor([7, pool.num_pages]), H // KVH)
