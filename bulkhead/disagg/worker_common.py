@@ -39,7 +39,6 @@ class WorkerBase:
         self.registered = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
-        self._stopped = threading.Event()
 
     def accept_ticket(self, ticket: SignedTicket, refusal_kind: str) -> bool:
         """Verify an assigned ticket (signature, and this worker's own limits:
@@ -110,15 +109,14 @@ class WorkerBase:
             self._finalize(rid)
 
     def run(self) -> None:
-        self.engine.start()
+        """Serve until stop(); the engine runs on this (the main) thread, see
+        Engine.run_forever."""
         self.link.start(self.on_message, self.on_tick)
         log.info("%s running (%s)", self.name, self.role)
         try:
-            while not self._stopped.wait(1.0):
-                pass
+            self.engine.run_forever()
         finally:
             self.link.stop()
-            self.engine.stop()
 
     def stop(self) -> None:
-        self._stopped.set()
+        self.engine.stop()

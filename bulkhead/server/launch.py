@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
+import threading
 
 import uvicorn
 import logging
@@ -115,13 +117,17 @@ def serve(args: argparse.Namespace) -> int:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
         log.info("API keys loaded for %d tenants", len(keys.tenants))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    if args.role == "colocated":
+        log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)
+        return _serve_colocated(backend, uvicorn.Server(config))
     backend.start()
     if workers and not _wait_for_workers(backend, workers):
         backend.stop()
         return 1
     log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        uvicorn.Server(config).run()
     finally:
         backend.stop()
         for proc in workers:
@@ -129,6 +135,34 @@ def serve(args: argparse.Namespace) -> int:
         for proc in workers:
             proc.wait(timeout=20)
     return 0
+
+
+def _serve_colocated(backend, server: uvicorn.Server) -> int:
+    """The HTTP server on a thread, the engine on this (the main) thread,
+    where torch's parallel ops run fastest (Engine.run_forever). SIGTERM and
+    SIGINT stop both; so does the HTTP server ending on its own (a port in use)."""
+    engine = backend.built.engine
+
+    def http() -> None:
+        try:
+            server.run()  # on a thread, uvicorn installs no signal handlers
+        finally:
+            engine.stop()
+
+    def shutdown(*_) -> None:
+        server.should_exit = True  # uvicorn drains its connections, then http() stops the engine
+
+    previous = {sig: signal.signal(sig, shutdown) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=http, name="bulkhead-http")
+    thread.start()
+    try:
+        engine.run_forever()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1
 
 
 def _wait_for_workers(backend, workers, timeout: float = 300.0) -> bool:
