@@ -20,8 +20,8 @@ log = logging.getLogger("bulkhead")
 
 # Flags every worker shares with the launcher (value-taking, then switches).
 _ENGINE_VALUE_FLAGS = ("model", "model_id", "page_size", "context_length", "scrub_mode", "dtype",
-                       "max_running", "prefill_chunk", "decode_tile", "threads", "linear_kernel", "decode_attention", "log_level",
-                       "transfer", "prefix_cache")
+                       "max_running", "prefill_chunk", "decode_tile", "threads", "linear_kernel", "decode_attention",
+                       "log_level", "transfer", "prefix_cache")
 _ENGINE_SWITCHES = ("clamp_context_length", "no_safe_mode", "unsafe_no_guards")
 
 

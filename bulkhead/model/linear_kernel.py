@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4")
 # What /server_info says each kernel computes in.
-MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16", "int4": "bf16 (int4 decode weights)"}
+MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16 (lm_head fp32)",
+                    "int4": "decode rows: int4 weights, bf16 inputs; prompts and lm_head fp32"}
 
 # The row count oneDNN lays a weight out for; any count runs on it. Measured
 # here with the check of bulkhead.model.row_invariance over the model's

@@ -94,7 +94,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
         const float *restrict kt = a->k + pages[pi] * page_stride + (int64_t)kvh * hd * ps;
         const int64_t n = len - pi * ps < ps ? len - pi * ps : ps;  /* written positions only */
         float acc[MAX_GROUP * MAX_PAGE];
-        if (n == ps) {
+        if (n == ps) {  /* a whole page: the same loop as below with a constant bound, which the compiler unrolls */
             for (int g = 0; g < G; g++)
                 for (int j = 0; j < ps; j++) acc[g * ps + j] = 0.0f;
             for (int d = 0; d < hd; d++)
