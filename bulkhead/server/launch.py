@@ -47,7 +47,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch invariance: decode batches are padded to a row multiple measured at start-up to "
                         "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's choice; with --role local, the cores split among the workers)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
                    help="linear layers: auto = oneDNN fp32 over weights laid out at load where this torch build "
                         "has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = 4-bit "

@@ -120,3 +120,15 @@ def test_digests_not_yet_landed_are_not_compared_but_wrong_ones_are():
 )
 def test_a_write_lands_only_on_the_granted_page_while_its_request_awaits_kv(writer, page_now, awaiting, admitted):
     assert write_admissible(writer, page_now, awaiting) is admitted
+
+
+def test_local_workers_split_the_cores_unless_told():
+    import argparse
+    import os
+
+    from bulkhead.disagg.launch import worker_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert worker_threads(argparse.Namespace(threads=None, prefill=1, decode=1)) == max(1, cores // 2)
+    assert worker_threads(argparse.Namespace(threads=None, prefill=4 * cores, decode=1)) == 1
+    assert worker_threads(argparse.Namespace(threads=3, prefill=1, decode=1)) == 3
