@@ -98,6 +98,14 @@ class OneDNNLinear(Linear):
         return y.to(x.dtype)
 
 
+def _groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, K] as groups [N, K / INT4_GROUP, INT4_GROUP] with each group's min
+    and max ([N, K / INT4_GROUP, 1]): the grid Int4Linear quantizes to and
+    on_4bit_grid checks against."""
+    groups = w.float().reshape(w.shape[0], -1, INT4_GROUP)
+    return groups, groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+
+
 class Int4Linear(Linear):
     """Decode rows through torch's int4 weight-only kernel (bf16 activations);
     other rows through `prefill` (a oneDNN layer over the same weight).
@@ -111,8 +119,7 @@ class Int4Linear(Linear):
         self.prefill = prefill
         self.out_features, self.in_features = w.shape
         n, k = w.shape
-        groups = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
-        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        groups, lo, hi = _groups(w)
         scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny).bfloat16()
         zero = (lo + 8 * scale.float()).bfloat16()
         q = torch.round((groups - zero.float()) / scale.float() + 8).clamp_(0, 15).to(torch.int32).reshape(n, k)
@@ -163,8 +170,7 @@ def on_4bit_grid(weights) -> bool:
         for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
             if not Int4Linear.fits(w):
                 return False
-            groups = w.float().reshape(w.shape[0], -1, INT4_GROUP)
-            lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            groups, lo, hi = _groups(w)
             step = (hi - lo) / 15
             off_grid = (groups - lo - torch.round((groups - lo) / step.clamp_min(1e-30)) * step).abs()
             if bool((off_grid > 1e-3 * step + 1e-7 * groups.abs()).any()):
