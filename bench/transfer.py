@@ -10,7 +10,7 @@ Page patterns: "fresh" (both sides hand out consecutive pages, as a fresh
 allocator does), "scattered" (random pages on both sides, as after churn)
 and "src-scattered" (prefill's pages scattered, decode's consecutive).
 Every row is timed in turn with its peers, rep after rep: the plain copy
-`dst[:, :, idx] = src[:, :, idx]` of the same pages within one process and,
+`dst[idx] = src[idx]` of the same pages within one process and,
 for mooncake, Mooncake's own raw transfer_sync_write of the same number of
 contiguous bytes. On this shared machine only such ratios mean anything.
 Raw results go to bench/results/transfer-<time>.json.
@@ -40,7 +40,7 @@ from bulkhead.kv.pool import KVPool  # noqa: E402
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
 REQUEST_PAGES = 4096 // LAYOUT.page_size  # 256
 POOL_PAGES = 320  # room for scattered pages on both sides
-VARIANTS = {"shm": [{}], "tcp": [{}], "mooncake": [{"stage": "auto"}, {"stage": True}, {"stage": False}]}
+VARIANTS = {"shm": [{}], "tcp": [{}], "mooncake": [{}]}
 
 
 def serve_decode(backend: str, conn) -> None:
@@ -77,7 +77,7 @@ def plain_copy(src: KVPool, src_pages, dst_pages):
     s, d = torch.tensor(src_pages), torch.tensor(dst_pages)
 
     def run():
-        dst[:, :, d] = src.data[:, :, s]
+        dst[d] = src.data[s]
 
     return run
 

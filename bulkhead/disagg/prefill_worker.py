@@ -167,12 +167,12 @@ class PrefillWorker(WorkerBase):
 
     def _corrupt(self, source, grant, rid, src_page, dst_page, dst_gen) -> None:
         pool = self.engine.pool
-        saved = pool.data[:, :, src_page].clone()
-        pool.data[:, :, src_page] += 1.0
+        saved = pool.data[src_page].clone()
+        pool.data[src_page] += 1.0
         try:
             source.write_pages(grant["transfer"]["descriptor"], rid, pool, [src_page], [dst_page], [dst_gen])
         finally:
-            pool.data[:, :, src_page] = saved
+            pool.data[src_page] = saved
 
     def _source(self, transfer: dict):
         name = transfer["backend"]

@@ -13,6 +13,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # pages differ here cannot exchange KV, so /server_info shows it and the
 # router's pairing gate compares it.
 K_PAGE_ORDER = "kv_heads,head_dim,positions"
+# How pages sit in the pool: each page holds every layer's K and V in one
+# range (pages outermost). Compared by the pairing gate like K_PAGE_ORDER.
+POOL_ORDER = "pages,layers,kv,page"
 
 
 @dataclass(frozen=True)

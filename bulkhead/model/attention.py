@@ -33,11 +33,10 @@ def paged_attention(
     """c_kernel: decode steps read the pool in place through the C kernel
     (bulkhead.model.decode_kernel) instead of gathering pages for SDPA."""
     num_real = batch.write_slots.shape[0]
-    kvh, hd = k.shape[1], k.shape[2]
     page_size = v_pages.shape[1]
     pages, offsets = batch.write_slots // page_size, batch.write_slots % page_size
     k_pages[pages, :, :, offsets] = k[:num_real]  # [N, KVH, hd] into each row's (page, offset)
-    v_pages.view(-1, kvh, hd).index_copy_(0, batch.write_slots, v[:num_real])
+    v_pages[pages, offsets] = v[:num_real]  # [N, KVH, hd]; the pool's pages are strided, not one flat row list
     if c_kernel and batch.decode:
         return _decode_attention(q, k_pages, v_pages, batch)
     return _per_sequence_attention(q, k, v, k_pages, v_pages, batch)

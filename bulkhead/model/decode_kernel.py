@@ -82,11 +82,12 @@ def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
         return None
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int64
-    fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
+    fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
     gather = lib.gather_k_position_major
     gather.restype = ctypes.c_int64
-    gather.argtypes = [_f32p, ctypes.c_int64, _i64p, ctypes.c_int64, _f32p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    gather.argtypes = [_f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _f32p, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int]
     return lib
 
 
@@ -123,6 +124,14 @@ def choose(choice: str, kv_dtype: str, num_heads: int, num_kv_heads: int, head_d
     return "torch"
 
 
+def _pages_contiguous(*views: torch.Tensor) -> bool:
+    """Each page of each view is one contiguous block, and every view steps
+    from page to page by the same stride (the page-major pool's layer views,
+    or a plain contiguous tensor)."""
+    stride = views[0].stride(0)
+    return all(v.stride(0) == stride and v[0].is_contiguous() and stride >= v[0].numel() for v in views)
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, H, hd] float32
     k_pages: torch.Tensor,  # [num_pages, KVH, hd, page_size] one layer's pool views (bulkhead.kv.pool)
@@ -137,8 +146,8 @@ def paged_decode_attention(
     lib = load(hd, h // kvh, page_size)
     if lib is None:
         raise KernelError("the C decode-attention kernel is not available")
-    if not (k_pages.is_contiguous() and v_pages.is_contiguous() and q.dtype == k_pages.dtype == torch.float32):
-        raise KernelError("the kernel reads contiguous float32 pool views and queries")
+    if not (_pages_contiguous(k_pages, v_pages) and q.dtype == k_pages.dtype == torch.float32):
+        raise KernelError("the kernel reads float32 pool views whose pages are contiguous, one stride apart")
     if any(t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1 for t in (pages, page_offset, kv_len)):
         raise KernelError("pages, page_offset and kv_len must be contiguous 1-D int64 tensors")
     if page_offset.shape[0] != b or kv_len.shape[0] != b:
@@ -147,7 +156,7 @@ def paged_decode_attention(
     out = torch.empty_like(q)
     ptr = lambda t, kind: ctypes.cast(t.data_ptr(), kind)  # noqa: E731
     rc = lib.paged_decode_attention(
-        ptr(q, _f32p), ptr(k_pages, _f32p), ptr(v_pages, _f32p), k_pages.shape[0],
+        ptr(q, _f32p), ptr(k_pages, _f32p), ptr(v_pages, _f32p), k_pages.shape[0], k_pages.stride(0),
         ptr(pages, _i64p), pages.shape[0], ptr(page_offset, _i64p), ptr(kv_len, _i64p), ptr(out, _f32p),
         b, h, kvh, hd, page_size, scale, torch.get_num_threads())
     if rc > 0:
@@ -165,13 +174,15 @@ def gather_k_position_major(k_pages: torch.Tensor, which: torch.Tensor, group: i
     part of the library's geometry."""
     kvh, hd, page_size = k_pages.shape[1:]
     lib = load(hd, group, page_size)
-    if lib is None or not k_pages.is_contiguous() or k_pages.dtype != torch.float32:
+    if lib is None or not _pages_contiguous(k_pages) or k_pages.dtype != torch.float32:
         return None
     which = which.contiguous()
     out = torch.empty(which.shape[0] * page_size, kvh, hd)
-    rc = lib.gather_k_position_major(ctypes.cast(k_pages.data_ptr(), _f32p), k_pages.shape[0],
+    rc = lib.gather_k_position_major(ctypes.cast(k_pages.data_ptr(), _f32p), k_pages.shape[0], k_pages.stride(0),
                                      ctypes.cast(which.data_ptr(), _i64p), which.shape[0],
                                      ctypes.cast(out.data_ptr(), _f32p), kvh, hd, page_size)
+    if rc < 0:
+        raise KernelError(f"pool page stride {k_pages.stride(0)} is shorter than a page")
     if rc:
         raise KernelError(f"page list entry {rc - 1} names a page outside the pool of {k_pages.shape[0]} pages")
     return out

@@ -14,7 +14,7 @@ from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.engine import RequestOutput
-from bulkhead.kv.layout import K_PAGE_ORDER
+from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.linear_kernel import MATMUL_PRECISION
@@ -108,7 +108,8 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "pages_allocated_total": ledger.pages_allocated,
         "kv_dtype": cfg.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
-                      "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER},
+                      "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER,
+                      "pool_order": POOL_ORDER},
         "vocab_size": limits.vocab_size,
         "scrub_mode": cfg.scrub_mode,
         "max_running_requests": cfg.max_running,

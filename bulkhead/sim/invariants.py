@@ -54,7 +54,7 @@ def check_run(ctx: SimContext, cluster: Cluster, requests: list[SimRequest], out
             ctx.violation("ledger_integrity", f"{node.name} at the end: {e}")
         ledger = engine.ledger
         free = [p for p in range(ledger.num_pages) if ledger.record(p).owner is None and not ledger.record(p).dirty]
-        dirty = [p for p in free if bool(engine.pool.data[:, :, p].any())]
+        dirty = [p for p in free if bool(engine.pool.data[p].any())]
         if dirty:
             ctx.violation("free_page_dirty", f"{node.name} free pages {dirty} hold KV")
 

@@ -50,7 +50,7 @@ class SimTarget(TransferTarget):
 
     def land(self, request_id: str, pages: list[int], generations: list[int], payload: torch.Tensor,
              how: str) -> list[int]:
-        """Write payload[:, :, i] into page pages[i] where allowed; the refused pages."""
+        """Write payload[i] into page pages[i] where allowed; the refused pages."""
         refused = []
         with self.write_lock:
             for i, (page, gen) in enumerate(zip(pages, generations)):
@@ -63,7 +63,7 @@ class SimTarget(TransferTarget):
                     self.ctx.violation("write_on_moved_page",
                                        f"{how} write of {request_id} (gen {gen}) landed on {self.worker} page "
                                        f"{page}, now owner {record.owner} gen {record.generation}")
-                self.pool.data[:, :, page] = payload[:, :, i]
+                self.pool.data[page] = payload[i]
         self._stats["pages_written"] += len(pages) - len(refused)
         self._stats["writes_refused"] += len(refused)
         return refused
@@ -118,7 +118,7 @@ class SimSource(TransferSource):
         check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, target.pool.num_pages)
         if not dst_pages:
             return
-        payload = src.data[:, :, torch.tensor(src_pages, dtype=torch.long)].clone()
+        payload = src.data[torch.tensor(src_pages, dtype=torch.long)].clone()
         pages, gens = list(dst_pages), list(dst_generations)
         rng, plan = self.ctx.rng, self.ctx.plan
         if plan.slow_writer and rng.random() < plan.slow_writer:

@@ -31,8 +31,8 @@ def test_layer_views_share_the_pool_storage():
     k, v = pool.layer_views()[1]
     k[2].fill_(5.0)
     v[1].fill_(7.0)
-    assert torch.all(pool.data[1, 0, 2] == 5.0) and torch.all(pool.data[1, 1, 1] == 7.0)
-    assert not pool.data[1, :, 0].any()  # other pages untouched
+    assert torch.all(pool.data[2, 1, 0] == 5.0) and torch.all(pool.data[1, 1, 1] == 7.0)
+    assert not pool.data[0].any() and not pool.data[2, 0].any()  # other pages and layers untouched
     assert k.shape == (3, 2, 4, 4)  # [pages, kv heads, head dim, positions]
     assert v.shape == (3, 4, 2, 4)  # [pages, positions, kv heads, head dim]
 

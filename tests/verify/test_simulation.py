@@ -92,6 +92,6 @@ def test_the_canary_model_reports_a_read_of_another_requests_kv():
         engine.run_once()
     assert not bad
     p0, p1 = engine.ledger.pages_of("r0")[0], engine.ledger.pages_of("r1")[0]
-    engine.pool.data[:, :, p0] = engine.pool.data[:, :, p1]
+    engine.pool.data[p0] = engine.pool.data[p1]
     engine.run_once()
     assert bad and bad[0][:2] == ("decode-x", 100) and bad[0][3] == 101.0  # r0 read r1's canary

@@ -1,13 +1,9 @@
 """The mooncake backend: Mooncake Transfer Engine one-sided writes (TCP transport, P2P handshake).
 
-Decode registers its pool's memory; prefill writes each page's byte ranges
-straight into it. A page is num_layers * 2 strided chunks of decode's pool,
-so a write is one range per (layer, K/V) plane per run of pages that are
-consecutive on both sides, taken straight from prefill's registered pool.
-When prefill's pages are scattered but decode's are consecutive, gathering
-them first into a registered staging buffer laid out like the destination
-([L, 2, n, ps, H, D]) cuts the ranges to one per plane per destination run,
-at the cost of one more copy (see _STAGE_GAIN; bench/transfer.py compares).
+Decode registers its pool's memory; prefill writes each page straight into
+it from its own registered pool. The pools are page-major (bulkhead.kv.pool),
+so a page is one contiguous range, and a run of pages consecutive on both
+sides is one range too.
 
 One-sided: decode never sees the writes, so the write guard cannot run;
 decode's commit-time generation and digest checks are the guard. A failed
@@ -34,9 +30,6 @@ from bulkhead.kv.pool import KVPool, pool_shape
 
 log = logging.getLogger(__name__)
 
-# Staging costs one extra gather of every byte (bench/transfer.py: about a
-# whole transfer's time), so it pays only when it cuts ranges by a lot.
-_STAGE_GAIN = 4
 # Ranges per batch call. Mooncake's TCP lanes reject work ("queue-full", rc -1)
 # past about 1,000 ranges in flight, which would fail a healthy transfer.
 # Larger batches or 2-3 concurrent calls measured no steady gain here.
@@ -111,7 +104,7 @@ class Target(TransferTarget):
 
 def page_runs(src_pages, dst_pages) -> list[tuple[int, int, int]]:
     """(first source page, first destination page, length) for each run where
-    both lists go up by one at a time: one contiguous range per plane."""
+    both lists go up by one at a time: one contiguous range each."""
     runs: list[tuple[int, int, int]] = []
     for s, d in zip(src_pages, dst_pages):
         if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
@@ -121,55 +114,29 @@ def page_runs(src_pages, dst_pages) -> list[tuple[int, int, int]]:
     return runs
 
 
-def byte_ranges(src_pages, src_base: int, src_num_pages: int, dst_pages, dst_base: int, dst_num_pages: int,
-                planes: int, chunk: int) -> tuple[list[int], list[int], list[int]]:
-    """(source addresses, destination addresses, lengths) covering the pages in
-    every (layer, K/V) plane of two pools laid out [planes, num_pages, chunk bytes]."""
+def byte_ranges(src_pages, src_base: int, dst_pages, dst_base: int,
+                page_bytes: int) -> tuple[list[int], list[int], list[int]]:
+    """(source addresses, destination addresses, lengths) covering the pages of
+    two page-major pools (bulkhead.kv.pool): one range per run of pages."""
     bufs, peers, lens = [], [], []
-    runs = page_runs(list(src_pages), list(dst_pages))
-    for plane in range(planes):
-        for s, d, n in runs:
-            bufs.append(src_base + (plane * src_num_pages + s) * chunk)
-            peers.append(dst_base + (plane * dst_num_pages + d) * chunk)
-            lens.append(n * chunk)
+    for s, d, n in page_runs(list(src_pages), list(dst_pages)):
+        bufs.append(src_base + s * page_bytes)
+        peers.append(dst_base + d * page_bytes)
+        lens.append(n * page_bytes)
     return bufs, peers, lens
 
 
 class Source(TransferSource):
     name = "mooncake"
 
-    def __init__(self, host: str = "127.0.0.1", stage: bool | str = "auto", allow_all_interfaces: bool = False):
-        """stage: True gathers the pages into a registered staging buffer first,
-        so only destination runs split ranges; False writes straight from
-        prefill's registered pool (runs must be consecutive on both sides);
-        "auto" stages only when that cuts the range count by _STAGE_GAIN or more.
-        allow_all_interfaces: start even where interfaces other than lo exist."""
+    def __init__(self, host: str = "127.0.0.1", allow_all_interfaces: bool = False):
+        """allow_all_interfaces: start even where interfaces other than lo exist."""
         super().__init__()
         self.host = host
         self.allow_all_interfaces = allow_all_interfaces
-        self.stage = stage
         self._engine = None
-        self._registered: dict[int, torch.Tensor] = {}  # pools registered as they are (stage=False)
-        self._stage: torch.Tensor | None = None  # registered, flat, grows to the largest batch
+        self._registered: dict[int, torch.Tensor] = {}  # pools registered for one-sided reads of them
         self._stats["ranges"] = 0
-
-    def _staging(self, src: KVPool, n: int) -> torch.Tensor:
-        """A registered view [L, 2, n, ps, H, D], contiguous."""
-        L, two, _, *page = src.data.shape
-        need = L * two * n * torch.Size(page).numel()
-        if self._stage is None or self._stage.numel() < need or self._stage.dtype != src.data.dtype:
-            if self._stage is not None:
-                self._engine.unregister_memory(self._stage.data_ptr())
-            self._stage = torch.empty(need, dtype=src.data.dtype)
-            _register(self._engine, self._stage)
-        return self._stage[:need].view(L, two, n, *page)
-
-    def _should_stage(self, src_pages, dst_pages) -> bool:
-        if self.stage != "auto":
-            return bool(self.stage)
-        direct = len(page_runs(src_pages, dst_pages))
-        staged = len(page_runs(range(len(dst_pages)), dst_pages))
-        return direct >= _STAGE_GAIN * staged
 
     def _register_pool(self, src: KVPool) -> None:
         ptr = src.data.data_ptr()
@@ -183,23 +150,16 @@ class Source(TransferSource):
                                 drained=True)
         shape = descriptor["shape"]
         check_geometry(src.data, shape, descriptor["dtype"])
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, shape[2])
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, shape[0])
         if not dst_pages:
             return
         if self._engine is None:
             self._engine = _new_engine(self.host, self.allow_all_interfaces)
+        self._register_pool(src)
+        page_bytes = src.data[0].numel() * src.data.element_size()  # every layer's K and V of one page
+        bufs, peers, lens = byte_ranges(src_pages, src.data.data_ptr(), dst_pages, int(descriptor["base"]),
+                                        page_bytes)
         n = len(dst_pages)
-        if self._should_stage(src_pages, dst_pages):
-            stage = self._staging(src, n)
-            stage.copy_(src.data[:, :, torch.tensor(src_pages, dtype=torch.long)])  # index_select(out=) is ~5x slower
-            # staged pages sit at positions 0..n-1, so only the destination must be consecutive
-            from_pages, from_base, from_num_pages = list(range(n)), stage.data_ptr(), n
-        else:
-            self._register_pool(src)
-            from_pages, from_base, from_num_pages = list(src_pages), src.data.data_ptr(), src.num_pages
-        chunk = src.data[0, 0, 0].numel() * src.data.element_size()  # one page of one layer's K or V
-        bufs, peers, lens = byte_ranges(from_pages, from_base, from_num_pages, dst_pages,
-                                        int(descriptor["base"]), shape[2], shape[0] * shape[1], chunk)
         for s in range(0, len(bufs), _MAX_RANGES):
             e = s + _MAX_RANGES
             rc = self._engine.batch_transfer_sync_write(descriptor["session"], bufs[s:e], peers[s:e], lens[s:e])
@@ -213,14 +173,12 @@ class Source(TransferSource):
         self._stats["pages_sent"] += n
         self._stats["ranges"] += len(bufs)
 
-
     def close(self) -> None:
         with self._lock:
             if self._engine is not None:
-                for t in [self._stage, *self._registered.values()]:
-                    if t is not None:
-                        self._engine.unregister_memory(t.data_ptr())
-            self._engine, self._stage = None, None
+                for t in self._registered.values():
+                    self._engine.unregister_memory(t.data_ptr())
+            self._engine = None
             self._registered.clear()
 
 

@@ -32,7 +32,7 @@ def check_geometry(src: torch.Tensor, dst_shape, dst_dtype: str) -> None:
     """Every dimension but the page count must match, and so must the dtype."""
     src_shape = tuple(src.shape)
     dst_shape = tuple(dst_shape)
-    if len(src_shape) != 6 or src_shape[:2] + src_shape[3:] != dst_shape[:2] + dst_shape[3:]:
+    if len(src_shape) != 6 or src_shape[1:] != dst_shape[1:]:
         raise TransferError(f"source pool {src_shape} and destination pool {dst_shape} differ in page geometry", drained=True)
     if dtype_name(src.dtype) != dst_dtype:
         raise TransferError(f"source pool is {dtype_name(src.dtype)}, destination is {dst_dtype}", drained=True)

@@ -166,16 +166,16 @@ class Source(TransferSource):
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
         desc = ShmDescriptor.from_dict(descriptor)
         check_geometry(src.data, desc.shape, desc.dtype)
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, desc.shape[2])
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, desc.shape[0])
         if not dst_pages:
             return
         self._check_alive(desc)
         dst = self._mapping(desc)
         src_idx = torch.tensor(src_pages, dtype=torch.long)
         dst_idx = torch.tensor(dst_pages, dtype=torch.long)
-        dst[:, :, dst_idx] = src.data[:, :, src_idx]  # all layers, K and V, every page at once
+        dst[dst_idx] = src.data[src_idx]  # all layers, K and V, every page at once
         self._check_alive(desc)  # bytes in a dead decode's memory were not delivered
-        nbytes = len(dst_pages) * src.data[:, :, 0].numel() * src.data.element_size()
+        nbytes = len(dst_pages) * src.data[0].numel() * src.data.element_size()
         self._stats["bytes_sent"] += nbytes
         self._stats["pages_sent"] += len(dst_pages)
 

@@ -54,19 +54,19 @@ class Source(TransferSource):
         if descriptor.get("backend") != "tcp":
             raise TransferError(f"descriptor is for backend {descriptor.get('backend')!r}, not tcp", drained=True)
         check_geometry(src.data, descriptor["shape"], descriptor["dtype"])
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, descriptor["shape"][2])
+        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, descriptor["shape"][0])
         if not dst_pages:
             return
         addr = (descriptor["host"], int(descriptor["port"]))
         conn = self._connect(addr)
-        page_bytes = src.data[:, :, 0].numel() * src.data.element_size()
+        page_bytes = src.data[0].numel() * src.data.element_size()
         header = wire.BatchHeader(descriptor["token"], request_id, page_bytes,
                                   tuple(zip(map(int, dst_pages), map(int, dst_generations))))
         try:
             wire.send_header(conn, header)
             for start in range(0, len(src_pages), _SEND_PAGES):
                 idx = torch.tensor(src_pages[start : start + _SEND_PAGES], dtype=torch.long)
-                chunk = src.data.movedim(2, 0)[idx]  # [n, L, 2, ps, H, D], contiguous (see digest.py)
+                chunk = src.data[idx]  # [n, L, 2, ps, H, D], contiguous
                 conn.sendall(chunk.view(torch.uint8).reshape(-1).numpy())
             ack = wire.recv_ack(conn)
         except (OSError, wire.WireError) as e:  # socket.timeout is an OSError

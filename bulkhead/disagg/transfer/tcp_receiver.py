@@ -36,8 +36,8 @@ class Target(TransferTarget):
         binds only where the operator says (invariant 9), never 0.0.0.0 unasked."""
         super().__init__()
         self.pool = KVPool(layout, num_pages, scrub_mode)
-        self._page_shape = tuple(self.pool.data[:, :, 0].shape)  # [L, 2, ps, H, D]
-        self._page_bytes = self.pool.data[:, :, 0].numel() * self.pool.data.element_size()
+        self._page_shape = tuple(self.pool.data[0].shape)  # [L, 2, ps, H, D]
+        self._page_bytes = self.pool.data[0].numel() * self.pool.data.element_size()
         self._token = secrets.token_hex(16)  # reaches prefill only inside the HMAC'd control plane
         self._listener = socket.create_server((host, port))
         self._listener.settimeout(_ACCEPT_POLL_S)
@@ -150,7 +150,7 @@ class Target(TransferTarget):
                 refused += [page for (page, _), ok in zip(chunk, allowed) if not ok]
                 if keep:
                     dst_idx = torch.tensor([chunk[i][0] for i in keep], dtype=torch.long)
-                    self.pool.data[:, :, dst_idx] = stage[keep].movedim(0, 2)  # [L, 2, n, ps, H, D]
+                    self.pool.data[dst_idx] = stage[keep]  # [n, L, 2, ps, H, D]
             written += len(keep)
         self._count(pages_written=written, writes_refused=len(refused))
         return written, refused

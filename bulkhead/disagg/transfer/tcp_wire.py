@@ -2,8 +2,8 @@
 
     prefill -> decode : MAGIC, u32 header length, header JSON, body
         header = {"token", "request_id", "page_bytes", "pages": [[dst_page, dst_generation], ...]}
-        body   = len(pages) * page_bytes, page-major: page i is the contiguous
-                 form of pool.data[:, :, src_pages[i]] (layers, then K and V)
+        body   = len(pages) * page_bytes: page i is the bytes of
+                 pool.data[src_pages[i]] (layers, then K and V)
     decode -> prefill : MAGIC, u32 ack length, ack JSON
         ack    = {"written": int, "refused": [dst_page, ...], "error": str | None}
 

@@ -19,10 +19,12 @@
  * or corrupted KV) yields non-finite output, which the runner's finite check
  * turns into a failed request. No -ffast-math, for that reason.
  *
- * Layouts (float32, contiguous; bulkhead.kv.pool.KVPool):
- *   q, out        [B, H, hd]
+ * Layouts (float32; bulkhead.kv.pool.KVPool):
+ *   q, out        [B, H, hd], contiguous
  *   k_pool        [num_pages, KVH, hd, page_size]   (one layer's view)
  *   v_pool        [num_pages, page_size, KVH, hd]
+ *                 each page contiguous; page p starts p * page_stride floats
+ *                 in (the pool is page-major: a page holds every layer)
  *   pages         int64, each request's page ids in position order, concatenated
  *   page_offset   int64 [B], where request b's ids start in `pages`
  *   kv_len        int64 [B], positions written (the watermark)
@@ -43,7 +45,7 @@ typedef struct {
     const float *q, *k, *v;
     const int64_t *pages, *page_offset, *kv_len;
     float *out;
-    int64_t num_pool_pages, table_len;
+    int64_t num_pool_pages, table_len, pool_page_stride;
     int B, H, KVH, hd, page_size, threads;
     float scale;
 } Args;
@@ -81,7 +83,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
 #endif
     const int64_t len = a->kv_len[b], stride = len + 1;      /* a score row, and its 1 / sum */
     const int64_t row_stride = (int64_t)a->KVH * hd;         /* V: floats per position */
-    const int64_t page_stride = (int64_t)ps * row_stride;    /* floats per page, K or V */
+    const int64_t page_stride = a->pool_page_stride;          /* floats from one page to the next */
     const float *q = a->q + ((int64_t)b * a->H + (int64_t)kvh * G) * hd;
     const int64_t *pages = a->pages + a->page_offset[b];
     const int64_t used = (len + ps - 1) / ps;
@@ -217,11 +219,11 @@ static int ensure_pool(int want) {
  * request b whose page list runs past the table or names a page outside the
  * pool (nothing computed then). */
 int64_t paged_decode_attention(const float *q, const float *k_pool, const float *v_pool, int64_t num_pool_pages,
-                               const int64_t *pages, int64_t table_len, const int64_t *page_offset,
+                               int64_t pool_page_stride, const int64_t *pages, int64_t table_len, const int64_t *page_offset,
                                const int64_t *kv_len,
                                float *out, int B, int H, int KVH, int hd, int page_size, float scale, int threads) {
     if (KVH <= 0 || H % KVH || H / KVH > MAX_GROUP || hd > MAX_HEAD_DIM || page_size <= 0 ||
-        page_size > MAX_PAGE) return -1;
+        page_size > MAX_PAGE || pool_page_stride < (int64_t)KVH * hd * page_size) return -1;
 #if defined(HEAD_DIM) && defined(GROUP) && defined(PAGE_SIZE)
     if (hd != HEAD_DIM || H / KVH != GROUP || page_size != PAGE_SIZE) return -1;  /* built for another model */
 #endif
@@ -230,7 +232,8 @@ int64_t paged_decode_attention(const float *q, const float *k_pool, const float 
         if (kv_len[b] <= 0) return -1;
         work += kv_len[b];
     }
-    Args a = {q, k_pool, v_pool, pages, page_offset, kv_len, out, num_pool_pages, table_len, B, H, KVH, hd, page_size,
+    Args a = {q, k_pool, v_pool, pages, page_offset, kv_len, out, num_pool_pages, table_len, pool_page_stride,
+              B, H, KVH, hd, page_size,
               threads < 1 ? 1 : threads, scale};
     for (int b = 0; b < B; b++) {
         if (!check_pages(&a, b)) return (int64_t)b + 1;
@@ -266,17 +269,19 @@ int64_t paged_decode_attention(const float *q, const float *k_pool, const float 
 /* The listed pages' K in position-major order, out [n * page_size, KVH, hd],
  * for prefill chunks that attend to pages already in the pool (SDPA wants
  * head_dim innermost; torch's permute-copy of the same bytes took ~2.5 ms
- * a layer for a 4,096-token context, measured). Returns 0, or i + 1 for the
- * first page id outside the pool (nothing copied then). */
-int64_t gather_k_position_major(const float *k_pool, int64_t num_pool_pages, const int64_t *pages, int64_t n,
-                                float *out, int KVH, int hd, int page_size) {
+ * a layer for a 4,096-token context, measured). Returns 0, i + 1 for the
+ * first page id outside the pool, or -1 for a page stride shorter than a
+ * page (nothing copied then). */
+int64_t gather_k_position_major(const float *k_pool, int64_t num_pool_pages, int64_t pool_page_stride,
+                                const int64_t *pages, int64_t n, float *out, int KVH, int hd, int page_size) {
     for (int64_t i = 0; i < n; i++) {
         if (pages[i] < 0 || pages[i] >= num_pool_pages) return i + 1;
     }
-    const int64_t page_stride = (int64_t)KVH * hd * page_size;
+    const int64_t page_floats = (int64_t)KVH * hd * page_size;
+    if (pool_page_stride < page_floats) return -1;
     for (int64_t i = 0; i < n; i++) {
-        const float *src = k_pool + pages[i] * page_stride;  /* [KVH][hd][page_size] */
-        float *dst = out + i * page_stride;                   /* [page_size][KVH][hd] */
+        const float *src = k_pool + pages[i] * pool_page_stride;  /* [KVH][hd][page_size] */
+        float *dst = out + i * page_floats;                        /* [page_size][KVH][hd] */
         for (int h = 0; h < KVH; h++)
             for (int d = 0; d < hd; d++)
                 for (int p = 0; p < page_size; p++)

@@ -33,9 +33,9 @@ def serve(backend: str, opts: dict, conn) -> None:
         if cmd == "digests":
             conn.send(page_digests(target.pool, arg))
         elif cmd == "pages":
-            conn.send(data[:, :, torch.tensor(arg)].contiguous().view(torch.uint8).numpy().tobytes())
+            conn.send(data[torch.tensor(arg)].contiguous().view(torch.uint8).numpy().tobytes())
         elif cmd == "changed":
-            diff = (data.view(torch.int32) != snapshot.view(torch.int32)).movedim(2, 0).reshape(NUM_PAGES, -1)
+            diff = (data.view(torch.int32) != snapshot.view(torch.int32)).reshape(NUM_PAGES, -1)
             conn.send(diff.any(dim=1).nonzero().flatten().tolist())
         elif cmd == "generations":
             generations.update(arg)

@@ -44,7 +44,7 @@ def _mooncake_skip_reason() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("name", ["copy", "copy_staged", "dead_peer"])
+@pytest.mark.parametrize("name", ["copy", "dead_peer"])
 def test_mooncake_in_private_network_namespace(name):
     """Mooncake binds every interface whatever it is asked, so the whole
     scenario, both processes, runs in a namespace with only loopback."""

@@ -24,12 +24,14 @@ def test_bad_page_lists_are_refused_before_any_byte_moves(src, dst, gens, why):
 
 
 def test_geometry_must_match_except_page_count():
-    src = torch.zeros(2, 2, 5, 4, 3, 8)
-    check_geometry(src, [2, 2, 99, 4, 3, 8], "float32")
+    src = torch.zeros(5, 2, 2, 4, 3, 8)  # [pages, layers, K/V, positions, kv heads, head dim]
+    check_geometry(src, [99, 2, 2, 4, 3, 8], "float32")
     with pytest.raises(TransferError, match="page geometry"):
-        check_geometry(src, [2, 2, 5, 4, 3, 16], "float32")
+        check_geometry(src, [5, 2, 2, 4, 3, 16], "float32")
+    with pytest.raises(TransferError, match="page geometry"):
+        check_geometry(src, [5, 3, 2, 4, 3, 8], "float32")  # another layer count
     with pytest.raises(TransferError, match="bfloat16"):
-        check_geometry(src, [2, 2, 5, 4, 3, 8], "bfloat16")
+        check_geometry(src, [5, 2, 2, 4, 3, 8], "bfloat16")
 
 
 def test_unknown_backend_is_a_value_error():
@@ -45,12 +47,12 @@ def test_runs_need_both_sides_consecutive():
     assert page_runs([], []) == []
 
 
-def test_byte_ranges_cover_every_plane_of_every_run():
-    # 2 planes (1 layer, K and V), 4-page source, 10-page destination, 100-byte chunks
-    bufs, peers, lens = byte_ranges([1, 2], 1000, 4, [6, 7], 50_000, 10, planes=2, chunk=100)
-    assert bufs == [1000 + 100, 1000 + (4 + 1) * 100]
-    assert peers == [50_000 + 600, 50_000 + (10 + 6) * 100]
-    assert lens == [200, 200]
+def test_byte_ranges_are_one_per_run_of_whole_pages():
+    # 100-byte pages: source pages 1, 2 then 5; destination 6, 7 then 3
+    bufs, peers, lens = byte_ranges([1, 2, 5], 1000, [6, 7, 3], 50_000, page_bytes=100)
+    assert bufs == [1000 + 100, 1000 + 500]
+    assert peers == [50_000 + 600, 50_000 + 300]
+    assert lens == [200, 100]
 
 
 def test_mooncake_refuses_to_start_where_it_would_listen_on_real_interfaces():
@@ -65,16 +67,7 @@ def test_mooncake_refuses_to_start_where_it_would_listen_on_real_interfaces():
     from bulkhead.kv.pool import KVPool
 
     pool = KVPool(layout, 4)
-    desc = {"backend": "mooncake", "session": "127.0.0.1:1", "base": 0, "shape": [1, 2, 4, 2, 1, 4], "dtype": "float32"}
+    desc = {"backend": "mooncake", "session": "127.0.0.1:1", "base": 0, "shape": [4, 1, 2, 2, 1, 4], "dtype": "float32"}
     with pytest.raises(TransferError, match="every interface"):
         make_source("mooncake").write_pages(desc, "r", pool, [0], [0], [1])
 
-
-def test_mooncake_auto_stages_only_when_it_cuts_ranges():
-    from bulkhead.disagg.transfer.mooncake_backend import Source
-
-    auto = Source(stage="auto")
-    consecutive = list(range(40, 72))
-    assert auto._should_stage(list(range(64, 0, -2)), consecutive)  # 32 runs -> 1
-    assert not auto._should_stage(list(range(32)), consecutive)  # already 1 run
-    assert not auto._should_stage(list(range(64, 0, -2)), list(range(64, 0, -2)))  # staging cannot help

@@ -30,6 +30,6 @@ def test_digests_follow_the_order_given_across_gather_chunks():
 def test_one_changed_value_changes_only_that_pages_digest():
     pool = _pool()
     before = page_digests(pool, list(range(pool.num_pages)))
-    pool.data[2, 1, 9, 1, 0, 3] += 1.0  # layer 2, V, page 9
+    pool.data[9, 2, 1, 1, 0, 3] += 1.0  # page 9, layer 2, V
     after = page_digests(pool, list(range(pool.num_pages)))
     assert [p for p in range(pool.num_pages) if before[p] != after[p]] == [9]

@@ -78,12 +78,12 @@ def test_tcp_wrong_token_writes_nothing(tcp_target):
 def test_tcp_receiver_refuses_a_different_page_layout_and_keeps_serving(tcp_target):
     source = make_source("tcp", timeout_s=5)
     other = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=4, dtype="float32")
-    desc = {**tcp_target.descriptor(), "shape": [2, 2, 8, 4, 1, 4]}  # lie past the source-side check
+    desc = {**tcp_target.descriptor(), "shape": [8, 2, 2, 4, 1, 4]}  # lie past the source-side check
     with pytest.raises(TransferError, match="layouts differ"):
         source.write_pages(desc, "r", _src(other), [0], [1], [1])
     src = _src()
     source.write_pages(tcp_target.descriptor(), "r", src, [1], [1], [1])
-    assert torch.equal(tcp_target.pool.data[:, :, 1], src.data[:, :, 1])
+    assert torch.equal(tcp_target.pool.data[1], src.data[1])
 
 
 def test_tcp_guard_that_raises_fails_closed(tcp_target):
