@@ -51,8 +51,41 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def torch_uses_libgomp() -> bool:
+    """Whether this process runs torch's ops on GNU OpenMP (libgomp mapped).
+
+    Then the kernel is built with -fopenmp and runs its items in torch's own
+    thread team: the dynamic linker resolves its libgomp.so.1 to the copy
+    torch loaded, whose workers spin between torch's ops. A pthread pool of
+    the kernel's own found the second core taken by that spinning: a
+    16-request decode step measured 63 ms in torch's team against 87-90 ms
+    with the pool (docs/performance.md). Without libgomp (another OpenMP
+    runtime, or none) the pthread pool stays: two runtimes would spin
+    against each other."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line for line in f)
+    except OSError:
+        return False
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def _build(cc: str, flags: list[str]) -> Path:
+    """The library for these flags, compiled once into the cache."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
+    target = cache_root() / "kernels" / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True,
+                           text=True, timeout=120)
+            os.replace(built, target)  # atomic: workers starting together may all compile
+    return target
 
 
 @functools.cache
@@ -62,24 +95,23 @@ def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler: decode attention runs through torch (slower)")
         return None
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        flags = [*FLAGS, f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DPAGE_SIZE={page_size}"]
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
-        target = cache_root() / "kernels" / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                built = Path(tmp) / target.name
-                subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True,
-                               text=True, timeout=120)
-                os.replace(built, target)  # atomic: workers starting together may all compile
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or e
+    flags = [*FLAGS, f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DPAGE_SIZE={page_size}"]
+    # In torch's OpenMP team where it has one, else (or where -fopenmp does
+    # not build) the kernel's own pthread pool; both compute the same numbers.
+    tries = [[*flags, "-fopenmp"], flags] if torch_uses_libgomp() else [flags]
+    lib = error = None
+    for attempt in tries:
+        try:
+            lib = ctypes.CDLL(str(_build(cc, attempt)))
+            break
+        except (OSError, subprocess.SubprocessError) as e:
+            error = e
+    if lib is None:
+        detail = getattr(error, "stderr", "") or error
         log.warning("could not build the C decode-attention kernel (%s): decode attention runs through torch",
                     str(detail).strip()[:500])
         return None
+    lib.uses_openmp.restype = ctypes.c_int
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int64
     fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
@@ -89,6 +121,11 @@ def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
     gather.argtypes = [_f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _f32p, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int]
     return lib
+
+
+def threading(lib: ctypes.CDLL) -> str:
+    """How the loaded kernel spreads its items over threads ("openmp": torch's team)."""
+    return "openmp" if lib.uses_openmp() else "pthreads"
 
 
 CHOICES = ("auto", "c", "torch")

@@ -67,6 +67,27 @@ def test_a_requests_numbers_do_not_depend_on_its_batch_mates(threads):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.skipif(not decode_kernel.torch_uses_libgomp(), reason="torch here does not run on libgomp")
+def test_it_runs_in_torchs_openmp_team_where_torch_has_one():
+    assert decode_kernel.threading(decode_kernel.load(HD, H // KVH, PS)) == "openmp"
+
+
+def test_the_pthread_pool_computes_the_same_numbers(monkeypatch):
+    # The fallback where torch has no libgomp (or -fopenmp does not build).
+    case = make_case(LENGTHS * 3)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        default = run(*case)
+        monkeypatch.setattr(decode_kernel, "torch_uses_libgomp", lambda: False)
+        pthreads = decode_kernel.load.__wrapped__(HD, H // KVH, PS)
+        assert decode_kernel.threading(pthreads) == "pthreads"
+        monkeypatch.setattr(decode_kernel, "load", lambda *geometry: pthreads)
+        assert torch.equal(run(*case), default)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_slots_past_the_watermark_are_never_read():
     # Poison mode fills unwritten slots with NaN; a request whose last page
     # is partly written must not see them.

@@ -13,6 +13,12 @@
  * that request's own pages only. Which thread takes it, and which other
  * requests share the step, cannot change its numbers.
  *
+ * Threads: built with -fopenmp (decode_kernel.py does so where torch runs
+ * on libgomp), the items run in the calling thread's OpenMP team, which is
+ * torch's: its workers spin between torch's ops, so they start at once and
+ * no other thread competes with them for the core. Without OpenMP, a pool
+ * of pthreads of our own.
+ *
  * Fail closed: a page id outside the pool, or a page list longer than the
  * table, stops the call (returns the request's index + 1, and the caller
  * raises) before any KV byte is read; a non-finite score or value (poisoned
@@ -35,6 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define LANES 16
 #define MAX_GROUP 16   /* query heads per kv head */
@@ -155,20 +164,21 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
     }
 }
 
-/* Computes items t, t + threads, ... of one call; returns 0, or 1 when out of memory. */
-static int run_share(Args *a, int t) {
+/* Computes items t, t + nthreads, ... of one call; returns 0, or 1 when out of memory. */
+static int run_share(const Args *a, int t, int nthreads) {
     int64_t longest = 0;
     for (int b = 0; b < a->B; b++) longest = a->kv_len[b] > longest ? a->kv_len[b] : longest;
     int G = a->H / a->KVH;
     float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (longest + 1)));
     if (scores == NULL) return 1;
     int items = a->B * a->KVH;
-    for (int item = t; item < items; item += a->threads)
+    for (int item = t; item < items; item += nthreads)
         one_item(a, item / a->KVH, item % a->KVH, scores);
     free(scores);
     return 0;
 }
 
+#ifndef _OPENMP
 /* A persistent pool of helper threads. Creating threads per call cost
  * ~110 us here (30 layers a step); these sleep on a condition variable
  * between calls, so they never spin on a core that torch's threads need.
@@ -194,7 +204,7 @@ static void *helper(void *arg) {
         Args *a = current;
         if (t >= a->threads) continue;  /* not needed for this call */
         pthread_mutex_unlock(&pool_lock);
-        int failed = run_share(a, t);
+        int failed = run_share(a, t, a->threads);
         pthread_mutex_lock(&pool_lock);
         failures += failed;
         if (--pending == 0) pthread_cond_signal(&work_done);
@@ -214,6 +224,7 @@ static int ensure_pool(int want) {
     }
     return pool_size;
 }
+#endif
 
 /* Returns 0 on success; -1 for bad geometry or no memory; b + 1 for a
  * request b whose page list runs past the table or names a page outside the
@@ -242,6 +253,18 @@ int64_t paged_decode_attention(const float *q, const float *k_pool, const float 
      * thread computes an item never changes its numbers. */
     if (work * KVH < 4096) a.threads = 1;
     if (a.threads > B * KVH) a.threads = B * KVH;
+#ifdef _OPENMP
+    /* In torch's own OpenMP team: its workers spin between torch's ops, so a
+     * pool of our own found the second core busy (see docs/performance.md). */
+    int failed = 0;
+    if (a.threads > 1) {
+#pragma omp parallel num_threads(a.threads) reduction(|:failed)
+        failed |= run_share(&a, omp_get_thread_num(), omp_get_num_threads());
+    } else {
+        failed = run_share(&a, 0, 1);
+    }
+    return failed ? -1 : 0;
+#else
     if (a.threads > MAX_THREADS) a.threads = MAX_THREADS;
     pthread_mutex_lock(&call_lock);
     if (a.threads > 1) a.threads = 1 + ensure_pool(a.threads - 1);
@@ -255,7 +278,7 @@ int64_t paged_decode_attention(const float *q, const float *k_pool, const float 
         pthread_cond_broadcast(&work_ready);
         pthread_mutex_unlock(&pool_lock);
     }
-    failed |= run_share(&a, 0);
+    failed |= run_share(&a, 0, a.threads);
     if (a.threads > 1) {
         pthread_mutex_lock(&pool_lock);
         while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);
@@ -264,6 +287,16 @@ int64_t paged_decode_attention(const float *q, const float *k_pool, const float 
     }
     pthread_mutex_unlock(&call_lock);
     return failed ? -1 : 0;
+#endif
+}
+
+/* 1 when built with -fopenmp (items run in the caller's OpenMP team). */
+int uses_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* The listed pages' K in position-major order, out [n * page_size, KVH, hd],
