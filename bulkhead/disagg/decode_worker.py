@@ -1,12 +1,13 @@
 """The decode worker: grants pages for an admitted prompt, verifies what
 prefill wrote into them, and only then decodes.
 
-Per request:
-    assign -> (prefill_ready) -> reserve pages -> pages_granted
+Per request (a DecodeJob's phase, changed only through bulkhead.disagg.lifecycle):
+    assign -> WAITING_PAGES -(prefill_ready, pages reserved)-> DECODE_ALLOCATED
     transfer_done -> coverage check (manifest == allocation, generations
-                     unchanged, every digest verifies) -> commit -> decode -> outputs
-    anything else (transfer_failed, finalize, bad manifest) -> fail closed;
-    the pages are released only after prefill's drain_ack or the lease.
+                     unchanged, every digest verifies) -> COMMITTED -> DECODING -> outputs
+    anything else (transfer_failed, finalize, bad manifest, a step the table
+    does not have) -> fail closed: DRAINING, and the pages are released only
+    after prefill's drain_ack or the lease.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from bulkhead.disagg.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, write_admissible
+from bulkhead.disagg.protocol_types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
@@ -32,13 +35,15 @@ DRAIN_LEASE_S = 30.0
 
 
 @dataclass
-class DecodeJob:
+class DecodeJob(Phased):
+    actor = Actor.DECODE
     ticket: SignedTicket
+    phase: Phase | None = None  # None until assigned; then only through advance()
     alloc: Allocation | None = None
-    committed: bool = False
-    failed: bool = False
+    # Prefill's drain ack: no write of its can still land. Not a phase: it
+    # may come in any phase (prefill acks as soon as its writes end, usually
+    # before the commit), and matters once the job is DRAINING.
     drained: bool = False
-    released: bool = False
     lease_deadline: float | None = None
     grant_deadline: float | None = None  # uncommitted past this: fail (no manifest is coming)
 
@@ -74,7 +79,7 @@ class DecodeWorker(WorkerBase):
             # within moments of the grant (and never after write_within_s).
             with self.lock:
                 job = self.jobs.get(rid)
-                if job is not None and not job.failed and job.alloc is None and rid not in self.pending:
+                if job is not None and job.phase is Phase.WAITING_PAGES and rid not in self.pending:
                     self.pending.append(rid)
             self._grant_pending()
         elif kind == "transfer_done":
@@ -92,14 +97,16 @@ class DecodeWorker(WorkerBase):
         if not self.accept_ticket(ticket, "transfer_failed"):
             return
         with self.lock:
-            self.jobs[ticket.request_id] = DecodeJob(ticket)
+            job = DecodeJob(ticket)
+            job.advance(Event.ASSIGN)
+            self.jobs[ticket.request_id] = job
 
     def _grant_pending(self) -> None:
         with self.lock:
             waiting = list(self.pending)
         for rid in waiting:
             job = self.jobs.get(rid)
-            if job is None or job.failed:
+            if job is None or job.phase is not Phase.WAITING_PAGES:
                 with self.lock:
                     self.pending.remove(rid)
                 continue
@@ -116,7 +123,7 @@ class DecodeWorker(WorkerBase):
         # checker explores (manifest.write_admissible).
         with self.lock:
             job = self.jobs.get(request_id)
-            awaiting = job is not None and job.alloc is not None and not job.committed and not job.failed
+            awaiting = job is not None and job.phase is Phase.DECODE_ALLOCATED
         ledger = self.engine.ledger
         page_now = (ledger.record(page).owner, ledger.generation(page)) if awaiting else None
         return write_admissible((request_id, generation), page_now, awaiting)
@@ -133,34 +140,40 @@ class DecodeWorker(WorkerBase):
         with self.target.write_lock:
             self.engine.release_reserved(rid)
 
-    def _granted(self, rid: str, future) -> None:
+    def _granted(self, rid: str, future) -> None:  # engine thread
         result = future.result()
-        with self.lock:
-            job = self.jobs.get(rid)
-            if result is None:  # pool busy: try again on a later tick
-                self.count("grants_deferred")  # the pool-exhaustion signal (fault matrix)
-                if job is not None:
-                    self.pending.append(rid)
-                return
-            if job is None or job.failed:  # finalized meanwhile: give the pages straight back
-                self.engine.call(lambda: self._release(rid))
-                return
-        pages, gens = result
-        t = job.ticket
-        job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages), tuple(gens))
-        # A backstop only: the router's lost-worker detection and deadline act first.
-        job.grant_deadline = self.clock() + 4 * self.drain_lease_s
-        self.count("pages_granted", len(pages))
-        # write_within_s: prefill starts no write for this grant after it, so a
-        # writer that never acks is done writing long before the lease ends.
-        self.link.send({"kind": "pages_granted", "request_id": rid, "room": t.room, "epoch": t.epoch,
-                        "pages": pages, "generations": gens, "transfer": self._transfer_info(),
-                        "write_within_s": self.drain_lease_s / 3})
+        with self.failing_closed(rid):  # an illegal step skips the rest of the block
+            with self.lock:
+                job = self.jobs.get(rid)
+                if result is None:  # pool busy: try again on a later tick
+                    self.count("grants_deferred")  # the pool-exhaustion signal (fault matrix)
+                    if job is not None:
+                        self.pending.append(rid)
+                    return
+                if job is None or (job.phase is Phase.DRAINING and job.alloc is None):
+                    # Finalized before its grant: give the pages straight back.
+                    # A second grant is left to the table (illegal): releasing
+                    # now would free the first grant's pages too, writers or not.
+                    self.engine.call(lambda: self._release(rid))
+                    return
+                job.advance(Event.PAGES_GRANTED)
+                pages, gens = result
+                t = job.ticket
+                job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages),
+                                       tuple(gens))
+                # A backstop only: the router's lost-worker detection and deadline act first.
+                job.grant_deadline = self.clock() + 4 * self.drain_lease_s
+            self.count("pages_granted", len(pages))
+            # write_within_s: prefill starts no write for this grant after it, so a
+            # writer that never acks is done writing long before the lease ends.
+            self.link.send({"kind": "pages_granted", "request_id": rid, "room": t.room, "epoch": t.epoch,
+                            "pages": pages, "generations": gens, "transfer": self._transfer_info(),
+                            "write_within_s": self.drain_lease_s / 3})
 
     def _verify_and_commit(self, rid: str, msg: dict) -> None:
         with self.lock:
             job = self.jobs.get(rid)
-        if job is None or job.alloc is None or job.failed:
+        if job is None or job.phase is not Phase.DECODE_ALLOCATED:  # late, or a duplicate
             self.count("manifests_unexpected")
             return
         self.faults.crash("crash_before_commit")
@@ -193,41 +206,63 @@ class DecodeWorker(WorkerBase):
             log.warning("refusing KV for %s: %s", rid, "; ".join(problems))
             self._fail(rid, "kv_transfer_failed", "the transferred KV did not verify: " + "; ".join(problems))
             return
-        with self.lock:
-            if job.failed:  # finalized while the check ran
-                return
-            job.committed = True
-        self.count("commits")
-        lp = logprobs_from_list(msg["first_logprobs"])
-        self.engine.submit_prefilled(ticket_to_admitted(job.ticket), msg["first_token"], lp[0] if lp else None,
-                                     unb64(msg["sampler_state"]), self._on_output)
+        with self.failing_closed(rid):  # an illegal step skips the rest of the block
+            with self.lock:
+                if job.phase in (Phase.DRAINING, Phase.DONE):  # finalized while the check ran
+                    return
+                job.advance(Event.MANIFEST_VERIFIED)  # a second check of one grant is refused here
+            self.count("commits")
+            lp = logprobs_from_list(msg["first_logprobs"])
+            self.engine.submit_prefilled(ticket_to_admitted(job.ticket), msg["first_token"], lp[0] if lp else None,
+                                         unb64(msg["sampler_state"]), self._on_output)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
         self.link.send({"kind": "output", "output": output_to_dict(out)})
-        if out.finished:
-            with self.lock:
-                self.jobs.pop(out.request_id, None)
+        rid = out.request_id
+        with self.failing_closed(rid), self.lock:
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            if job.phase is Phase.COMMITTED:
+                job.advance(Event.DECODE_STEP)
+            if out.finished:
+                job.advance(Event.FINISHED)
+                self.jobs.pop(rid)
 
     def _fail(self, rid: str, code: str, reason: str) -> None:
+        """Give up on the request's KV and tell the router. An allocation
+        drains at once (pages back after the drain ack or the lease); in any
+        other phase the router's finalize, which the report brings, ends the
+        job through the table. Also the fail-closed path of an illegal
+        transition, so it takes no step the table could refuse."""
         with self.lock:
             job = self.jobs.get(rid)
             if job is None:
                 return
-            job.failed = True
-            job.lease_deadline = self.clock() + self.drain_lease_s
+            if job.phase is Phase.DECODE_ALLOCATED:
+                job.advance(Event.VERIFY_FAILED)
+            if job.phase is Phase.DRAINING:
+                job.lease_deadline = self.clock() + self.drain_lease_s
         self.link.send({"kind": "transfer_failed", "request_id": rid, "code": code, "reason": reason})
         self._release_if_done(rid)
+
+    def fail_closed(self, rid: str, reason: str) -> None:
+        self._fail(rid, "kv_transfer_failed", reason)
 
     def _finalize(self, rid: str) -> None:
         with self.lock:
             job = self.jobs.get(rid)
             if job is None:
                 return
-            committed = job.committed
+            committed = job.phase in (Phase.COMMITTED, Phase.DECODING)
             if not committed:
-                job.failed = True
+                if job.phase is not Phase.DRAINING:  # else: after our own failure, or a repeat
+                    job.advance(Event.FINALIZE)
                 job.lease_deadline = self.clock() + self.drain_lease_s
         if committed:
+            # Not a phase change: the engine owns a committed request's pages
+            # and ends it; its last output is FINISHED. No drain wait, since
+            # no write is admitted after the commit (_write_allowed).
             self.engine.abort(rid)
         else:
             self._release_if_done(rid)
@@ -236,12 +271,12 @@ class DecodeWorker(WorkerBase):
         """Free an uncommitted allocation once no remote write can still land in it."""
         with self.lock:
             job = self.jobs.get(rid)
-            if job is None or job.committed or not job.failed or job.released:
+            if job is None or job.phase is not Phase.DRAINING:
                 return
             if not (job.drained or lease_expired):
                 return
-            job.released = True
-            self.jobs.pop(rid, None)
+            job.advance(Event.LEASE_EXPIRED if lease_expired else Event.DRAIN_ACK)
+            self.jobs.pop(rid)
         if lease_expired:
             self.count("lease_expiries")
         self.engine.call(lambda: self._release(rid))
@@ -254,9 +289,10 @@ class DecodeWorker(WorkerBase):
             self._grant_pending()
         with self.lock:
             expired = [rid for rid, j in self.jobs.items()
-                       if j.failed and not j.drained and j.lease_deadline is not None and now > j.lease_deadline]
+                       if j.phase is Phase.DRAINING and not j.drained and j.lease_deadline is not None
+                       and now > j.lease_deadline]
             stalled = [rid for rid, j in self.jobs.items()
-                       if not j.committed and not j.failed and j.grant_deadline is not None and now > j.grant_deadline]
+                       if j.phase is Phase.DECODE_ALLOCATED and j.grant_deadline is not None and now > j.grant_deadline]
         for rid in expired:
             self._release_if_done(rid, lease_expired=True)
         for rid in stalled:  # granted, but no manifest ever came: fail closed

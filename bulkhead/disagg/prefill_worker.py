@@ -1,10 +1,13 @@
 """The prefill worker: computes a prompt's KV, samples the first token, writes
 the KV into the pages decode granted, and says what it wrote (the manifest).
 
-Per request:   assign -> prefill (engine) -> prefill_ready -> pages_granted (from decode)
-               -> write pages -> transfer_done -> drain_ack
-A finalize (abort) at any point stops the work; drain_ack is sent once no
-write for the request can still land in decode's pool.
+Per request (a PrefillJob's phase, changed only through bulkhead.disagg.lifecycle):
+    assign -> WAITING_POOL -(engine hand-over)-> PREFILLING, prefill_ready
+    -(pages_granted from decode)-> TRANSFERRING: write pages, transfer_done
+    -(writes ended)-> DONE, drain_ack
+A finalize (abort) at any point stops the work (DRAINING); drain_ack is sent
+once no write for the request can still land in decode's pool, and never
+for a write that may still land (decode's lease fences it).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bulkhead.faults import pause, wait_until
+from bulkhead.disagg.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.manifest import Manifest
+from bulkhead.disagg.protocol_types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
 from bulkhead.disagg.wire import b64, logprobs_to_list, ticket_to_admitted
@@ -25,14 +30,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class PrefillJob:
+class PrefillJob(Phased):
+    actor = Actor.PREFILL
     ticket: SignedTicket
+    phase: Phase | None = None  # None until assigned; then only through advance()
     result: RequestOutput | None = None  # the engine's hand-over (first token, held pages)
     grant: dict | None = None  # decode's pages_granted message
     granted_at: float = 0.0  # monotonic time the grant arrived
-    transferring: bool = False
-    finalized: bool = False
-    done: bool = False  # drain_ack sent
 
 
 class PrefillWorker(WorkerBase):
@@ -50,7 +54,7 @@ class PrefillWorker(WorkerBase):
         elif kind == "pages_granted":
             with self.lock:
                 job = self.jobs.get(msg["request_id"])
-                if job is None or job.finalized:
+                if job is None or job.phase in (Phase.DRAINING, Phase.DONE):  # never write after the outcome
                     return
                 job.grant = msg
                 job.granted_at = self.clock()
@@ -63,7 +67,9 @@ class PrefillWorker(WorkerBase):
         if not self.accept_ticket(ticket, "prefill_failed"):
             return
         with self.lock:
-            self.jobs[ticket.request_id] = PrefillJob(ticket)
+            job = PrefillJob(ticket)
+            job.advance(Event.ASSIGN)
+            self.jobs[ticket.request_id] = job
         if self.faults.fire("stall_prefill"):  # the engine is busy: the request waits in its queue
             self.engine.call(pause)
         self.engine.submit(ticket_to_admitted(ticket), self._on_output)
@@ -71,17 +77,20 @@ class PrefillWorker(WorkerBase):
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
         rid = out.request_id
         if out.finish_reason == "prefilled":
-            with self.lock:
-                job = self.jobs.get(rid)
-                if job is not None:
-                    job.result = out
-                finalized = job is None or job.finalized
-            if finalized:
-                self.engine.release_reserved(rid)  # aborted while prefilling: we are on the engine thread
-                self._drained(rid)
-                return
-            self.link.send({"kind": "prefill_ready", "request_id": rid})  # decode grants pages now
-            self._maybe_transfer(rid)
+            with self.failing_closed(rid):  # an illegal step skips the rest of the block
+                with self.lock:
+                    job = self.jobs.get(rid)
+                    if job is not None:
+                        job.result = out
+                    finalized = job is None or job.phase is Phase.DRAINING
+                    if not finalized:
+                        job.advance(Event.PREFILLED)
+                if finalized:
+                    self.engine.release_reserved(rid)  # aborted while prefilling: we are on the engine thread
+                    self._drained(rid)
+                    return
+                self.link.send({"kind": "prefill_ready", "request_id": rid})  # decode grants pages now
+                self._maybe_transfer(rid)
         elif out.finished:  # aborted or failed before the hand-over: nothing was written
             if out.error is not None:
                 self.link.send({"kind": "prefill_failed", "request_id": rid, "reason": out.error.message,
@@ -91,9 +100,9 @@ class PrefillWorker(WorkerBase):
     def _maybe_transfer(self, rid: str) -> None:
         with self.lock:
             job = self.jobs.get(rid)
-            if job is None or job.result is None or job.grant is None or job.transferring or job.finalized:
+            if job is None or job.phase is not Phase.PREFILLING or job.grant is None:
                 return
-            job.transferring = True
+            job.advance(Event.PAGES_GRANTED)
         self.transfers.submit(self._transfer, job)
 
     def _transfer(self, job: PrefillJob) -> None:
@@ -103,15 +112,12 @@ class PrefillWorker(WorkerBase):
             pause(grant.get("write_within_s", 0) + 0.5)
         with self.lock:
             late = self.clock() - job.granted_at > grant.get("write_within_s", float("inf"))
-            if job.finalized or late:
+            skip = job.phase is Phase.DRAINING or late
+            if skip:
                 # Decode has given up on (or will soon reuse) these pages: write nothing.
                 self.count("transfers_skipped")
-                job.transferring = False
-                skip = True
-            else:
-                skip = False
         if skip:
-            if late and not job.finalized:
+            if late and job.phase is not Phase.DRAINING:
                 self.link.send({"kind": "transfer_failed", "request_id": rid,
                                 "reason": "the grant expired before the transfer could start"})
             self.engine.call(lambda: self.engine.release_reserved(rid))
@@ -127,7 +133,7 @@ class PrefillWorker(WorkerBase):
             dst_pages, dst_gens, src_pages, digests = self._inject(dst_pages, dst_gens, src_pages, digests)
             self.faults.fire("slow_transfer")
             if self.faults.fire("stall_transfer"):  # until the router's deadline finalized the request
-                wait_until(lambda: job.finalized)
+                wait_until(lambda: job.phase is Phase.DRAINING)
             source.write_pages(grant["transfer"]["descriptor"], rid, self.engine.pool, src_pages, dst_pages,
                                dst_gens)
             claimed = dst_pages
@@ -188,12 +194,14 @@ class PrefillWorker(WorkerBase):
                 # written, so decode may free its grant now, not at the lease.
                 self.link.send({"kind": "drain_ack", "request_id": rid})
                 return
-            job.finalized = True
-            if job.done:  # its write was not drained: never acked (decode's lease fences it)
+            if job.phase is Phase.DONE:  # its write was not drained: never acked (decode's lease fences it)
                 self.jobs.pop(rid)
                 return
-            busy = job.transferring
-            holding = job.result is not None and not job.transferring
+            if job.phase is Phase.DRAINING:  # a repeat: the first finalize started the drain
+                return
+            busy = job.phase is Phase.TRANSFERRING
+            holding = job.phase is Phase.PREFILLING
+            job.advance(Event.FINALIZE)
         if busy:
             return  # the transfer thread acks when the write has ended
         self.engine.abort(rid)
@@ -206,18 +214,29 @@ class PrefillWorker(WorkerBase):
         """A write that may still land is never acked; the job is forgotten once
         the router has finalized the request (found by the simulator: the job
         used to stay in `jobs` forever after every undrained failure)."""
-        with self.lock:
+        with self.failing_closed(rid), self.lock:
             job = self.jobs.get(rid)
             if job is None:
                 return
-            job.transferring = False
-            job.done = True  # no drain_ack for it, ever
-            if job.finalized:
+            finalized = job.phase is Phase.DRAINING
+            job.advance(Event.UNDRAINED)  # DONE: no drain_ack for it, ever
+            if finalized:
                 self.jobs.pop(rid)
 
     def _drained(self, rid: str) -> None:
-        with self.lock:
-            job = self.jobs.pop(rid, None)
-        if job is not None and not job.done:
-            job.done = True
-            self.link.send({"kind": "drain_ack", "request_id": rid})
+        with self.failing_closed(rid):  # an illegal step skips the rest of the block
+            with self.lock:
+                job = self.jobs.get(rid)
+                if job is None:
+                    return
+                ack = job.phase is not Phase.DONE  # DONE: undrained, never acked
+                if ack:
+                    job.advance(Event.QUIESCED)
+                self.jobs.pop(rid)
+            if ack:
+                self.link.send({"kind": "drain_ack", "request_id": rid})
+
+    def fail_closed(self, rid: str, reason: str) -> None:
+        # The router fails the request (a typed 500) and finalizes it; the
+        # finalize then drains the job as any other would.
+        self.link.send({"kind": "prefill_failed", "request_id": rid, "reason": reason, "code": "internal_error"})

@@ -6,11 +6,15 @@ checker (bulkhead.verify) feeds it every interleaving an adversarial
 environment allows. `notes` (PageRead, WriteLanded, Committed,
 ClientResponse) are what an observer may check.
 
-The runtime (bulkhead.disagg.router, prefill_worker, decode_worker) follows
-the table below with its own mutable state; decode's rule for whether a
-write may land and its checks of a manifest against the allocation and the
-digests are the same functions in both (bulkhead.disagg.manifest). The simulator
-(bulkhead.sim) checks the runtime's classes themselves.
+Every phase change in the table below is a row of bulkhead.disagg.lifecycle,
+and the step functions make it through lifecycle.advance, so the checker
+explores exactly those rows. The runtime (bulkhead.disagg.router,
+prefill_worker, decode_worker) changes its records' phases through the same
+table, plus a few runtime-only rows, each saying where and why the running
+system differs. Decode's rule for whether a write may land and its checks of
+a manifest against the allocation and the digests are the same functions in
+both (bulkhead.disagg.manifest). The simulator (bulkhead.sim) checks the
+runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,
         DeadlinePassed, PeerLost, DecodeDone, TransferFailed, PrefillRejected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from bulkhead.disagg.lifecycle import Actor, Event, advance
 from bulkhead.disagg.manifest import Allocation, identity_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.manifest import Manifest as RuntimeManifest
 from bulkhead.disagg.protocol_ledger import Ledger
@@ -24,7 +25,8 @@ from bulkhead.disagg.protocol_types import (
 @dataclass(frozen=True)
 class DecodeRequest:
     rid: int
-    phase: Phase                       # WAITING_PAGES .. DECODING, DRAINING, DONE
+    phase: Phase | None                # WAITING_PAGES .. DECODING, DRAINING, DONE (lifecycle.py);
+                                       # None only inside a step, until the table gives one
     ticket: Ticket | None = None
     pages: tuple[int, ...] = ()        # prompt pages first, then decode pages
     manifest: Manifest | None = None
@@ -71,7 +73,7 @@ def _assign(config, state: DecodeState, message: Assign) -> Step:
         return Step(state)
     if ticket.decode_incarnation != state.incarnation:
         return Step(state)  # issued before our restart; the router will learn of it
-    record = DecodeRequest(ticket.rid, Phase.WAITING_PAGES, ticket=ticket)
+    record = DecodeRequest(ticket.rid, advance(Actor.DECODE, None, Event.ASSIGN), ticket=ticket)
     return _allocate_waiting(config, replace(state, requests=upsert(state.requests, record)))
 
 
@@ -86,7 +88,7 @@ def _allocate_waiting(config, state: DecodeState) -> Step:
         if need > len(state.ledger.free):
             continue
         ledger, pages = state.ledger.allocate(record.rid, need)
-        record = replace(record, phase=Phase.DECODE_ALLOCATED, pages=pages)
+        record = replace(record, phase=_next(record, Event.PAGES_GRANTED), pages=pages)
         state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
         ticket = record.ticket
         grants = tuple(PageGrant(p, ledger.entries[p].gen) for p in record.prompt_pages)
@@ -144,7 +146,7 @@ def _try_commit(config, state: DecodeState, rid: int) -> Step:
         record = replace(record, failed=True)
         return Step(replace(state, requests=upsert(state.requests, record)),
                     (TransferFailed(ROUTER, rid, verdict),))
-    record = replace(record, phase=Phase.COMMITTED)
+    record = replace(record, phase=_next(record, Event.MANIFEST_VERIFIED))
     note = Committed(state.index, rid, record.ticket.epoch, record.pages)
     return Step(replace(state, requests=upsert(state.requests, record)), notes=(note,))
 
@@ -188,20 +190,23 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
         ledger = ledger.write_local(page, kv_origin(ticket.rid, ticket.epoch))
     reads = tuple(PageRead(ticket.rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
                   for p in record.pages)
-    record = replace(record, phase=Phase.DECODING)
+    record = replace(record, phase=_next(record, Event.DECODE_STEP))
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
     return Step(state, (DecodeDone(ROUTER, ticket.rid),), reads)
 
 
 def _finalize(config, state: DecodeState, message: Finalize) -> Step:
-    record = find(state.requests, message.rid) or DecodeRequest(message.rid, Phase.WAITING_PAGES)
+    record = find(state.requests, message.rid) or DecodeRequest(message.rid, phase=None)  # none yet
     if record.phase in (Phase.DRAINING, Phase.DONE):
         return Step(state)
-    record = replace(record, outcome=message.outcome)
-    if record.pages and config.guards.drain_before_reuse and not record.drain_acked:
-        record = replace(record, phase=Phase.DRAINING)
-        return Step(replace(state, requests=upsert(state.requests, record)))
-    return _release(config, state, record)
+    # The table sends a record holding pages to DRAINING, one without to DONE.
+    record = replace(record, phase=_next(record, Event.FINALIZE), outcome=message.outcome)
+    if record.phase is Phase.DRAINING and (record.drain_acked or not config.guards.drain_before_reuse):
+        # The ack came before the outcome; or, guard off, it is not waited for.
+        record = replace(record, phase=_next(record, Event.DRAIN_ACK))
+    if record.phase is Phase.DONE:
+        return _release(config, state, record)
+    return Step(replace(state, requests=upsert(state.requests, record)))
 
 
 def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
@@ -209,7 +214,7 @@ def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
     if record is None or record.phase is Phase.DONE:
         return Step(state)
     if record.phase is Phase.DRAINING:
-        return _release(config, state, record)
+        return _release(config, state, replace(record, phase=_next(record, Event.DRAIN_ACK)))
     return Step(replace(state, requests=upsert(state.requests, replace(record, drain_acked=True))))
 
 
@@ -217,15 +222,20 @@ def _lease_expired(config, state: DecodeState, event: LeaseExpired) -> Step:
     record = find(state.requests, event.rid)
     if record is None or record.phase is not Phase.DRAINING:
         return Step(state)
-    return _release(config, state, record)
+    return _release(config, state, replace(record, phase=_next(record, Event.LEASE_EXPIRED)))
 
 
 def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
+    """Free the pages of a record the table has just moved to DONE."""
     ledger = state.ledger.release(record.pages, scrub=config.guards.scrub_on_free)
     # Keep only what an audit needs, so equal outcomes make equal states.
-    record = DecodeRequest(record.rid, Phase.DONE, ticket=record.ticket, outcome=record.outcome)
+    record = DecodeRequest(record.rid, record.phase, ticket=record.ticket, outcome=record.outcome)
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
     return _allocate_waiting(config, state)
+
+
+def _next(record: DecodeRequest, event: Event) -> Phase:
+    return advance(Actor.DECODE, record.phase, event)
 
 
 _HANDLERS = {

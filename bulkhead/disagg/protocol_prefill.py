@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from bulkhead.disagg.lifecycle import Actor, Event, advance
 from bulkhead.disagg.protocol_messages import (
     Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
     TransferDone,
@@ -25,7 +26,8 @@ from bulkhead.disagg.protocol_types import (
 @dataclass(frozen=True)
 class PrefillRequest:
     rid: int
-    phase: Phase                          # WAITING_POOL .. TRANSFERRING, DRAINING, DONE
+    phase: Phase | None                   # WAITING_POOL .. TRANSFERRING, DRAINING, DONE (lifecycle.py);
+                                          # None only inside a step, until the table gives one
     ticket: Ticket | None = None
     grant: PagesGranted | None = None     # may arrive before the ticket
     local_pages: int = 0                  # pages held in prefill's own pool
@@ -68,7 +70,7 @@ def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
 def _assign(config: ProtocolConfig, state: PrefillState, ticket: Ticket) -> Step:
     if (not ticket.signed and config.guards.hmac) or ticket.prefill_incarnation != state.incarnation:
         return Step(state)
-    record = find(state.requests, ticket.rid) or PrefillRequest(ticket.rid, Phase.WAITING_POOL)
+    record = find(state.requests, ticket.rid) or PrefillRequest(ticket.rid, _new(Event.ASSIGN))
     if record.ticket is not None or record.phase in (Phase.DRAINING, Phase.DONE):
         return Step(state)  # duplicate, or the outcome is already known
     record = replace(record, ticket=ticket, decode_peer=ticket.decode)
@@ -89,7 +91,7 @@ def _legacy_input_limit(config: ProtocolConfig, state: PrefillState) -> int:
 
 
 def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -> Step:
-    record = find(state.requests, grant.rid) or PrefillRequest(grant.rid, Phase.WAITING_POOL)
+    record = find(state.requests, grant.rid) or PrefillRequest(grant.rid, _new(Event.PAGES_GRANTED))
     if record.grant is not None or record.phase in (Phase.DRAINING, Phase.DONE):
         return Step(state)  # duplicate, or too late: never write after the outcome
     state = replace(state, requests=upsert(state.requests, replace(record, grant=grant)))
@@ -104,7 +106,7 @@ def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
         if record.phase is Phase.WAITING_POOL and record.ticket is not None:
             need = 1 if record.stub else record.ticket.prompt_pages
             if config.prefill_pools[state.index] - state.pages_in_use() >= need:
-                record = replace(record, phase=Phase.PREFILLING, local_pages=need)
+                record = replace(record, phase=_next(record, Event.PREFILLED), local_pages=need)
                 state = replace(state, requests=upsert(state.requests, record))
         if record.phase is Phase.PREFILLING and _grant_matches(record):
             record, posted = _post_writes(record)
@@ -133,16 +135,16 @@ def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
                         tuple(g.page for g in grants),
                         tuple(digest_of(payload) for _ in grants))
     sends.append(TransferDone(dst, manifest))
-    return replace(record, phase=Phase.TRANSFERRING), sends
+    return replace(record, phase=_next(record, Event.PAGES_GRANTED)), sends
 
 
 def _finalize(state: PrefillState, message: Finalize) -> Step:
-    record = find(state.requests, message.rid) or PrefillRequest(message.rid, Phase.WAITING_POOL)
+    record = find(state.requests, message.rid) or PrefillRequest(message.rid, phase=None)  # none yet
     if record.phase in (Phase.DRAINING, Phase.DONE):
         return Step(state)
     # A LEGACY stub keeps its own 400: that disagreement is the bug.
     outcome = record.outcome or message.outcome
-    record = replace(record, phase=Phase.DRAINING, outcome=outcome, decode_peer=message.peer,
+    record = replace(record, phase=_next(record, Event.FINALIZE), outcome=outcome, decode_peer=message.peer,
                      epoch=message.epoch)
     return Step(replace(state, requests=upsert(state.requests, record)))
 
@@ -152,9 +154,17 @@ def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
     record = find(state.requests, rid)
     if record is None or record.phase is not Phase.DRAINING:
         return Step(state)
-    record = replace(record, phase=Phase.DONE, local_pages=0, grant=None)
+    record = replace(record, phase=_next(record, Event.QUIESCED), local_pages=0, grant=None)
     state = replace(state, requests=upsert(state.requests, record))
     ack = DrainAck(decode_addr(record.decode_peer), rid, record.epoch)
     step = _advance(config, state)  # local pages came free
     return Step(step.state, (ack,) + step.send)
 
+
+def _new(event: Event) -> Phase:
+    """The phase of a record that `event` creates (the table's "-" rows)."""
+    return advance(Actor.PREFILL, None, event)
+
+
+def _next(record: PrefillRequest, event: Event) -> Phase:
+    return advance(Actor.PREFILL, record.phase, event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from bulkhead.disagg.lifecycle import Actor, Event, advance
 from bulkhead.disagg.protocol_messages import (
     Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, Finalize, PeerLost,
     PrefillRejected, Step, Submit, TransferFailed,
@@ -78,10 +79,12 @@ def _submit(config: ProtocolConfig, state: RouterState, spec: RequestSpec) -> St
     if admit_first:
         rejection = _rejection(config, spec)
         if rejection:
-            record = RouterRequest(spec, Phase.DONE, outcome=Outcome.REJECTED, detail=rejection)
+            record = RouterRequest(spec, advance(Actor.ROUTER, None, Event.REJECT), outcome=Outcome.REJECTED,
+                                   detail=rejection)
             return Step(replace(state, requests=upsert(state.requests, record)),
                         notes=(ClientResponse(spec.rid, Outcome.REJECTED, rejection),))
-    state = replace(state, requests=upsert(state.requests, RouterRequest(spec, Phase.ADMITTED)))
+    record = RouterRequest(spec, advance(Actor.ROUTER, None, Event.ADMIT))
+    state = replace(state, requests=upsert(state.requests, record))
     return _bootstrap_waiting(config, state)
 
 
@@ -104,7 +107,7 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
         if not free:
             break
         spec = record.spec
-        record = replace(record, phase=Phase.BOOTSTRAPPED, room=free[0])
+        record = replace(record, phase=advance(Actor.ROUTER, record.phase, Event.BOOTSTRAP), room=free[0])
         state = replace(state, requests=upsert(state.requests, record))
         known = dict(state.known_incarnations)
         ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages,
@@ -132,7 +135,8 @@ def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Out
         spec = record.spec
         sends = (Finalize(prefill_addr(spec.prefill), rid, outcome, spec.decode, record.epoch),
                  Finalize(decode_addr(spec.decode), rid, outcome, spec.prefill, record.epoch))
-    record = replace(record, phase=Phase.DONE, outcome=outcome, detail=detail)
+    record = replace(record, phase=advance(Actor.ROUTER, record.phase, Event.FINALIZE), outcome=outcome,
+                     detail=detail)
     state = replace(state, requests=upsert(state.requests, record))
     notes = (ClientResponse(rid, outcome, detail),)
     if not bootstrap_after:

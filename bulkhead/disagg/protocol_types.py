@@ -199,7 +199,8 @@ class Manifest:
 
 
 class Phase(enum.Enum):
-    """Where a request is, as one actor sees it (see protocol.py's table)."""
+    """Where a request is, as one actor sees it (see protocol.py's table;
+    lifecycle.py holds every transition between them)."""
 
     ADMITTED = "admitted"                  # router: passed admission, no room yet
     BOOTSTRAPPED = "bootstrapped"          # router: room assigned, pair told

@@ -23,7 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from bulkhead import __version__
 from bulkhead.disagg.control import Signer
+from bulkhead.disagg.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.links import RouterLink
+from bulkhead.disagg.protocol_types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict, params_to_dict
 from bulkhead.engine.admission import Limits
@@ -56,14 +58,15 @@ class Worker:
 
 
 @dataclass
-class Route:
+class Route(Phased):
+    actor = Actor.ROUTER
     request_id: str
     prefill: str
     decode: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     index: int
-    finished: bool = False
+    phase: Phase | None = None  # BOOTSTRAPPED, then DONE once the outcome is decided; only through advance()
 
 
 class DisaggBackend(Backend):
@@ -136,6 +139,8 @@ class DisaggBackend(Backend):
                 t.context_length, params_to_dict(t.params), t.cache_salt,
             ).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
+            route.advance(Event.ADMIT)  # admit() has already decided, against the pair's smallest limit
+            route.advance(Event.BOOTSTRAP)  # the room is the ticket's; rooms never run out here
             with self.lock:
                 # The pair may have been declared lost since _pair() chose it;
                 # a route to a lost worker would never be failed.
@@ -180,16 +185,16 @@ class DisaggBackend(Backend):
 
     # -- control plane (link thread) --------------------------------------------
     def _deliver(self, route: Route, out: RequestOutput, after_finalize: bool = False) -> None:
-        if route.finished and not after_finalize:
+        if route.phase is Phase.DONE and not after_finalize:
             return
         if out.finished:
-            route.finished = True
+            self._decide(route)  # decode's last output is the outcome (its tokens, or its error)
         route.loop.call_soon_threadsafe(route.queue.put_nowait, (route.index, out))
 
     def _fail(self, rid: str, error: BulkheadError, outcome: str) -> None:
         with self.lock:
             route = self.routes.get(rid)
-        if route is None or route.finished:
+        if route is None or route.phase is Phase.DONE:
             return
         # Tell the workers before the client: once the client has its answer
         # the route may be gone.
@@ -203,10 +208,18 @@ class DisaggBackend(Backend):
             self._finalize_route(route, outcome)
 
     def _finalize_route(self, route: Route, outcome: str) -> None:
-        """The request's one outcome, sent to both workers of its pair."""
-        route.finished = True
+        """The request's one outcome, sent to both workers of its pair (again
+        on a repeat, as ever: workers ignore a repeated finalize)."""
+        self._decide(route)
         for worker in (route.prefill, route.decode):
             self.link.send(worker, {"kind": "finalize", "request_id": route.request_id, "outcome": outcome})
+
+    def _decide(self, route: Route) -> None:
+        """The route's outcome is decided: DONE, once (the first decision
+        wins; the link thread and the request's event loop may race here)."""
+        with self.lock:
+            if route.phase is not Phase.DONE:
+                route.advance(Event.FINALIZE)
 
     def _undeliverable(self, worker: str, message: dict) -> None:
         """The link could not hand a message to a worker (gone, or backed up)."""
@@ -245,7 +258,7 @@ class DisaggBackend(Backend):
                 self.link.send(route.prefill, msg)
         elif kind in ("transfer_done", "prefill_ready"):
             route = self._route_for(sender, rid, "prefill")
-            if route is not None and not route.finished:
+            if route is not None and route.phase is not Phase.DONE:
                 self.link.send(route.decode, msg)
         elif kind == "drain_ack":
             # Acks also arrive after the route is gone (the client left first);

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from bulkhead.disagg.control import Signer
+from bulkhead.disagg.lifecycle import IllegalTransition
 from bulkhead.disagg.links import WorkerLink
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
@@ -51,6 +53,26 @@ class WorkerBase:
             self.link.send({"kind": refusal_kind, "request_id": ticket.request_id, "reason": str(e)})
             return False
         return True
+
+    @contextmanager
+    def failing_closed(self, rid: str) -> Iterator[None]:
+        """Around a job's phase changes: a step the lifecycle table does not
+        have skips the rest of the block and fails the request closed
+        (fail_closed), logged and counted, instead of raising out of the
+        link or engine thread. Enter it outside self.lock: fail_closed
+        takes the lock itself."""
+        try:
+            yield
+        except IllegalTransition as e:
+            self.count("illegal_transitions")
+            log.error("%s failing %s closed: %s", self.name, rid, e)
+            self.fail_closed(rid, f"the request took a step its protocol does not have ({e})")
+
+    def fail_closed(self, rid: str, reason: str) -> None:
+        """Fail the request with its typed error through the router, whose
+        finalize then ends the job through the table (so pages still wait
+        for the drain ack or the lease)."""
+        raise NotImplementedError
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -6,6 +6,8 @@
     write_on_moved_page    | no write lands on a page no longer the writer's at its generation
     ledger_integrity       | every engine's ledger and scheduler agree after every step
     runtime_error          | no worker or router handler raised
+    illegal_transition     | no job took a step outside its lifecycle table (counted by
+                           | each live worker as it fails the request closed)
     no_outcome             | every request got exactly one terminal outcome at its client
     two_outcomes           |   (never none, never two)
     rejected_not_clean     | an over-length request reached no worker (no message names it)
@@ -47,6 +49,8 @@ def check_run(ctx: SimContext, cluster: Cluster, requests: list[SimRequest], out
     if not quiescent:
         _check_left_over(ctx, cluster)
     for node in cluster.live_workers():
+        if illegal := node.worker.counters.get("illegal_transitions"):
+            ctx.violation("illegal_transition", f"{node.name}: {illegal} steps outside the lifecycle table")
         engine = node.worker.engine
         try:
             engine.check_integrity()

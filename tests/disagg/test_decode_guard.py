@@ -6,6 +6,7 @@ import pytest
 
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
+from bulkhead.disagg.lifecycle import Event
 from bulkhead.disagg.manifest import Allocation
 from bulkhead.disagg.ticket import SignedTicket
 
@@ -36,6 +37,8 @@ def decode(make_engine):
     from bulkhead.disagg.decode_worker import DecodeJob
 
     job = DecodeJob(ticket, alloc=Allocation("r1", "alpha", 1, 1, 3, tuple(pages), tuple(gens)))
+    job.advance(Event.ASSIGN)
+    job.advance(Event.PAGES_GRANTED)
     worker.jobs["r1"] = job
     return worker, target, job, pages, gens
 
@@ -65,5 +68,5 @@ def test_no_write_is_admitted_once_the_request_stopped_waiting_for_kv(decode, st
     if state == "unknown":
         worker.jobs.clear()
     else:
-        setattr(job, state, True)
+        job.advance(Event.MANIFEST_VERIFIED if state == "committed" else Event.VERIFY_FAILED)
     assert not target.guard(pages[0], gens[0], "r1")

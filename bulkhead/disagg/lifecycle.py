@@ -1,0 +1,217 @@
+"""Every phase change a request may make, per actor, as one table.
+
+    advance(actor, phase, event) -> the next phase, or IllegalTransition
+
+The protocol's step functions (protocol_router/prefill/decode.py) make every
+phase change through advance(), so the model checker explores exactly these
+rows: a step that is not a row raises, and tests/disagg/test_lifecycle.py
+checks that an exhaustive search takes every row. The runtime's records
+(router.Route, prefill_worker.PrefillJob, decode_worker.DecodeJob) change
+phase only through the same table, with runtime=True, which adds the few
+RUNTIME rows below; each says why the running system differs from the model
+there. A from-phase of None (shown "-") means no record yet: the event
+creates it.
+
+LEGACY and the guard ablations take only PROTOCOL rows (they change what
+the checks decide, not which phases follow which), so they go through the
+same strict table. With drain_before_reuse off, decode frees pages at the
+finalize as though prefill had already acked (DRAINING -drain_ack-> DONE in
+the same step): that unfenced reuse is what the ablation shows is unsafe.
+
+Pure: enums, tuples and dicts; no I/O, no clock, no torch.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+from bulkhead.disagg.protocol_types import Phase as P
+
+
+class Actor(enum.Enum):
+    ROUTER = "router"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    __hash__ = object.__hash__  # members are singletons; the checker looks rows up millions of times
+
+
+class Event(enum.Enum):
+    """What happened to one request, as the actor that records it sees it."""
+
+    ADMIT = "admit"                          # router: fits the smallest limit of its pair
+    REJECT = "reject"                        # router: does not
+    BOOTSTRAP = "bootstrap"                  # router: a room is free, the ticket goes to both
+    ASSIGN = "assign"                        # worker: a signed ticket arrived
+    PREFILLED = "prefilled"                  # prefill: local pages held, the prompt's KV computed
+    PAGES_GRANTED = "pages_granted"          # decode grants pages; prefill holds the grant
+    MANIFEST_VERIFIED = "manifest_verified"  # decode: manifest == allocation, all written, digests ok
+    VERIFY_FAILED = "verify_failed"          # decode (runtime): it gives up on the KV
+    DECODE_STEP = "decode_step"              # decode: tokens generated and sent on
+    FINISHED = "finished"                    # decode (runtime): the engine's last output
+    FINALIZE = "finalize"                    # router: decides the outcome; workers: hear it
+    QUIESCED = "quiesced"                    # prefill: no write for the request is outstanding
+    UNDRAINED = "undrained"                  # prefill (runtime): a write may still land; never acked
+    DRAIN_ACK = "drain_ack"                  # decode: prefill's ack (it may have come earlier)
+    LEASE_EXPIRED = "lease_expired"          # decode: the fence; no admitted write outlives it
+
+    __hash__ = object.__hash__
+
+
+ROUTER, PREFILL, DECODE = Actor.ROUTER, Actor.PREFILL, Actor.DECODE
+E = Event
+NEW = None  # no record yet
+
+# The protocol: what the model checker explores, and what the runtime follows.
+PROTOCOL = {
+    ROUTER: (
+        # from               event                 to                  sends, or why
+        (NEW,                E.ADMIT,              P.ADMITTED,         "-"),
+        (NEW,                E.REJECT,             P.DONE,             "4xx to the client; nothing else exists"),
+        (P.ADMITTED,         E.BOOTSTRAP,          P.BOOTSTRAPPED,     "Assign(ticket) to both workers"),
+        (P.ADMITTED,         E.FINALIZE,           P.DONE,             "before a room: no worker knows it"),
+        (P.BOOTSTRAPPED,     E.FINALIZE,           P.DONE,             "Finalize(outcome) to both, then the client"),
+    ),
+    PREFILL: (
+        (NEW,                E.ASSIGN,             P.WAITING_POOL,     "-"),
+        (NEW,                E.PAGES_GRANTED,      P.WAITING_POOL,     "the grant overtook the ticket: kept"),
+        (NEW,                E.FINALIZE,           P.DRAINING,         "the outcome overtook the ticket"),
+        (P.WAITING_POOL,     E.PREFILLED,          P.PREFILLING,       "-"),
+        (P.PREFILLING,       E.PAGES_GRANTED,      P.TRANSFERRING,     "PageWrite per page, then TransferDone"),
+        (P.WAITING_POOL,     E.FINALIZE,           P.DRAINING,         "never posts a write"),
+        (P.PREFILLING,       E.FINALIZE,           P.DRAINING,         "never posts a write"),
+        (P.TRANSFERRING,     E.FINALIZE,           P.DRAINING,         "posts no more; writes may be in flight"),
+        (P.DRAINING,         E.QUIESCED,           P.DONE,             "DrainAck to decode"),
+    ),
+    DECODE: (
+        (NEW,                E.ASSIGN,             P.WAITING_PAGES,    "-"),
+        (NEW,                E.FINALIZE,           P.DONE,             "the outcome overtook the ticket"),
+        (P.WAITING_PAGES,    E.PAGES_GRANTED,      P.DECODE_ALLOCATED, "PagesGranted(pages, gens) to prefill"),
+        (P.WAITING_PAGES,    E.FINALIZE,           P.DONE,             "no pages yet: nothing to drain"),
+        # A check that fails reports TransferFailed and keeps the phase (the
+        # model's `failed` flag) until the router's Finalize.
+        (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
+        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "DecodeDone to the router"),
+        (P.DECODE_ALLOCATED, E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
+        (P.COMMITTED,        E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
+        (P.DECODING,         E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
+        (P.DRAINING,         E.DRAIN_ACK,          P.DONE,             "pages scrubbed and freed"),
+        (P.DRAINING,         E.LEASE_EXPIRED,      P.DONE,             "pages scrubbed and freed"),
+    ),
+}
+
+# Where the running system differs from the model. A row with the key of a
+# PROTOCOL row replaces it for the runtime.
+RUNTIME = {
+    ROUTER: (),
+    PREFILL: (
+        # The engine can end a prompt (an error) before handing it over.
+        (P.WAITING_POOL,     E.QUIESCED,           P.DONE,             "ended before the hand-over: nothing written"),
+        # The runtime's router sends no Finalize after a success, so prefill
+        # acks as soon as its writes end instead of waiting for one.
+        (P.TRANSFERRING,     E.QUIESCED,           P.DONE,             "DrainAck as the writes end"),
+        # A transfer that failed mid-write may have a write still landing:
+        # no ack, ever; the job is kept until the finalize so that it is not
+        # acked then either.
+        (P.TRANSFERRING,     E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
+        (P.DRAINING,         E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
+    ),
+    DECODE: (
+        # Replaces WAITING_PAGES -finalize-> DONE. The runtime reserves pages
+        # on the engine thread and does not track a reservation in flight;
+        # it keeps the job until the drain ack or the lease, as if granted.
+        (P.WAITING_PAGES,    E.FINALIZE,           P.DRAINING,         "waits for the ack or lease, as if granted"),
+        # The model waits for the router's Finalize after a failed check;
+        # the runtime drains at once. Either way no commit can follow.
+        (P.DECODE_ALLOCATED, E.VERIFY_FAILED,      P.DRAINING,         "reports TransferFailed, drains now"),
+        # A committed request's pages are the engine's: it frees them when
+        # the request ends. No drain wait, since no write is admitted after
+        # the commit (manifest.write_admissible).
+        (P.DECODING,         E.FINISHED,           P.DONE,             "the engine frees the pages"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    actor: Actor
+    src: P | None
+    event: Event
+    dst: P
+    why: str
+    runtime_only: bool = False
+    replaces: P | None = None  # a runtime row's protocol destination, where it differs
+
+
+class IllegalTransition(Exception):
+    """A phase change that is not in the table: a bug, or a message the
+    protocol never sends (a duplicate the guards should have dropped)."""
+
+    def __init__(self, actor: Actor, phase: P | None, event: Event, runtime: bool):
+        table = "runtime" if runtime else "protocol"
+        super().__init__(f"{actor.value}: no transition from {_name(phase)} on {event.value} in the {table} table")
+        self.actor, self.phase, self.event = actor, phase, event
+
+
+def _rows(runtime: bool) -> tuple[Row, ...]:
+    """In table order; a runtime row takes the place of the protocol row it
+    replaces, the others follow their actor's protocol rows."""
+    extra = {(actor, src, event): (dst, why) for actor, table in RUNTIME.items()
+             for src, event, dst, why in table} if runtime else {}
+    out = []
+    for actor, table in PROTOCOL.items():
+        for src, event, dst, why in table:
+            if (actor, src, event) in extra:
+                new, new_why = extra.pop((actor, src, event))
+                out.append(Row(actor, src, event, new, new_why, runtime_only=True, replaces=dst))
+            else:
+                out.append(Row(actor, src, event, dst, why))
+        out += [Row(a, src, event, dst, why, runtime_only=True)
+                for (a, src, event), (dst, why) in extra.items() if a is actor]
+    return tuple(out)
+
+
+_ROWS = {False: _rows(runtime=False), True: _rows(runtime=True)}
+_TABLES = {flag: {(r.actor, r.src, r.event): r.dst for r in table} for flag, table in _ROWS.items()}
+
+
+def advance(actor: Actor, phase: P | None, event: Event, *, runtime: bool = False) -> P:
+    """The phase after `event`; IllegalTransition if the table has no row.
+    runtime=True: the runtime's table (the protocol's with RUNTIME's rows)."""
+    to = _TABLES[runtime].get((actor, phase, event))
+    if to is None:
+        raise IllegalTransition(actor, phase, event, runtime)
+    return to
+
+
+def rows(*, runtime: bool = False) -> tuple[Row, ...]:
+    """Every row of the protocol's table, or of the runtime's."""
+    return _ROWS[runtime]
+
+
+def format_table(*, runtime: bool = True) -> str:
+    """The table as docs/verification.md shows it (`*`: the runtime only)."""
+    lines = [f"{'actor':8} {'from':17} {'event':18} {'to':17} sends, or why",
+             f"{'-' * 7:8} {'-' * 16:17} {'-' * 17:18} {'-' * 16:17} {'-' * 13}"]
+    for row in rows(runtime=runtime):
+        why = row.why + (f" (protocol: {row.replaces.name})" if row.replaces else "")
+        mark = "*" if row.runtime_only else " "
+        lines.append(f"{row.actor.value:8} {_name(row.src):17} {row.event.value:18} {row.dst.name:16}{mark} {why}")
+    return "\n".join(lines)
+
+
+def _name(phase: P | None) -> str:
+    return "-" if phase is None else phase.name
+
+
+class Phased:
+    """A runtime record (route or job) whose phase changes only through the
+    runtime table. Subclasses are dataclasses with a `phase` field."""
+
+    actor: ClassVar[Actor]
+    phase: P | None
+
+    def advance(self, event: Event) -> P:
+        self.phase = advance(self.actor, self.phase, event, runtime=True)
+        return self.phase
