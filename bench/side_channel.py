@@ -122,7 +122,7 @@ def render(cross: Measurement, within: Measurement, prefix_tokens: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bulkhead.server.process import ServerProcess
+    from tests.server_process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cross", type=int, default=60, help="attacker guesses of victim secrets (and as many decoys)")

@@ -201,7 +201,7 @@ def render(r: SoakReport) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bulkhead.server.process import ServerProcess
+    from tests.server_process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (default 120)")

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from bench.workload import Endpoint
-from bulkhead.server.process import ServerProcess, free_port
+from tests.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"

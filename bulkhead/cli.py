@@ -49,12 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, seams=None) -> int:
+    """seams: test harnesses only (bulkhead/seams.py); the command line never sets it."""
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from bulkhead.seams import PRODUCTION
         from bulkhead.server.launch import serve
 
-        return serve(args)
+        return serve(args, seams or PRODUCTION)
     if args.command == "convert":
         return _convert(args)
     return args.func(args)

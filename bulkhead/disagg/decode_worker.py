@@ -15,16 +15,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from bulkhead.disagg import messages as m
 from bulkhead.disagg.lifecycle import Actor, Event, Phased
-from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, write_admissible
+from bulkhead.disagg.manifest import Allocation, coverage_problems, write_admissible
 from bulkhead.disagg.protocol_types import Phase
 from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.disagg.transfer import page_digests
-from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
+from bulkhead.disagg.wire import logprobs_from_list, unb64
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.engine import RequestOutput
-from bulkhead.faults import pause
-from bulkhead.kv.ledger import OutOfPages
 
 log = logging.getLogger(__name__)
 
@@ -61,40 +59,40 @@ class DecodeWorker(WorkerBase):
         # still the request's at the granted generation; pages change hands
         # only under target.write_lock, so the check cannot go stale mid-write.
         target.set_write_guard(self._write_allowed)
+        self.engine.page_lock = target.write_lock
         self._last_grant_try = 0.0
 
-    def extra_registration(self) -> dict:
-        return {"transfer": self._transfer_info()}
-
-    def _transfer_info(self) -> dict:
+    def transfer_endpoint(self) -> dict:
         return {"backend": self.target.name, "descriptor": self.target.descriptor()}
 
     # -- messages (link thread) ---------------------------------------------
-    def handle(self, kind: str, msg: dict) -> None:
-        rid = msg.get("request_id")
-        if kind == "assign":
-            self._assign(SignedTicket.from_dict(msg["ticket"]))
-        elif kind == "prefill_ready":
-            # Pages are granted only once the KV exists, so the writer starts
-            # within moments of the grant (and never after write_within_s).
-            with self.lock:
-                job = self.jobs.get(rid)
-                if job is not None and job.phase is Phase.WAITING_PAGES and rid not in self.pending:
-                    self.pending.append(rid)
-            self._grant_pending()
-        elif kind == "transfer_done":
-            self._verify_and_commit(rid, msg)
-        elif kind == "drain_ack":
-            with self.lock:
-                job = self.jobs.get(rid)
-                if job is not None:
-                    job.drained = True
-            self._release_if_done(rid)
-        elif kind == "finalize":
-            self._finalize(rid)
+    def handlers(self) -> dict:
+        return super().handlers() | {
+            m.Assign: self._on_assign, m.PrefillReady: self._on_prefill_ready,
+            m.TransferDone: self._verify_and_commit, m.DrainAck: self._on_drain_ack,
+            m.Finalize: lambda message: self._finalize(message.request_id),
+        }
 
-    def _assign(self, ticket: SignedTicket) -> None:
-        if not self.accept_ticket(ticket, "transfer_failed"):
+    def _on_prefill_ready(self, message: m.PrefillReady) -> None:
+        # Pages are granted only once the KV exists, so the writer starts
+        # within moments of the grant (and never after write_within_s).
+        rid = message.request_id
+        with self.lock:
+            job = self.jobs.get(rid)
+            if job is not None and job.phase is Phase.WAITING_PAGES and rid not in self.pending:
+                self.pending.append(rid)
+        self._grant_pending()
+
+    def _on_drain_ack(self, message: m.DrainAck) -> None:
+        with self.lock:
+            job = self.jobs.get(message.request_id)
+            if job is not None:
+                job.drained = True
+        self._release_if_done(message.request_id)
+
+    def _on_assign(self, message: m.Assign) -> None:
+        ticket = message.ticket
+        if not self.accept_ticket(ticket, m.TransferFailed):
             return
         with self.lock:
             job = DecodeJob(ticket)
@@ -111,7 +109,7 @@ class DecodeWorker(WorkerBase):
                     self.pending.remove(rid)
                 continue
             n = self.built.layout.pages_for_tokens(len(job.ticket.prompt_token_ids))
-            future = self.engine.call(lambda rid=rid, n=n, t=job.ticket.tenant: self._reserve(rid, t, n))
+            future = self.engine.reserve_pages(rid, job.ticket.tenant, n)
             future.add_done_callback(lambda f, rid=rid: self._granted(rid, f))
             with self.lock:
                 self.pending.remove(rid)
@@ -128,18 +126,6 @@ class DecodeWorker(WorkerBase):
         page_now = (ledger.record(page).owner, ledger.generation(page)) if awaiting else None
         return write_admissible((request_id, generation), page_now, awaiting)
 
-    def _reserve(self, rid: str, tenant: str, n: int):  # engine thread
-        try:
-            with self.target.write_lock:
-                pages = self.engine.reserve(rid, tenant, n)
-        except OutOfPages:
-            return None
-        return pages, [self.engine.ledger.generation(p) for p in pages]
-
-    def _release(self, rid: str) -> None:  # engine thread
-        with self.target.write_lock:
-            self.engine.release_reserved(rid)
-
     def _granted(self, rid: str, future) -> None:  # engine thread
         result = future.result()
         with self.failing_closed(rid):  # an illegal step skips the rest of the block
@@ -154,7 +140,7 @@ class DecodeWorker(WorkerBase):
                     # Finalized before its grant: give the pages straight back.
                     # A second grant is left to the table (illegal): releasing
                     # now would free the first grant's pages too, writers or not.
-                    self.engine.call(lambda: self._release(rid))
+                    self.engine.release_reserved_pages(rid)
                     return
                 job.advance(Event.PAGES_GRANTED)
                 pages, gens = result
@@ -166,39 +152,30 @@ class DecodeWorker(WorkerBase):
             self.count("pages_granted", len(pages))
             # write_within_s: prefill starts no write for this grant after it, so a
             # writer that never acks is done writing long before the lease ends.
-            self.link.send({"kind": "pages_granted", "request_id": rid, "room": t.room, "epoch": t.epoch,
-                            "pages": pages, "generations": gens, "transfer": self._transfer_info(),
-                            "write_within_s": self.drain_lease_s / 3})
+            self.send(m.PagesGranted(rid, t.room, t.epoch, tuple(pages), tuple(gens), self.transfer_endpoint(),
+                                     write_within_s=self.drain_lease_s / 3))
 
-    def _verify_and_commit(self, rid: str, msg: dict) -> None:
+    def _verify_and_commit(self, done: m.TransferDone) -> None:
+        rid = done.request_id
         with self.lock:
             job = self.jobs.get(rid)
         if job is None or job.phase is not Phase.DECODE_ALLOCATED:  # late, or a duplicate
             self.count("manifests_unexpected")
             return
-        self.faults.crash("crash_before_commit")
-        manifest = Manifest.from_dict(msg["manifest"])
-        alloc = job.alloc
+        # The pages are read on the engine thread, where the pool and the
+        # ledger live; the link thread must not wait for it (heartbeats and
+        # outputs go through the link thread). Guards off (benchmark only):
+        # no digests are computed and the manifest's are taken as they come.
+        future = self.engine.read_pages(rid, job.alloc.pages, digests=self.built.config.guards)
+        future.add_done_callback(lambda f: self._checked(rid, job, done, f))
 
-        def check():  # engine thread: the pool and the ledger are read in one place
-            gens = tuple(self.engine.ledger.generation(p) for p in alloc.pages)
-            owners_ok = all(self.engine.ledger.record(p).owner == rid for p in alloc.pages)
-            # Guards off (benchmark only): the manifest's digests are taken as they come.
-            local = page_digests(self.engine.pool, alloc.pages) if self.built.config.guards else manifest.digests
-            problems = coverage_problems(alloc, manifest, gens, tuple(local))
-            if not owners_ok:
-                problems.append("a granted page is no longer owned by the request")
-            return problems
-
-        if self.faults.fire("stall_verify"):  # the engine is busy: the check waits its turn
-            self.engine.call(pause)
-        # The check runs on the engine thread; the link thread must not wait
-        # for it (heartbeats and outputs go through the link thread).
-        self.engine.call(check).add_done_callback(lambda f: self._checked(rid, job, msg, f))
-
-    def _checked(self, rid: str, job: DecodeJob, msg: dict, future) -> None:
+    def _checked(self, rid: str, job: DecodeJob, done: m.TransferDone, future) -> None:
         try:
-            problems = future.result()
+            facts = future.result()
+            local = facts.digests if facts.digests is not None else done.manifest.digests
+            problems = coverage_problems(job.alloc, done.manifest, facts.generations, local)
+            if any(owner != rid for owner in facts.owners):
+                problems.append("a granted page is no longer owned by the request")
         except Exception as e:  # fail closed on a check that could not run
             problems = [f"verification failed: {e!r}"]
         if problems:
@@ -212,12 +189,12 @@ class DecodeWorker(WorkerBase):
                     return
                 job.advance(Event.MANIFEST_VERIFIED)  # a second check of one grant is refused here
             self.count("commits")
-            lp = logprobs_from_list(msg["first_logprobs"])
-            self.engine.submit_prefilled(ticket_to_admitted(job.ticket), msg["first_token"], lp[0] if lp else None,
-                                         unb64(msg["sampler_state"]), self._on_output)
+            lp = logprobs_from_list(done.first_logprobs)
+            self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
+                                         unb64(done.sampler_state), self._on_output)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
-        self.link.send({"kind": "output", "output": output_to_dict(out)})
+        self.send(m.Output(out))
         rid = out.request_id
         with self.failing_closed(rid), self.lock:
             job = self.jobs.get(rid)
@@ -243,7 +220,7 @@ class DecodeWorker(WorkerBase):
                 job.advance(Event.VERIFY_FAILED)
             if job.phase is Phase.DRAINING:
                 job.lease_deadline = self.clock() + self.drain_lease_s
-        self.link.send({"kind": "transfer_failed", "request_id": rid, "code": code, "reason": reason})
+        self.send(m.TransferFailed(rid, reason, code))
         self._release_if_done(rid)
 
     def fail_closed(self, rid: str, reason: str) -> None:
@@ -279,7 +256,7 @@ class DecodeWorker(WorkerBase):
             self.jobs.pop(rid)
         if lease_expired:
             self.count("lease_expiries")
-        self.engine.call(lambda: self._release(rid))
+        self.engine.release_reserved_pages(rid)
 
     def on_tick(self) -> None:
         super().on_tick()

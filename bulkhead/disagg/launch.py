@@ -9,21 +9,16 @@ import logging
 import os
 import signal
 import subprocess
-import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bulkhead.disagg.control import Signer, load_or_create_key
+from bulkhead.disagg.worker_config import WorkerConfig
 from bulkhead.engine.builder import build_engine
 from bulkhead.model.gguf_import import cache_root
+from bulkhead.seams import PRODUCTION, Seams
 
 log = logging.getLogger("bulkhead")
-
-# Flags every worker shares with the launcher (value-taking, then switches).
-_ENGINE_VALUE_FLAGS = ("model", "model_id", "page_size", "context_length", "scrub_mode", "dtype",
-                       "max_running", "prefill_chunk", "decode_tile", "threads", "linear_kernel", "decode_attention",
-                       "log_level", "transfer", "prefix_cache")
-_ENGINE_SWITCHES = ("clamp_context_length", "no_safe_mode", "unsafe_no_guards")
-
 
 def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", choices=("local", "colocated", "router", "prefill", "decode"), default="local",
@@ -43,47 +38,58 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV transfer backend a decode worker exposes (default shm: same host)")
     p.add_argument("--drain-lease", type=float, default=30.0,
                    help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
+    p.add_argument("--worker-config", default=None,
+                   help="worker: its whole configuration as JSON (what --role local passes the workers it starts)")
 
 
 def cluster_key(args) -> bytes:
     return load_or_create_key(args.cluster_key_file or cache_root() / "cluster.key")
 
 
-def serve_worker(args, engine_config, role: str) -> int:
+def worker_config_from_args(args, engine_config) -> WorkerConfig:
+    """A worker started by hand, on its own host: its command line."""
+    return WorkerConfig(args.role, args.worker_name or f"{args.role}-{os.getpid()}", args.router or "",
+                        args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
+                        args.drain_lease, args.log_level)
+
+
+def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
+    worker = build_worker(config, seams)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    try:
+        worker.run()
+    finally:
+        if config.role == "decode":
+            worker.target.close()
+    return 0
+
+
+def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
+    """A prefill or decode worker with its engine (and, for decode, the
+    transfer target whose storage holds the engine's pool)."""
     from bulkhead.disagg.decode_worker import DecodeWorker
     from bulkhead.disagg.prefill_worker import PrefillWorker
 
-    if not args.router:
-        log.error("--role %s needs --router tcp://HOST:PORT", role)
-        return 2
-    signer = Signer(cluster_key(args), args.worker_name or f"{role}-{os.getpid()}")
-    if role == "decode":
+    signer = Signer(load_or_create_key(config.cluster_key_file), config.name)
+    if config.role == "decode":
         from bulkhead.disagg.transfer import make_target
 
         holder = {}
-        if args.transfer == "shm":
+        if config.transfer == "shm":
             from bulkhead.disagg.transfer.shm import sweep_stale_files
 
             for path in sweep_stale_files():  # pools of decode workers that were killed
                 log.info("removed stale KV pool file %s", path)
 
         def pool_factory(layout, num_pages, scrub_mode):
-            holder["target"] = make_target(args.transfer, layout, num_pages, scrub_mode)
+            holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode)
             return holder["target"].pool
 
-        built = build_engine(engine_config, pool_factory=pool_factory)
-        worker = DecodeWorker(built, engine_config.model_id, signer, args.router, target=holder["target"],
-                              drain_lease_s=args.drain_lease)
-    else:
-        built = build_engine(engine_config, prefill_only=True)
-        worker = PrefillWorker(built, engine_config.model_id, signer, args.router)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    try:
-        worker.run()
-    finally:
-        if role == "decode":
-            worker.target.close()
-    return 0
+        built = build_engine(config.engine, pool_factory=pool_factory, seams=seams)
+        return DecodeWorker(built, config.engine.model_id, signer, config.router, target=holder["target"],
+                            drain_lease_s=config.drain_lease_s, seams=seams)
+    built = build_engine(config.engine, prefill_only=True, seams=seams)
+    return PrefillWorker(built, config.engine.model_id, signer, config.router, seams=seams)
 
 
 def _die_with_parent() -> None:
@@ -103,19 +109,17 @@ def worker_threads(args) -> int:
     return max(1, cores // max(1, args.prefill + args.decode))
 
 
-def spawn_workers(args, control_address: str, key_file: Path) -> list[subprocess.Popen]:
+def spawn_workers(args, control_address: str, key_file: Path, engine_configs: dict,
+                  seams: Seams = PRODUCTION) -> list[subprocess.Popen]:
+    """Start --prefill and --decode worker processes, each with its whole
+    WorkerConfig; engine_configs: the engine configuration of each role."""
     procs = []
     threads = worker_threads(args)
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            cmd = [sys.executable, "-m", "bulkhead.cli", "serve", "--role", role, "--router", control_address,
-                   "--cluster-key-file", str(key_file), "--worker-name", f"{role}-{i}",
-                   "--kv-memory", getattr(args, f"{role}_kv_memory") or args.kv_memory,
-                   "--drain-lease", str(args.drain_lease)]
-            for flag in _ENGINE_VALUE_FLAGS:
-                value = threads if flag == "threads" else getattr(args, flag)
-                if value is not None:
-                    cmd += [f"--{flag.replace('_', '-')}", str(value)]
-            cmd += [f"--{flag.replace('_', '-')}" for flag in _ENGINE_SWITCHES if getattr(args, flag)]
+            config = WorkerConfig(role, f"{role}-{i}", control_address, key_file,
+                                  replace(engine_configs[role], threads=threads), args.transfer, args.drain_lease,
+                                  args.log_level)
+            cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]
             procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
     return procs

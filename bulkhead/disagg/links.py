@@ -76,13 +76,9 @@ class _Link:
 class WorkerLink(_Link):
     """A worker's connection to the router."""
 
-    def __init__(self, signer: Signer, router_address: str, faults=None):
-        """faults: test-only hooks (bulkhead/faults.py) that replay, lose or
-        reorder this worker's outgoing messages."""
+    def __init__(self, signer: Signer, router_address: str):
         super().__init__(signer)
         self.router_address = router_address
-        self._faults = faults
-        self._held: list[bytes] | None = None  # reorder_<kind>: sealed, sent after the next message
 
     def send(self, message: dict) -> None:
         self._out.put(message)
@@ -99,19 +95,12 @@ class WorkerLink(_Link):
                 message = self._out.get_nowait()
             except queue.Empty:
                 return
-            frames = self.signer.seal(message)
-            kind, faults = message.get("kind"), self._faults
-            if faults is not None and faults.fire(f"lose_{kind}"):
-                continue  # lost on the way: nothing retransmits, a deadline must end the request
-            if faults is not None and self._held is None and faults.fire(f"reorder_{kind}"):
-                self._held = frames  # overtaken by the next message: the router sees an older seq
-                continue
-            sock.send_multipart(frames)
-            if self._held is not None:
-                sock.send_multipart(self._held)
-                self._held = None
-            if faults is not None and kind != "heartbeat" and faults.fire("replay_control"):
-                sock.send_multipart(frames)  # a captured message sent again: the router must drop it
+            self.transmit(sock, message, self.signer.seal(message))
+
+    def transmit(self, sock, message: dict, frames: list[bytes]) -> None:
+        """Put one sealed message on the wire. The seam where a harness's
+        link (tests/faults) loses, holds back or repeats a message."""
+        sock.send_multipart(frames)
 
     def _deliver(self, frames, on_message) -> None:
         message = self.signer.open(frames)

@@ -27,7 +27,7 @@ from bulkhead.disagg.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.links import RouterLink
 from bulkhead.disagg.protocol_types import Phase
 from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.disagg.wire import output_from_dict, params_to_dict
+from bulkhead.disagg.wire import output_from_dict
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.engine import RequestOutput
 from bulkhead.errors import (
@@ -134,10 +134,7 @@ class DisaggBackend(Backend):
         routes = []
         prefill, decode = self._pair()
         for i, t in enumerate(tickets):
-            signed = SignedTicket(
-                t.request_id, t.tenant, next(self._rooms), 1, t.prompt_token_ids, t.params.max_tokens,
-                t.context_length, params_to_dict(t.params), t.cache_salt,
-            ).signed(self.key)
+            signed = SignedTicket(t, next(self._rooms), 1).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             route.advance(Event.ADMIT)  # admit() has already decided, against the pair's smallest limit
             route.advance(Event.BOOTSTRAP)  # the room is the ticket's; rooms never run out here

@@ -1,37 +1,12 @@
-"""Values that cross process boundaries as JSON: tickets to engine params,
-engine outputs to dicts and back."""
+"""Engine outputs (and their logprobs and errors) as JSON and back."""
 
 from __future__ import annotations
 
 import base64
-from dataclasses import asdict
 
-from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.engine.admission import Admitted
 from bulkhead.engine.engine import RequestOutput
-from bulkhead.engine.request import SamplingParams
 from bulkhead.engine.sampler import TokenLogprobs
 from bulkhead.errors import BulkheadError, EngineFailure
-
-
-def params_to_dict(p: SamplingParams) -> dict:
-    d = asdict(p)
-    d["logit_bias"] = [list(x) for x in p.logit_bias]
-    return d
-
-
-def params_from_dict(d: dict) -> SamplingParams:
-    return SamplingParams(**{
-        **d,
-        "stop": tuple(d["stop"]),
-        "stop_token_ids": tuple(d["stop_token_ids"]),
-        "logit_bias": tuple((int(t), float(b)) for t, b in d["logit_bias"]),
-    })
-
-
-def ticket_to_admitted(t: SignedTicket) -> Admitted:
-    return Admitted(t.request_id, t.tenant, t.prompt_token_ids, params_from_dict(t.params), t.context_length,
-                    t.cache_salt)
 
 
 def logprobs_to_list(items) -> list:

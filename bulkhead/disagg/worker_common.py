@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from bulkhead.disagg.control import Signer
+from bulkhead.disagg import messages as m
 from bulkhead.disagg.lifecycle import IllegalTransition
-from bulkhead.disagg.links import WorkerLink
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
-from bulkhead.faults import Faults
+from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.backend import engine_info
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,10 @@ class WorkerBase:
     role = "worker"
 
     def __init__(self, built: BuiltEngine, model_id: str, signer: Signer, router_address: str,
-                 clock: Callable[[], float] = time.monotonic, make_link=WorkerLink):
-        """clock and make_link: the simulator's virtual clock and network
-        (bulkhead/sim); production uses time.monotonic and the ZeroMQ link."""
+                 clock: Callable[[], float] = time.monotonic, seams: Seams = PRODUCTION):
+        """clock: the simulator's virtual clock; production uses time.monotonic.
+        seams: the link, transfer source and executor a harness may swap in
+        (the simulator's network, the fault matrix's wrappers)."""
         self.built = built
         self.engine = built.engine
         self.model_id = model_id
@@ -35,14 +36,18 @@ class WorkerBase:
         self.key = signer.key
         self.name = signer.sender
         self.clock = clock  # every deadline, lease and heartbeat reads this
-        self.faults = Faults()  # test-only (BULKHEAD_FAULTS_FILE); never armed in production
-        self.link = make_link(signer, router_address, faults=self.faults)
+        self.seams = seams
+        self.link = seams.make_link(signer, router_address)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
 
-    def accept_ticket(self, ticket: SignedTicket, refusal_kind: str) -> bool:
+    def send(self, message) -> None:
+        """One typed message to the router (bulkhead/disagg/messages.py)."""
+        self.link.send(m.encode(message))
+
+    def accept_ticket(self, ticket: SignedTicket, refusal: type) -> bool:
         """Verify an assigned ticket (signature, and this worker's own limits:
         a re-check, never a new decision); a refusal fails the request."""
         self.count("assigned")
@@ -50,7 +55,7 @@ class WorkerBase:
             ticket.verify(self.key, self.built.limits.context_length)
         except TicketError as e:
             self.count("tickets_refused")
-            self.link.send({"kind": refusal_kind, "request_id": ticket.request_id, "reason": str(e)})
+            self.send(refusal(ticket.request_id, str(e)))
             return False
         return True
 
@@ -80,47 +85,62 @@ class WorkerBase:
     def info(self) -> dict:
         return engine_info(self.built, self.model_id, self.role) | {"name": self.name}
 
-    def extra_registration(self) -> dict:
-        return {}
+    def transfer_endpoint(self) -> dict | None:
+        """Where writers reach this worker's pool (decode), sent with Register."""
+        return None
 
-    def heartbeat_body(self) -> dict:
+    def heartbeat(self) -> m.Heartbeat:
         counters = dict(self.counters)
         cache = self.engine.scheduler.cache
         if cache is not None:
             counters |= {"prefix_cache_hit_pages": cache.hits, "prefix_cache_miss_pages": cache.misses,
                          "prefix_cache_pages": cache.num_pages}
-        counters |= self.faults.counters()
-        return {"kind": "heartbeat", "info": self.info(), "counters": counters,
-                "control": vars(self.signer.stats).copy()}
+        counters |= self.seams.counters()
+        return m.Heartbeat(self.info(), counters, vars(self.signer.stats).copy())
 
     def on_tick(self) -> None:
         now = self.clock()
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now
             if not self.registered:
-                self.link.send({"kind": "register", "info": self.info(), **self.extra_registration()})
-            self.link.send(self.heartbeat_body())
+                self.send(m.Register(self.info(), self.transfer_endpoint()))
+            self.send(self.heartbeat())
 
-    def on_message(self, msg: dict) -> None:
-        kind = msg.get("kind")
-        if kind == "registered":
-            self.registered = True
-            log.info("%s registered with the router", self.name)
-        elif kind == "refused":
-            log.error("router refused %s: %s", self.name, msg.get("reason"))
-        elif kind == "reregister":
-            # The router does not know us: it restarted, or declared us lost
-            # and failed our requests. Either way no route is left for our
-            # jobs and no finalize will come, so end them here (fail closed,
-            # pages back once no write can land) before registering again.
-            if self.registered:
-                self.abandon_jobs()
-            self.registered = False
-        else:
-            self.handle(kind, msg)
+    def on_message(self, body: dict) -> None:
+        """A message from the router (link thread): decoded, then handled by
+        the handler this worker's table names for its type."""
+        try:
+            message = m.decode(body)
+        except m.MalformedMessage as e:
+            self.signer.stats.dropped_malformed += 1
+            log.warning("%s dropped a malformed message: %s", self.name, e)
+            return
+        handler = m.handler_for(self.handlers(), message)
+        if handler is None:
+            self.signer.stats.dropped_malformed += 1  # a kind this role never takes
+            log.warning("%s dropped an unexpected %s", self.name, message.kind)
+            return
+        handler(message)
 
-    def handle(self, kind: str, msg: dict) -> None:
-        raise NotImplementedError
+    def handlers(self) -> dict:
+        """This worker's dispatch table: message type -> handler."""
+        return {m.Registered: self._on_registered, m.Refused: self._on_refused, m.Reregister: self._on_reregister}
+
+    def _on_registered(self, _: m.Registered) -> None:
+        self.registered = True
+        log.info("%s registered with the router", self.name)
+
+    def _on_refused(self, message: m.Refused) -> None:
+        log.error("router refused %s: %s", self.name, message.reason)
+
+    def _on_reregister(self, _: m.Reregister) -> None:
+        # The router does not know us: it restarted, or declared us lost
+        # and failed our requests. Either way no route is left for our
+        # jobs and no finalize will come, so end them here (fail closed,
+        # pages back once no write can land) before registering again.
+        if self.registered:
+            self.abandon_jobs()
+        self.registered = False
 
     def abandon_jobs(self) -> None:
         """Finalize every job as the router would have (link thread)."""

@@ -14,17 +14,17 @@ from bulkhead.engine.admission import Limits
 from bulkhead.engine.engine import Engine
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.sampler import Sampler
-from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
-from bulkhead.faults import Faults
+from bulkhead.engine.scheduler import SchedulerConfig
 from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
-from bulkhead.kv.pool import KVPool, release_unscrubbed, scrub_released
+from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
+from bulkhead.seams import PRODUCTION, Seams
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,11 @@ class BuiltEngine:
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
 
 
-def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False) -> BuiltEngine:
+def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False,
+                 seams: Seams = PRODUCTION) -> BuiltEngine:
     """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
-    transfer backend shares with the prefill worker (decode role)."""
+    transfer backend shares with the prefill worker (decode role). seams:
+    the scrub, scheduler and engine a test harness may wrap (bulkhead/seams.py)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
@@ -124,7 +126,6 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
     ledger = PageLedger(num_pages)
     tokenizer = Tokenizer(cfg.model_dir)
-    faults = Faults()  # test-only; inert unless BULKHEAD_FAULTS_FILE is set
     limits = Limits(
         context_length=decision.context_length,
         pool_tokens=pool.num_tokens,
@@ -132,10 +133,10 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         vocab_size=mc.vocab_size,
     )
     if cfg.guards:
-        reclaim = lambda: scrub_released(pool, ledger, faults)  # noqa: E731
+        reclaim = lambda: seams.scrub(pool, ledger)  # noqa: E731
     else:
         reclaim = lambda: release_unscrubbed(ledger)  # noqa: E731
-    scheduler = Scheduler(
+    scheduler = seams.make_scheduler(
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
                         prefix_cache=cfg.prefix_cache),
         ledger,
@@ -147,8 +148,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                  prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
     runner = ModelRunner(model, pool, ledger, runner_config)
-    engine = Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer, prefill_only=prefill_only,
-                    faults=faults)
+    engine = seams.wrap_engine(Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer,
+                                      prefill_only=prefill_only))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
         "decode attention %s", num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,

@@ -8,6 +8,7 @@ scrub what was freed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from bulkhead.engine import legacy
+from bulkhead.engine import commands as cmd
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
@@ -23,7 +24,8 @@ from bulkhead.engine.sampler import Sampler, TokenLogprobs
 from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
-from bulkhead.faults import Faults
+from bulkhead.kv.digest import page_digests
+from bulkhead.kv.ledger import OutOfPages
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -63,9 +65,9 @@ class EngineStats:
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
-                 prefill_only: bool = False, faults: Faults | None = None):
+                 prefill_only: bool = False):
         """prefill_only: a request ends at its first token and keeps its pages
-        (reserved) for a KV transfer; release_reserved() gives them back."""
+        (reserved) for a KV transfer; release_reserved_pages() gives them back."""
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
@@ -73,7 +75,6 @@ class Engine:
         self.ledger = scheduler.ledger
         self.tokenizer = tokenizer
         self.prefill_only = prefill_only
-        self.faults = faults or Faults(path="")
         # Request ids owning pages outside the scheduler: prefill pages held
         # until transferred, decode pages granted and awaiting their KV.
         self.reserved: set[str] = set()
@@ -85,33 +86,57 @@ class Engine:
         self._stop = threading.Event()
         # Serialises whole steps against readers of engine state (tests, /server_info).
         self.lock = threading.Lock()
+        # Held while a reserved request's pages change hands (reserve and
+        # release_reserved): a decode worker's transfer target checks each
+        # remote write against the ledger under the same lock.
+        self.page_lock = contextlib.nullcontext()
 
     # -- called from any thread ---------------------------------------------
     def submit(self, ticket: Admitted, sink: Sink) -> None:
         if not isinstance(ticket, Admitted):
             raise TypeError(f"the engine only accepts Admitted tickets, not {type(ticket).__name__}")
-        self._commands.put(("add", ticket, sink))
+        self._commands.put(cmd.Add(ticket, sink))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id, None))
+        self._commands.put(cmd.Abort(request_id))
 
     def submit_prefilled(self, ticket: Admitted, first_token: int, first_logprobs: TokenLogprobs | None,
                          sampler_state: bytes | None, sink: Sink) -> None:
         """Start decoding a request whose prompt KV is already verified in its pages."""
         if not isinstance(ticket, Admitted):
             raise TypeError(f"the engine only accepts Admitted tickets, not {type(ticket).__name__}")
-        self._commands.put(("prefilled", (ticket, first_token, first_logprobs, sampler_state), sink))
+        self._commands.put(cmd.StartPrefilled(ticket, first_token, first_logprobs, sampler_state, sink))
+
+    def reserve_pages(self, request_id: str, tenant: str, num_pages: int) -> Future:
+        """Pages for a request whose KV a remote writer will fill; the future
+        gives (pages, generations), or None when the pool has no room now."""
+        future: Future = Future()
+        self._commands.put(cmd.Reserve(request_id, tenant, num_pages, future))
+        return future
+
+    def release_reserved_pages(self, request_id: str) -> None:
+        """Give back, scrubbed, what reserve_pages() or a prefill-only
+        hand-over kept (nothing for a request that holds none)."""
+        self._commands.put(cmd.ReleaseReserved(request_id))
+
+    def read_pages(self, request_id: str, pages, digests: bool) -> Future:
+        """Owners, generations and (digests=True) digests of pages, read on
+        the engine thread; the future gives a commands.PageFacts."""
+        future: Future = Future()
+        self._commands.put(cmd.ReadPages(request_id, tuple(pages), digests, future))
+        return future
 
     def call(self, fn: Callable[[], object]) -> Future:
-        """Run fn on the engine thread (the only thread that may touch the
-        ledger and the pool); the future carries its result."""
+        """Tests and tools: run fn on the engine thread; the future carries
+        its result. Workers use the typed commands above."""
         future: Future = Future()
-        self._commands.put(("call", (fn, future), None))
+        self._commands.put(cmd.Call(fn, future))
         return future
 
     def reserve(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
         """Engine thread only: pages for a request that is not scheduled yet."""
-        pages = self.ledger.allocate(request_id, tenant, num_pages)
+        with self.page_lock:
+            pages = self.ledger.allocate(request_id, tenant, num_pages)
         self.reserved.add(request_id)
         return pages
 
@@ -120,10 +145,11 @@ class Engine:
         prefill-only finish kept."""
         if request_id in self.reserved:
             self.reserved.discard(request_id)
-            if request_id in self.scheduler.kept:
-                self.scheduler.release_kept(request_id)  # prompt pages may feed the prefix cache
-            else:
-                self.ledger.release(request_id)
+            with self.page_lock:
+                if request_id in self.scheduler.kept:
+                    self.scheduler.release_kept(request_id)  # prompt pages may feed the prefix cache
+                else:
+                    self.ledger.release(request_id)
             self._scrub()
 
     def start(self) -> None:
@@ -134,7 +160,7 @@ class Engine:
 
     def stop(self) -> None:
         self._stop.set()
-        self._commands.put(("wake", None, None))
+        self._commands.put(cmd.Wake())
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -155,54 +181,78 @@ class Engine:
 
     def _take_commands(self, block: bool) -> None:
         try:
-            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
-            self._apply(*cmd)
+            with self.lock:
+                handler = _HANDLERS.get(type(command))
+                if handler is not None:  # Wake has none: it only unblocks the get above
+                    handler(self, command)
             try:
-                cmd = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
 
-    def _apply(self, kind: str, arg, sink: Sink | None) -> None:
-        with self.lock:
-            if kind == "add":
-                try:
-                    # A LegacyTicket exists only when a test armed legacy_admission.
-                    req = legacy.add_stub(self.scheduler, arg) if isinstance(arg, legacy.LegacyTicket) \
-                        else self.scheduler.add(arg)
-                except QueueFull as e:
-                    sink(_error_output(arg.request_id, len(arg.prompt_token_ids), Overloaded(str(e))))
-                    return
-                self._sinks[req.request_id] = sink
-                self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-            elif kind == "abort":
-                self._finish(arg, FinishReason.ABORT)
-                self._scrub()
-            elif kind == "prefilled":
-                ticket, token, lp, state = arg
-                rid = ticket.request_id
-                try:
-                    if state is not None:
-                        self.sampler.set_state(rid, state)
-                    tracker_req = self.scheduler.add_prefilled(ticket, token)
-                except Exception as e:  # fail this request closed; its pages go back scrubbed
-                    log.exception("could not start decoding %s", rid)
-                    self.sampler.forget(rid)
-                    self.release_reserved(rid)
-                    sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
-                    return
-                self.reserved.discard(rid)
-                self._sinks[rid] = sink
-                self._trackers[rid] = OutputTracker(self.tokenizer, tracker_req, self.sampler.eos_token_ids)
-                self._emit_token(tracker_req, token, lp)
-            elif kind == "call":
-                fn, future = arg
-                try:
-                    future.set_result(fn())
-                except Exception as e:  # the caller decides what a failure means
-                    future.set_exception(e)
+    def _add(self, c: cmd.Add) -> None:
+        try:
+            req = self.scheduler.add(c.ticket)
+        except QueueFull as e:
+            c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), Overloaded(str(e))))
+            return
+        self._sinks[req.request_id] = c.sink
+        self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
+
+    def _abort(self, c: cmd.Abort) -> None:
+        self._finish(c.request_id, FinishReason.ABORT)
+        self._scrub()
+
+    def _start_prefilled(self, c: cmd.StartPrefilled) -> None:
+        ticket, rid = c.ticket, c.ticket.request_id
+        try:
+            if c.sampler_state is not None:
+                self.sampler.set_state(rid, c.sampler_state)
+            req = self.scheduler.add_prefilled(ticket, c.first_token)
+        except Exception as e:  # fail this request closed; its pages go back scrubbed
+            log.exception("could not start decoding %s", rid)
+            self.sampler.forget(rid)
+            self.release_reserved(rid)
+            c.sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
+            return
+        self.reserved.discard(rid)
+        self._sinks[rid] = c.sink
+        self._trackers[rid] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
+        self._emit_token(req, c.first_token, c.first_logprobs)
+
+    def _reserve(self, c: cmd.Reserve) -> None:
+        try:
+            pages = self.reserve(c.request_id, c.tenant, c.num_pages)
+        except OutOfPages:
+            c.result.set_result(None)  # the caller asks again once pages are freed
+            return
+        except Exception as e:
+            c.result.set_exception(e)
+            return
+        c.result.set_result((pages, [self.ledger.generation(p) for p in pages]))
+
+    def _release_reserved(self, c: cmd.ReleaseReserved) -> None:
+        self.release_reserved(c.request_id)
+
+    def _read_pages(self, c: cmd.ReadPages) -> None:
+        try:
+            owners = tuple(self.ledger.record(p).owner for p in c.pages)
+            generations = tuple(self.ledger.generation(p) for p in c.pages)
+            digests = tuple(page_digests(self.pool, list(c.pages))) if c.digests else None
+        except Exception as e:  # a page outside the pool: the caller fails closed
+            c.result.set_exception(e)
+            return
+        c.result.set_result(cmd.PageFacts(owners, generations, digests))
+
+    def _call(self, c: cmd.Call) -> None:
+        try:
+            c.result.set_result(c.fn())
+        except Exception as e:  # the caller decides what a failure means
+            c.result.set_exception(e)
 
     def run_once(self) -> bool:
         """Apply the queued commands and run at most one step on the caller's
@@ -318,3 +368,8 @@ class Engine:
 
 def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:
     return RequestOutput(request_id, (), "", (), True, FinishReason.ERROR.value, prompt_tokens, 0, error)
+
+
+_HANDLERS = {cmd.Add: Engine._add, cmd.Abort: Engine._abort, cmd.StartPrefilled: Engine._start_prefilled,
+             cmd.Reserve: Engine._reserve, cmd.ReleaseReserved: Engine._release_reserved,
+             cmd.ReadPages: Engine._read_pages, cmd.Call: Engine._call}

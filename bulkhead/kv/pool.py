@@ -83,15 +83,11 @@ class KVPool:
         return self.data[page].clone()
 
 
-def scrub_released(pool: KVPool, ledger: PageLedger, faults=None) -> int:
-    """Scrub every page the ledger holds as released, then let it hand them out.
-
-    faults: bulkhead.faults.Faults; its test-only `no_scrub` skips the zeroing
-    (to show what the probe sees without this guard)."""
+def scrub_released(pool: KVPool, ledger: PageLedger) -> int:
+    """Scrub every page the ledger holds as released, then let it hand them out."""
     dirty = ledger.dirty_pages()
     if dirty:
-        if faults is None or not faults.fire("no_scrub"):
-            pool.scrub(dirty)
+        pool.scrub(dirty)
         ledger.mark_scrubbed(dirty)
     return len(dirty)
 

@@ -16,11 +16,10 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
-from bulkhead.engine import legacy
-from bulkhead.engine.admission import Admitted, Rejection, admit
+from bulkhead.engine.admission import Admitted, Rejection
 from bulkhead.errors import BulkheadError, InvalidRequest, NotFound
-from bulkhead.faults import Faults
 from bulkhead.model.tokenizer import ChatTemplateError
+from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.server.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
@@ -42,13 +41,13 @@ MAX_BODY_BYTES = 16 * 2**20
 class ServerState:
     backend: Backend
     keys: KeyStore | None
+    seams: Seams = PRODUCTION  # the admission function and extra counters a test harness may swap in
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
         self.client = self.backend
         self.metrics = Metrics(self.backend.collector())
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
-        self.faults = Faults()  # test-only hooks; inert unless BULKHEAD_FAULTS_FILE is set
         self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
 
 
@@ -92,8 +91,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/server_info")
     async def info():
         body = backend.info()
-        if state.faults.fired:  # test-only hooks that fired (never in production)
-            body["faults_fired"] = {**body.get("faults_fired", {}), **state.faults.counters()}
+        if extra := state.seams.counters():  # a test harness's own counts (never in production)
+            body["harness_counters"] = extra
         return body
 
     @app.get("/metrics")
@@ -148,9 +147,8 @@ def create_app(state: ServerState) -> FastAPI:
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
                 params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults)
-                decision = admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits, cache_salt=body.cache_salt)
-                if isinstance(decision, Rejection) and state.faults.fire("legacy_admission"):
-                    decision = legacy.stub_ticket(decision, ids, params, limits.context_length)  # test-only
+                decision = state.seams.admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits,
+                                             cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection):
                     metrics.rejections.labels(tenant, decision.error.code).inc()
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()

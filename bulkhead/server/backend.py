@@ -80,10 +80,7 @@ class LocalBackend(Backend):
         self.built.engine.stop()
 
     def info(self) -> dict:
-        body = engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
-        if self.built.engine.faults.fired:
-            body["faults_fired"] = self.built.engine.faults.counters()
-        return body
+        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
 
 
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:

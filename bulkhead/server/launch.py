@@ -18,6 +18,7 @@ from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
+from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
@@ -77,27 +78,41 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _engine_config(args, model_dir: Path, model_id: str) -> EngineConfig:
+def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None) -> EngineConfig:
+    """The engine of `role` (default args.role); --role local's workers each
+    get their role's pool (--prefill-kv-memory, --decode-kv-memory)."""
+    role = role or args.role
+    kv_memory = (getattr(args, f"{role}_kv_memory", None) if role in ("prefill", "decode") else None) or args.kv_memory
     return EngineConfig(
-        model_dir=Path(model_dir), model_id=model_id, kv_memory_bytes=parse_memory(args.kv_memory),
+        model_dir=Path(model_dir), model_id=model_id, kv_memory_bytes=parse_memory(kv_memory),
         page_size=args.page_size, context_length=args.context_length,
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
         decode_attention=args.decode_attention,
         guards=not args.unsafe_no_guards,
-        prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and args.role == "prefill"),
+        prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),
     )
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
+    """Start the role args.role asks for. seams: components a test harness
+    swaps in (bulkhead/seams.py); production passes none."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = args.model or default_model_dir()
     model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
     if args.role in ("prefill", "decode"):
-        from bulkhead.disagg.launch import serve_worker
+        from bulkhead.disagg.launch import serve_worker, worker_config_from_args
+        from bulkhead.disagg.worker_config import WorkerConfig
 
-        return serve_worker(args, _engine_config(args, model_dir, model_id), args.role)
+        try:
+            config = (WorkerConfig.from_json(args.worker_config) if args.worker_config
+                      else worker_config_from_args(args, _engine_config(args, model_dir, model_id)))
+        except ValueError as e:
+            log.error("%s", e)
+            return 2
+        logging.getLogger().setLevel(config.log_level.upper())
+        return serve_worker(config, seams)
     keys = KeyStore.from_sources(args.api_keys)
     if keys is None and not _is_loopback(args.host):
         log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
@@ -110,10 +125,10 @@ def serve(args: argparse.Namespace) -> int:
     auth = "api_keys" if keys else "single_tenant_loopback"
     workers = []
     if args.role == "colocated":
-        backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id)), model_id, auth)
+        backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id), seams=seams), model_id, auth)
     else:
-        backend, workers = _router_backend(args, model_dir, model_id, auth)
-    app = create_app(ServerState(backend, keys))
+        backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
+    app = create_app(ServerState(backend, keys, seams))
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
@@ -186,7 +201,7 @@ def _wait_for_workers(backend, workers, timeout: float = 300.0) -> bool:
     return False
 
 
-def _router_backend(args, model_dir: Path, model_id: str, auth: str):
+def _router_backend(args, model_dir: Path, model_id: str, auth: str, seams: Seams):
     from bulkhead.disagg.control import Signer
     from bulkhead.disagg.launch import cluster_key, spawn_workers
     from bulkhead.disagg.router import DisaggBackend
@@ -200,5 +215,8 @@ def _router_backend(args, model_dir: Path, model_id: str, auth: str):
     backend = DisaggBackend(Tokenizer(model_dir), model_id, Signer(cluster_key(args), "router"), control, auth,
                             request_timeout_s=args.request_timeout)
     backend.sampling_defaults = load_sampling_defaults(model_dir)
-    workers = spawn_workers(args, control, key_file) if args.role == "local" else []
+    workers = []
+    if args.role == "local":
+        engines = {role: _engine_config(args, model_dir, model_id, role) for role in ("prefill", "decode")}
+        workers = spawn_workers(args, control, key_file, engines, seams)
     return backend, workers

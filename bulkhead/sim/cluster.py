@@ -18,8 +18,8 @@ from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.prefill_worker import PrefillWorker
 from bulkhead.disagg.router import DisaggBackend
-from bulkhead.faults import Faults
 from bulkhead.kv.ledger import LedgerError
+from bulkhead.seams import Seams
 from bulkhead.sim.context import SimContext
 from bulkhead.sim.engines import MODEL_ID, CanaryTokenizer, SimGeometry, build_sim_engine
 from bulkhead.sim.network import Network, SimRouterLink, SimWorkerLink, guarded
@@ -102,10 +102,13 @@ class Cluster:
         signer = Signer(KEY, name, incarnation=f"{name}#{inc}")
         node = Node(name, inc, None, None)
 
-        def make_link(signer, address, **hooks):
-            return SimWorkerLink(self.network, lambda: self.kick(node), signer, address, **hooks)
-
-        common = dict(clock=ctx.now, make_link=make_link)
+        # The simulated network, data plane and transfer thread, at the seams
+        # where production has ZeroMQ, a transfer backend and a thread.
+        seams = Seams(make_link=lambda signer, address: SimWorkerLink(self.network, lambda: self.kick(node), signer,
+                                                                      address),
+                      make_source=lambda _name: SimSource(ctx, self.plane),
+                      make_transfer_executor=lambda: _Executor(self, node))
+        common = dict(clock=ctx.now, seams=seams)
         if name.startswith("decode"):
             node.target = SimTarget(ctx, name, inc, geo.layout, geo.decode_pages)
             built = build_sim_engine(geo, geo.decode_pages, name, self._bad_read, prefill_only=False,
@@ -117,10 +120,6 @@ class Cluster:
         else:
             built = build_sim_engine(geo, geo.prefill_pages, name, self._bad_read, prefill_only=True)
             node.worker = PrefillWorker(built, MODEL_ID, signer, "sim://router", **common)
-            node.worker.transfers.shutdown(wait=False)  # never used: no thread is started
-            node.worker.transfers = _Executor(self, node)
-            node.worker.sources["sim"] = SimSource(ctx, self.plane)
-        node.worker.faults = Faults(path="")  # the simulator injects its own faults
         self.nodes[name] = node
         node.worker.link.start(node.worker.on_message, node.worker.on_tick)
         self._every(TICK_S, ctx.rng.uniform(0, TICK_S), lambda: node.alive and self.running,

@@ -11,7 +11,6 @@ from bulkhead.engine.engine import Engine
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
-from bulkhead.faults import Faults
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, scrub_released
@@ -55,13 +54,12 @@ def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read,
     config = EngineConfig(model_dir=Path("/nonexistent"), model_id=MODEL_ID, kv_memory_bytes=0,
                           page_size=geo.page_size, context_length=context, clamp_context_length=True,
                           max_running=8, prefill_chunk=geo.prefill_chunk, decode_tile=geo.decode_tile)
-    faults = Faults(path="")  # BULKHEAD_FAULTS_FILE must not reach the simulation
     scheduler = Scheduler(SchedulerConfig(page_size=geo.page_size, max_running=8, prefill_chunk=geo.prefill_chunk),
-                          ledger, reclaim=lambda: scrub_released(pool, ledger, faults), cache_secret=b"sim")
+                          ledger, reclaim=lambda: scrub_released(pool, ledger), cache_secret=b"sim")
     runner = ModelRunner(CanaryModel(VOCAB, worker, on_bad_read), pool, ledger,
                          RunnerConfig(decode_tile=geo.decode_tile, safe_mode=True))
     tokenizer = CanaryTokenizer()
-    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only, faults=faults)
+    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only)
     limits = Limits(context_length=context, pool_tokens=pool.num_tokens, page_size=geo.page_size, vocab_size=VOCAB)
     return BuiltEngine(engine, tokenizer, limits, config, clamped=context < geo.model_context, layout=layout,
                        model_config=None)

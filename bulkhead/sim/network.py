@@ -110,8 +110,7 @@ def _describe(message: dict) -> str:
 class SimWorkerLink:
     """WorkerLink's interface over the simulated network."""
 
-    def __init__(self, network: Network, after_callback: Callable[[], None], signer, router_address: str, **_hooks):
-        # _hooks: the ZeroMQ link's test-only fault hooks; the network injects faults here
+    def __init__(self, network: Network, after_callback: Callable[[], None], signer, router_address: str):
         self.network = network
         self.after_callback = after_callback  # lets the cluster run the worker's engine after each message
         self.signer = signer

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bulkhead.audit.cli import main
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 from tests.conftest import write_keys_file
 
 PROBE_ARGS = ["--json", "--concurrency", "4", "--max-tokens", "16", "--skip-coherence", "--timeout", "120"]
@@ -56,7 +56,7 @@ def test_probe_reports_the_incident_when_bulkhead_runs_the_legacy_admission_path
         checks = {c["check"]: c for c in report["checks"]}
         assert checks["over_length"]["status"] != "ok", report  # over-length requests were served, not refused
         assert any(f["check"] == "over_length" for f in report["findings"]), report
-        fired = proc.info()["faults_fired"]  # the hooks really fired
+        fired = proc.info()["harness_counters"]  # the injectors really fired
         assert fired["fault_legacy_admission"] >= 2 and fired["fault_no_scrub"] >= 1, fired
     finally:
         proc.stop()

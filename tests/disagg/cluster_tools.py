@@ -54,7 +54,7 @@ def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
 
 
 def arm(cluster, *faults: str) -> None:
-    """Arm test-only faults on every worker (bulkhead/faults.py); they re-read the file when it changes."""
+    """Arm test-only faults on every worker (tests/faults/harness.py); they re-read the file when it changes."""
     cluster.faults_file.write_text("\n".join(faults) + "\n")
     time.sleep(0.05)
 
@@ -80,7 +80,7 @@ def pid_of(cluster, worker: str) -> int:
     """The pid of one worker process of this cluster (found by its command line)."""
     # The control address (HTTP port + 1) tells this cluster's workers from any other's.
     control = f"tcp://127.0.0.1:{cluster.port + 1}"
-    pattern = f"--router {control} .*--worker-name {worker} "
+    pattern = f'"name": "{worker}", "router": "{control}"'  # in its --worker-config (disagg/launch.py)
     out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
     assert len(out) == 1, out
     return int(out[0])

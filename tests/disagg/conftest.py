@@ -1,7 +1,7 @@
 import pytest
 
 from bulkhead.kv.layout import KVLayout
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
 from tests.disagg.cluster_tools import wait_workers_idle
 SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")

@@ -7,6 +7,7 @@ import pytest
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.ticket import SignedTicket, TicketError
+from tests.disagg.tickets import make_ticket
 
 KEY = b"k" * 32
 
@@ -42,10 +43,7 @@ def test_malformed_frames_are_dropped():
 
 
 def ticket(**kw):
-    fields = dict(request_id="r1", tenant="alpha", room=1, epoch=1, prompt_token_ids=(1, 2, 3), max_tokens=5,
-                  context_length=100, params={})
-    fields.update(kw)
-    return SignedTicket(**fields)
+    return make_ticket(**{"max_tokens": 5, **kw})
 
 
 def test_a_signed_ticket_verifies_and_a_changed_one_does_not():

@@ -8,7 +8,7 @@ from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.lifecycle import Event
 from bulkhead.disagg.manifest import Allocation
-from bulkhead.disagg.ticket import SignedTicket
+from tests.disagg.tickets import make_ticket
 
 
 class FakeTarget:
@@ -33,7 +33,7 @@ def decode(make_engine):
     pages = built.engine.reserve("r1", "alpha", 2)
     gens = [built.engine.ledger.generation(p) for p in pages]
     built.engine.reserve("other", "beta", 1)
-    ticket = SignedTicket("r1", "alpha", 1, 1, (1, 2, 3), 4, 100, {})
+    ticket = make_ticket()
     from bulkhead.disagg.decode_worker import DecodeJob
 
     job = DecodeJob(ticket, alloc=Allocation("r1", "alpha", 1, 1, 3, tuple(pages), tuple(gens)))

@@ -12,10 +12,11 @@ from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.lifecycle import Actor, Event, IllegalTransition, advance
 from bulkhead.disagg.protocol import Guards, Phase, Variant
-from bulkhead.disagg.ticket import SignedTicket
+from bulkhead.seams import Seams
 from bulkhead.verify.checker import explore
 from bulkhead.verify.world import default_world
 from tests.disagg.test_decode_guard import FakeTarget
+from tests.disagg.tickets import make_ticket
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_MODULES = (protocol_router, protocol_prefill, protocol_decode)
@@ -126,9 +127,10 @@ class RecordingLink:
 def decode(make_engine):
     built = make_engine()
     signer = Signer(b"k" * 32, "decode-0")
-    worker = DecodeWorker(built, "tiny", signer, "tcp://127.0.0.1:1", target=FakeTarget(), make_link=RecordingLink)
-    ticket = SignedTicket("r1", "alpha", 1, 1, (1, 2, 3), 4, 100, {}).signed(signer.key)
-    worker.handle("assign", {"request_id": "r1", "ticket": ticket.to_dict()})
+    worker = DecodeWorker(built, "tiny", signer, "tcp://127.0.0.1:1", target=FakeTarget(),
+                          seams=Seams(make_link=RecordingLink))
+    ticket = make_ticket().signed(signer.key)
+    worker.on_message({"kind": "assign", "request_id": "r1", "ticket": ticket.to_dict()})
     return worker
 
 
@@ -136,8 +138,8 @@ def test_a_second_grant_fails_the_request_closed_and_pages_wait_for_the_drain_ac
     worker, engine = decode, decode.engine
     # prefill_ready twice while the first reservation is still queued on the
     # engine thread: two reservations, two grants for one job.
-    worker.handle("prefill_ready", {"request_id": "r1"})
-    worker.handle("prefill_ready", {"request_id": "r1"})
+    worker.on_message({"kind": "prefill_ready", "request_id": "r1"})
+    worker.on_message({"kind": "prefill_ready", "request_id": "r1"})
     engine.run_until_idle()
     assert worker.counters.get("illegal_transitions") == 1
     assert worker.link.kinds().count("pages_granted") == 1  # the second grant never reached prefill
@@ -152,6 +154,6 @@ def test_a_second_grant_fails_the_request_closed_and_pages_wait_for_the_drain_ac
     worker.on_tick()
     engine.run_until_idle()
     assert engine.ledger.pages_of("r1") == held
-    worker.handle("drain_ack", {"request_id": "r1"})
+    worker.on_message({"kind": "drain_ack", "request_id": "r1"})
     engine.run_until_idle()
     assert engine.ledger.pages_of("r1") == [] and "r1" not in worker.jobs

@@ -1,10 +1,10 @@
-"""The worker link's test-only faults (lose, reorder, replay) do what the
-fault matrix relies on, and the receiving side drops what it must: checked
-on the link's flush with a recording socket, no ZeroMQ, no processes."""
+"""The fault matrix's link (tests/faults/harness.py: lose, reorder, replay at
+the link's transmit seam) does what the matrix relies on, and the receiving
+side drops what it must: checked on the link's flush with a recording
+socket, no ZeroMQ, no processes."""
 
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.links import WorkerLink
-from bulkhead.faults import Faults
+from tests.faults.harness import Faults, FaultyLink, Injector
 
 KEY = b"k" * 32
 
@@ -22,7 +22,7 @@ def _flush(tmp_path, armed: list[str], kinds: list[str]) -> tuple[list[str], Fau
     faults_file = tmp_path / "faults"
     faults_file.write_text("\n".join(armed) + "\n")
     faults = Faults(str(faults_file))
-    link, sock = WorkerLink(Signer(KEY, "prefill-0"), "tcp://127.0.0.1:1", faults=faults), RecordingSocket()
+    link, sock = FaultyLink(Injector(faults), Signer(KEY, "prefill-0"), "tcp://127.0.0.1:1"), RecordingSocket()
     for i, kind in enumerate(kinds):
         link.send({"kind": kind, "request_id": f"r{i}"})
     link._flush(sock)

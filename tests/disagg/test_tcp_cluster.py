@@ -6,7 +6,7 @@ import time
 import openai
 import pytest
 
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bulkhead.disagg.launch import _die_with_parent
 from bulkhead.kv.layout import KVLayout
-from bulkhead.server.process import ServerProcess, free_port
+from tests.server_process import HARNESS, ROOT, ServerProcess, free_port
 from tests.conftest import openai_client, write_keys_file
 from tests.disagg.cluster_tools import wait_for
 
@@ -59,9 +59,10 @@ class FaultCluster:
         ).wait_ready(timeout=120)
 
     def worker_command(self, name: str) -> list[str]:
-        """What `bulkhead serve --role local` would run for this worker (disagg/launch.py)."""
+        """What `bulkhead serve --role local` would run for this worker
+        (disagg/launch.py), through the fault harness's entry."""
         role = name.split("-")[0]
-        return [sys.executable, "-m", "bulkhead.cli", "serve", "--role", role, "--router", self.control,
+        return [sys.executable, "-m", HARNESS, "serve", "--role", role, "--router", self.control,
                 "--cluster-key-file", str(self.key_file), "--worker-name", name,
                 "--kv-memory", str(SMOLLM2_KV.bytes_per_token * POOL_TOKENS[role]),
                 "--drain-lease", str(DRAIN_LEASE_S), "--scrub-mode", "poison", "--clamp-context-length",
@@ -70,7 +71,7 @@ class FaultCluster:
     def start_worker(self, name: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.{len(self._logs)}.log", "w")
         self._logs.append(log)
-        proc = subprocess.Popen(self.worker_command(name), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(self.worker_command(name), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
         self.workers[name] = proc
         return proc
@@ -128,7 +129,7 @@ class FaultCluster:
         return openai_client(self.url, key)
 
     def crashed(self) -> list[str]:
-        """Crash faults that fired, in order (bulkhead/faults.py writes them before os._exit)."""
+        """Crash faults that fired, in order (tests/faults/harness.py writes them before os._exit)."""
         path = Path(f"{self.faults_file}.crashed")
         return path.read_text().split() if path.exists() else []
 

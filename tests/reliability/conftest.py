@@ -1,7 +1,7 @@
 import pytest
 
 from bench.soak import server_flags, tenant_keys, write_keys
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 
 CONTEXT_LENGTH = 512  # short prompts keep the soak's requests quick on two shared cores
 

@@ -1,6 +1,6 @@
 import pytest
 
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
 from tests.server.tiny_server import LONG_CONTEXT, make_long_tiny_model, start_tiny_server, stop_checked
 

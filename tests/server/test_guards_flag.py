@@ -45,7 +45,7 @@ def test_unsafe_no_guards_is_refused_with_api_keys(tmp_path, caplog):
 
 @pytest.mark.e2e
 def test_unsafe_no_guards_reaches_every_disaggregated_worker(tmp_path, tiny_model_dir):
-    from bulkhead.server.process import ServerProcess
+    from tests.server_process import ServerProcess
     from tests.conftest import openai_client
     from tests.disagg.cluster_tools import total, wait_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bulkhead.server.process import ServerProcess
+from tests.server_process import ServerProcess
 from tests.conftest import TEST_KEYS, make_tiny_model
 
 # A key the tenancy tests revoke by rewriting the file while the server runs.

@@ -8,7 +8,7 @@ from bulkhead.disagg.transfer.base import (
     make_source,
     make_target,
 )
-from bulkhead.disagg.transfer.digest import page_digest, page_digests
+from bulkhead.kv.digest import page_digest, page_digests
 
 __all__ = [
     "BACKENDS", "TransferError", "TransferSource", "TransferTarget",

@@ -1,26 +1,24 @@
-"""The incident's admission path, re-enabled only by a test-only fault.
+"""The incident's admission path, for the fault matrix only.
 
 SGLang's disaggregated engine did not retire a too-long request: it kept it
 live as a 1-token stub while decode allocated pages for the full prompt and
 attended over them, although nobody had written them for this request. This
 module rebuilds exactly that, so that `bulkhead probe` can be shown to catch
-it (tests/audit/test_probe_legacy.py). It is reachable only when the fault
-file names `legacy_admission` (bulkhead.faults); production never arms it.
+it (tests/audit/test_probe_bulkhead.py). The harness (tests/faults/harness.py)
+installs it at two seams, the admission function and the scheduler, when
+the fault file names `legacy_admission`; the package itself has no such path
+(tests/test_no_faults_in_package.py).
 """
 
 from __future__ import annotations
 
-from bulkhead.engine.admission import Admitted, Rejection
+from bulkhead.engine.admission import Admitted
 from bulkhead.engine.request import Request, RequestStatus
 from bulkhead.engine.scheduler import Scheduler
 
 
 class LegacyTicket(Admitted):
     """A rejected request kept alive instead of retired (the bug)."""
-
-
-def stub_ticket(rejection: Rejection, prompt_token_ids, params, context_length: int) -> LegacyTicket:
-    return LegacyTicket(rejection.request_id, rejection.tenant, tuple(prompt_token_ids), params, context_length)
 
 
 def add_stub(scheduler: Scheduler, ticket: Admitted) -> Request:

@@ -1,4 +1,5 @@
-"""Per-page digests: the same function on prefill and decode (invariant 3).
+"""Per-page digests of the KV pool: the same function on prefill and decode
+(invariant 3), and for the transfer backends (bulkhead/disagg/transfer).
 
 A page's bytes are pool.data[page] ([num_layers, 2, page_size, kv_heads,
 head_dim], one contiguous range in the page-major pool), hashed in place.

@@ -1,4 +1,9 @@
-"""Run `bulkhead serve` as a child process (end-to-end tests, benchmarks)."""
+"""Run `bulkhead serve` as a child process (end-to-end tests, benchmarks).
+
+With BULKHEAD_FAULTS_FILE in its environment the child is the fault
+matrix's harness (tests/faults/serve.py): the same server with fault
+injectors installed at its seams (bulkhead/seams.py). Without it, the child
+is the production command line."""
 
 from __future__ import annotations
 
@@ -10,6 +15,10 @@ import time
 from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parent.parent  # the harness's entry module is importable from here
+FAULTS_ENV = "BULKHEAD_FAULTS_FILE"
+PRODUCTION, HARNESS = "bulkhead.cli", "tests.faults.serve"
 
 
 def free_port() -> int:
@@ -27,8 +36,9 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "bulkhead.cli", "serve", "--port", str(self.port), *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+        entry = HARNESS if (self.env or {}).get(FAULTS_ENV) else PRODUCTION
+        cmd = [sys.executable, "-m", entry, "serve", "--port", str(self.port), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env={**os.environ, **(self.env or {})})
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:

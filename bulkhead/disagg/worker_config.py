@@ -1,0 +1,61 @@
+"""One worker process's configuration, fixed at start-up.
+
+A worker started by hand on its own host (`bulkhead serve --role prefill
+--router ...`) builds it from its command line; a worker that `--role
+local` spawns gets it whole, as JSON (`--worker-config`), so every engine
+setting the launcher has reaches the worker without a list of flags to keep
+in step with the parser.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from bulkhead.engine.builder import EngineConfig
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    role: str                 # "prefill" or "decode"
+    name: str                 # unique among the router's workers; registration and metrics use it
+    router: str               # the router's control address (tcp://HOST:PORT)
+    cluster_key_file: Path    # the HMAC key shared with the router (hex)
+    engine: EngineConfig      # this worker's own pool, kernels and limits
+    # decode: the backend its pool is exposed through (shm: same host).
+    transfer: str = "shm"
+    # decode: how long an unacknowledged writer may still write a failed
+    # request's pages; grants tell writers to start within a third of it.
+    drain_lease_s: float = 30.0
+    log_level: str = "info"
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"a worker's role is one of {ROLES}, not {self.role!r}")
+        if not self.router:
+            raise ValueError(f"--role {self.role} needs --router tcp://HOST:PORT")
+        if self.drain_lease_s <= 0:
+            raise ValueError(f"--drain-lease must be positive, not {self.drain_lease_s}")
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["cluster_key_file"] = str(self.cluster_key_file)
+        body["engine"]["model_dir"] = str(self.engine.model_dir)
+        return json.dumps(body, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        body = json.loads(text)
+        engine = body.pop("engine")
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = set(engine) - known
+        if unknown:
+            raise ValueError(f"--worker-config: unknown engine settings {sorted(unknown)}")
+        engine = EngineConfig(**{**engine, "model_dir": Path(engine["model_dir"])})
+        return cls(**{**body, "cluster_key_file": Path(body["cluster_key_file"]), "engine": engine})
+
+    def with_engine(self, **changes) -> WorkerConfig:
+        return replace(self, engine=replace(self.engine, **changes))
