@@ -57,12 +57,13 @@ from __future__ import annotations
 from bulkhead.disagg.protocol_decode import (
     DecodeRequest, DecodeState, decode_initial, decode_restart, decode_step,
 )
+from bulkhead.disagg.manifest import Manifest
 from bulkhead.disagg.protocol_ledger import Ledger, PageEntry
 from bulkhead.disagg.protocol_messages import *  # noqa: F401,F403 - the message vocabulary
 from bulkhead.disagg.protocol_prefill import PrefillRequest, PrefillState, prefill_restart, prefill_step
 from bulkhead.disagg.protocol_router import RouterRequest, RouterState, router_step
 from bulkhead.disagg.protocol_types import (
-    GARBAGE, ROUTER, ZERO, Guards, Manifest, Outcome, PageGrant, Phase, ProtocolConfig, RequestSpec,
+    GARBAGE, ROUTER, ZERO, Guards, Outcome, PageGrant, Phase, ProtocolConfig, RequestSpec,
     Ticket, Variant, decode_addr, digest_of, kv_origin, prefill_addr,
 )
 

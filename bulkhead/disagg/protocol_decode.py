@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bulkhead.disagg.lifecycle import Actor, Event, advance
-from bulkhead.disagg.manifest import Allocation, identity_problems, mismatched_pages, write_admissible
-from bulkhead.disagg.manifest import Manifest as RuntimeManifest
+from bulkhead.disagg.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.protocol_ledger import Ledger
 from bulkhead.disagg.protocol_messages import (
     Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
@@ -16,7 +15,7 @@ from bulkhead.disagg.protocol_messages import (
 )
 from bulkhead.disagg.protocol_types import cached_hash
 from bulkhead.disagg.protocol_types import (
-    ROUTER, Manifest, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
+    ROUTER, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
     digest_of, find, kv_origin, prefill_addr, upsert,
 )
 
@@ -126,7 +125,7 @@ def _land(config, state: DecodeState, landing: Landing) -> Step:
 
 
 def _transfer_done(config, state: DecodeState, message: TransferDone) -> Step:
-    record = find(state.requests, message.manifest.rid)
+    record = find(state.requests, message.manifest.request_id)
     if record is None or record.phase is not Phase.DECODE_ALLOCATED or record.manifest:
         return Step(state)
     state = replace(state, requests=upsert(state.requests, replace(record, manifest=message.manifest)))
@@ -157,16 +156,13 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
     if config.variant is Variant.LEGACY:
         return "" if manifest.room == ticket.room else "room mismatch"
     if guards.coverage_check:
-        # The runtime's own check (bulkhead.disagg.manifest), over the model's
-        # ticket and manifest; the model's manifests carry no generations
-        # (each write is checked against the generation instead).
-        # The model counts a prompt in pages where the runtime counts tokens.
+        # The runtime's own check (bulkhead.disagg.manifest) over the one
+        # manifest type; the model's manifests carry no generations (each
+        # write is checked against the generation instead), and count the
+        # prompt in pages where the runtime counts tokens.
         allocated = Allocation(request_id=ticket.rid, tenant=ticket.tenant, room=ticket.room, epoch=ticket.epoch,
                                token_count=ticket.prompt_pages, pages=record.prompt_pages, generations=())
-        claimed = RuntimeManifest(request_id=manifest.rid, tenant=manifest.tenant, room=manifest.room,
-                                  epoch=manifest.epoch, prefix_len=0, token_count=manifest.prompt_pages,
-                                  pages=manifest.pages, generations=(), digests=manifest.digests)
-        if identity_problems(allocated, claimed) or len(manifest.digests) != len(manifest.pages):
+        if identity_problems(allocated, manifest) or len(manifest.digests) != len(manifest.pages):
             return "manifest does not match the allocation"
     entries = state.ledger.entries
     if guards.digest_check:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bulkhead.disagg.lifecycle import Actor, Event, advance
+from bulkhead.disagg.manifest import Manifest
 from bulkhead.disagg.protocol_messages import (
     Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
     TransferDone,
 )
 from bulkhead.disagg.protocol_types import cached_hash
 from bulkhead.disagg.protocol_types import (
-    ROUTER, Manifest, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
+    ROUTER, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
     find, kv_origin, upsert,
 )
 
@@ -130,10 +131,12 @@ def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
     dst = decode_addr(ticket.decode)
     sends = [PageWrite(dst, ticket.rid, ticket.room, ticket.epoch, grant.incarnation, g.page,
                        g.gen, payload) for g in grants]
-    manifest = Manifest(ticket.rid, ticket.tenant, ticket.room, ticket.epoch,
-                        1 if record.stub else ticket.prompt_pages,
-                        tuple(g.page for g in grants),
-                        tuple(digest_of(payload) for _ in grants))
+    # The runtime's manifest; the model counts the prompt in pages where the
+    # runtime counts tokens, and checks generations per write, not here.
+    manifest = Manifest(ticket.rid, ticket.tenant, ticket.room, ticket.epoch, prefix_len=0,
+                        token_count=1 if record.stub else ticket.prompt_pages,
+                        pages=tuple(g.page for g in grants), generations=(),
+                        digests=tuple(digest_of(payload) for _ in grants))
     sends.append(TransferDone(dst, manifest))
     return replace(record, phase=_next(record, Event.PAGES_GRANTED)), sends
 

@@ -1,5 +1,6 @@
 """Values shared by every actor of the transfer protocol: ids, outcomes,
-guards, the admission ticket and the transfer manifest.
+guards and the admission ticket. The transfer manifest is the runtime's own
+(bulkhead.disagg.manifest.Manifest): one type, checked by one function.
 
 Everything here is a frozen dataclass or an enum over ints and strings, so a
 protocol state is hashable (the model checker stores millions of them) and
@@ -182,20 +183,6 @@ class PageGrant:
 
     page: int
     gen: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What prefill says it sent. Decode compares every field with its own
-    allocation before it commits (exact coverage)."""
-
-    rid: int
-    tenant: str
-    room: int
-    epoch: int
-    prompt_pages: int                 # token count, in pages
-    pages: tuple[int, ...]
-    digests: tuple[int | None, ...]   # one per page, in page order
 
 
 class Phase(enum.Enum):

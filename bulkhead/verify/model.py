@@ -105,7 +105,7 @@ def _collect_garbage(state: WorldState) -> WorldState:
 def _rid_of(message) -> int:
     rid = getattr(message, "rid", None)
     if rid is None:
-        rid = (getattr(message, "ticket", None) or message.manifest).rid
+        rid = message.ticket.rid if hasattr(message, "ticket") else message.manifest.request_id
     return rid
 
 
@@ -248,7 +248,10 @@ def _show(message) -> str:
     dst = f"{message.dst[0]}{message.dst[1]}" if message.dst[0] != "router" else "router"
     rid = getattr(message, "rid", None)
     if rid is None:
-        rid = getattr(getattr(message, "ticket", None) or getattr(message, "manifest", None), "rid", "?")
+        if hasattr(message, "manifest"):
+            rid = message.manifest.request_id
+        else:
+            rid = getattr(getattr(message, "ticket", None), "rid", "?")
     extra = ""
     if isinstance(message, (PageWrite, Landing)):
         extra = f" page {message.page} gen {message.gen}" + (" GARBAGE" if message.payload == GARBAGE else "")
@@ -257,6 +260,6 @@ def _show(message) -> str:
     if hasattr(message, "grants"):
         extra = " pages " + ",".join(str(g.page) for g in message.grants)
     if hasattr(message, "manifest"):
-        extra = f" pages {list(message.manifest.pages)} count {message.manifest.prompt_pages}"
+        extra = f" pages {list(message.manifest.pages)} count {message.manifest.token_count}"
     forged = "" if message.signed else " (unsigned)"
     return f"{name}(r{rid}{extra}) to {dst}{forged}"

@@ -71,7 +71,7 @@ def _write(state, page, gen, payload=kv_origin(0, 1)):
 
 def _manifest_for(page, payload=kv_origin(0, 1)):
     from bulkhead.disagg.protocol import Manifest, digest_of
-    return Manifest(0, "A", 0, 1, 1, (page,), (digest_of(payload),))
+    return Manifest(0, "A", 0, 1, 0, 1, (page,), (), (digest_of(payload),))
 
 
 def test_commit_waits_for_coverage_then_commits():

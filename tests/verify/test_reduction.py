@@ -11,7 +11,7 @@ TICKET = Ticket(0, "A", 1, 1, 0, 1, 0, 0)
 
 def test_decode_ignores_control_messages_for_done_requests():
     state = decode_step(CONFIG, decode_initial(CONFIG, 0), Finalize(decode_addr(0), 0, Outcome.ABORTED, 0)).state
-    manifest = Manifest(0, "A", 0, 1, 1, (3,), (0,))
+    manifest = Manifest(0, "A", 0, 1, 0, 1, (3,), (), (0,))
     for message in (Assign(decode_addr(0), TICKET), Finalize(decode_addr(0), 0, Outcome.FINISHED, 0),
                     DrainAck(decode_addr(0), 0, 1), TransferDone(decode_addr(0), manifest)):
         step = decode_step(CONFIG, state, message)
