@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
-from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, write_admissible
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.manifest import Allocation, Manifest, coverage_problems, write_admissible
+from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64

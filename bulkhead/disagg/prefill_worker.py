@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bulkhead.faults import pause, wait_until
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
 from bulkhead.disagg.wire import b64, logprobs_to_list, ticket_to_admitted

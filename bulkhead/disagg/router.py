@@ -23,9 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from bulkhead import __version__
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.links import RouterLink
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict, params_to_dict
 from bulkhead.engine.admission import Limits

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.lifecycle import IllegalTransition
+from bulkhead.protocol.lifecycle import IllegalTransition
 from bulkhead.disagg.links import WorkerLink
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine

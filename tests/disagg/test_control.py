@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
+from bulkhead.protocol.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 
 KEY = b"k" * 32

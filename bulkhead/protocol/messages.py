@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.disagg.protocol_types import Manifest, Outcome, PageGrant, RequestSpec, Ticket
+from bulkhead.protocol.types import Manifest, Outcome, PageGrant, RequestSpec, Ticket
 
 Addr = tuple  # ("router"|"prefill"|"decode", index)
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.disagg.lifecycle import Actor, Event, advance
-from bulkhead.disagg.manifest import Allocation, identity_problems, mismatched_pages, write_admissible
-from bulkhead.disagg.manifest import Manifest as RuntimeManifest
-from bulkhead.disagg.protocol_ledger import Ledger
-from bulkhead.disagg.protocol_messages import (
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.manifest import Allocation, identity_problems, mismatched_pages, write_admissible
+from bulkhead.protocol.manifest import Manifest as RuntimeManifest
+from bulkhead.protocol.ledger_model import Ledger
+from bulkhead.protocol.messages import (
     Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
     PageRead, PagesGranted, PageWrite, Step, TransferDone, TransferFailed, WriteLanded,
 )
-from bulkhead.disagg.protocol_types import cached_hash
-from bulkhead.disagg.protocol_types import (
+from bulkhead.protocol.types import cached_hash
+from bulkhead.protocol.types import (
     ROUTER, Manifest, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
     digest_of, find, kv_origin, prefill_addr, upsert,
 )
@@ -157,7 +157,7 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
     if config.variant is Variant.LEGACY:
         return "" if manifest.room == ticket.room else "room mismatch"
     if guards.coverage_check:
-        # The runtime's own check (bulkhead.disagg.manifest), over the model's
+        # The runtime's own check (bulkhead.protocol.manifest), over the model's
         # ticket and manifest; the model's manifests carry no generations
         # (each write is checked against the generation instead).
         # The model counts a prompt in pages where the runtime counts tokens.
