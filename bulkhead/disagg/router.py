@@ -34,7 +34,7 @@ from bulkhead.errors import (
     BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
 )
 from bulkhead.model.tokenizer import Tokenizer
-from bulkhead.server.backend import Backend
+from bulkhead.serving.backend import Backend
 
 log = logging.getLogger(__name__)
 

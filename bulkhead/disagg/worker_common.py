@@ -14,7 +14,7 @@ from bulkhead.disagg.links import WorkerLink
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.faults import Faults
-from bulkhead.server.backend import engine_info
+from bulkhead.serving.info import engine_info
 
 log = logging.getLogger(__name__)
 

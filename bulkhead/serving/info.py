@@ -1,0 +1,59 @@
+"""The `/server_info` body of one engine: every live limit and setting.
+
+Reported by the colocated backend (server.local_backend) and by every
+disaggregated worker (disagg.worker_common), whose router compares the
+pairing keys across workers. It reads a built engine, so it loads torch:
+only processes that hold an engine import it.
+"""
+
+from __future__ import annotations
+
+from bulkhead import __version__
+from bulkhead.engine.builder import BuiltEngine
+from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
+from bulkhead.kv.prefix_cache import CACHE_OWNER
+from bulkhead.model.config import load_sampling_defaults
+from bulkhead.model.linear_kernel import MATMUL_PRECISION
+
+
+def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
+    ledger, limits, cfg = built.engine.ledger, built.limits, built.config
+    cached = len(ledger.pages_of(CACHE_OWNER))
+    return {
+        "engine": "bulkhead",
+        "version": __version__,
+        "role": role,
+        "model": model_id,
+        "context_length": limits.context_length,
+        "max_input_tokens": limits.max_input_tokens,
+        "context_length_clamped": built.clamped,
+        "pool_tokens": limits.pool_tokens,
+        "page_size": limits.page_size,
+        "num_pages": ledger.num_pages,
+        "free_pages": ledger.num_free,
+        "owned_pages": ledger.num_owned - cached,  # held by requests
+        "cached_pages": cached,  # held by the tenant-scoped prefix cache
+        "prefix_cache": cfg.prefix_cache,
+        "dirty_pages": ledger.num_dirty,
+        "pages_allocated_total": ledger.pages_allocated,
+        "kv_dtype": cfg.dtype,
+        "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
+                      "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER,
+                      "pool_order": POOL_ORDER},
+        "vocab_size": limits.vocab_size,
+        "scrub_mode": cfg.scrub_mode,
+        "max_running_requests": cfg.max_running,
+        "prefill_chunk": cfg.prefill_chunk,
+        "decode_tile": cfg.decode_tile,
+        "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
+        "linear_kernel": built.linear_kernel,
+        "matmul_precision": MATMUL_PRECISION[built.linear_kernel],
+        "decode_attention": built.decode_attention,
+        "batch_invariant": cfg.decode_tile > 0,
+        "safe_mode": cfg.safe_mode and cfg.guards,
+        # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.
+        "guards": "on" if cfg.guards else "off",
+        "max_n": limits.max_n,
+        "sampling_defaults": load_sampling_defaults(cfg.model_dir),
+        "engine_failures": built.engine.stats.failures,
+    }
