@@ -52,3 +52,15 @@ def modules_loaded_by(module: str) -> set[str]:
 
 def test_backend_contract_loads_no_torch():
     assert "torch" not in modules_loaded_by("bulkhead.serving.backend")
+
+
+def test_router_loads_no_torch():
+    """The router computes nothing: its backend, the wire format and the
+    outputs it relays are plain data (bulkhead.engine.outputs)."""
+    loaded = modules_loaded_by("bulkhead.disagg.router")
+    assert "torch" not in loaded and "numpy" not in loaded
+
+
+def test_http_layer_loads_no_torch():
+    """The HTTP app serves from a Backend; only the colocated backend holds an engine."""
+    assert "torch" not in modules_loaded_by("bulkhead.server.app")

@@ -22,7 +22,7 @@ from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import page_digests
 from bulkhead.disagg.wire import logprobs_from_list, output_to_dict, ticket_to_admitted, unb64
 from bulkhead.disagg.worker_common import WorkerBase
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 from bulkhead.faults import pause
 from bulkhead.kv.ledger import OutOfPages
 

@@ -24,7 +24,7 @@ from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, make_source, page_digests
 from bulkhead.disagg.wire import b64, logprobs_to_list, ticket_to_admitted
 from bulkhead.disagg.worker_common import WorkerBase
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict, params_to_dict
 from bulkhead.engine.admission import Limits
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
     BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
 )

@@ -8,9 +8,8 @@ from dataclasses import asdict
 
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.engine.admission import Admitted
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import SamplingParams
-from bulkhead.engine.sampler import TokenLogprobs
 from bulkhead.errors import BulkheadError, EngineFailure
 
 

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from bulkhead.engine.admission import Admitted, Limits
+from bulkhead.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from bulkhead.engine.engine import RequestOutput
     from bulkhead.model.tokenizer import Tokenizer
 
 
