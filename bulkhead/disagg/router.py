@@ -93,6 +93,7 @@ class DisaggBackend(Backend):
     def limits(self) -> Limits:
         return self.registry.limits()
 
+    # -- the route table (under the registry's lock) ---------------------------------
     def _routes_of(self, worker: str) -> list[str]:
         with self.lock:
             return [r.request_id for r in self.routes.values() if worker in (r.prefill, r.decode)]
