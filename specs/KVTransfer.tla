@@ -2,7 +2,7 @@
 (***************************************************************************)
 (* bulkhead's prefill/decode KV transfer protocol, written from its        *)
 (* description (docs/verification.md, DESIGN.md section 2), independently  *)
-(* of the Python transition functions in bulkhead/disagg/protocol*.py.     *)
+(* of the Python transition functions in bulkhead/protocol/.               *)
 (*                                                                         *)
 (* Actors: one router, one prefill worker, one decode worker.  Requests    *)
 (* are 1..N; a request's KV is modelled as its id, so a page's content is  *)

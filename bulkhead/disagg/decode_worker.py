@@ -1,7 +1,7 @@
 """The decode worker: grants pages for an admitted prompt, verifies what
 prefill wrote into them, and only then decodes.
 
-Per request (a DecodeJob's phase, changed only through bulkhead.disagg.lifecycle):
+Per request (a DecodeJob's phase, changed only through bulkhead.protocol.lifecycle):
     assign -> WAITING_PAGES -(prefill_ready, pages reserved)-> DECODE_ALLOCATED
     transfer_done -> coverage check (manifest == allocation, generations
                      unchanged, every digest verifies) -> COMMITTED -> DECODING -> outputs
@@ -16,13 +16,13 @@ import logging
 from dataclasses import dataclass
 
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
-from bulkhead.disagg.manifest import Allocation, coverage_problems, write_admissible
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.manifest import Allocation, coverage_problems, write_admissible
+from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import logprobs_from_list, unb64
 from bulkhead.disagg.worker_common import WorkerBase
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 import typing
 from dataclasses import MISSING, dataclass, fields
 
-from bulkhead.disagg.manifest import Manifest
+from bulkhead.protocol.manifest import Manifest
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict, output_to_dict
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 
 
 class MalformedMessage(ValueError):

@@ -1,7 +1,7 @@
 """The prefill worker: computes a prompt's KV, samples the first token, writes
 the KV into the pages decode granted, and says what it wrote (the manifest).
 
-Per request (a PrefillJob's phase, changed only through bulkhead.disagg.lifecycle):
+Per request (a PrefillJob's phase, changed only through bulkhead.protocol.lifecycle):
     assign -> WAITING_POOL -(engine hand-over)-> PREFILLING, prefill_ready
     -(pages_granted from decode)-> TRANSFERRING: write pages, transfer_done
     -(writes ended)-> DONE, drain_ack
@@ -16,14 +16,14 @@ import logging
 from dataclasses import dataclass
 
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, page_digests
 from bulkhead.disagg.wire import b64, logprobs_to_list
 from bulkhead.disagg.worker_common import WorkerBase
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 

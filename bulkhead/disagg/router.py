@@ -4,8 +4,13 @@ It owns the one admission decision (against the smallest limit of the
 prefill/decode pair, read live from the workers), signs the ticket, hands it
 to both workers, relays decode's page grant and prefill's manifest between
 them, streams decode's tokens back, and decides every request's single
-terminal outcome. Workers register over the authenticated control plane;
-a pair whose model, KV layout, page size or dtype differ is refused.
+terminal outcome.
+
+In three pieces: the workers and the pairing gate (registry.py: who may
+join, who is live, the advertised limits), what the router reports
+(router_metrics.py: /server_info and /metrics), and here the route table
+(one Route per request in flight: its pair, its phase, where its outputs
+go), the request deadline and the control-message handlers. Loads no torch.
 """
 
 from __future__ import annotations
@@ -13,48 +18,28 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-from bulkhead import __version__
 from bulkhead.disagg.control import Signer
-from bulkhead.disagg.lifecycle import Actor, Event, Phased
 from bulkhead.disagg.links import RouterLink
-from bulkhead.disagg.protocol_types import Phase
+from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
+from bulkhead.disagg.router_metrics import RouterCollector, router_info
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.wire import output_from_dict
 from bulkhead.engine.admission import Limits
-from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
     BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
 )
 from bulkhead.model.tokenizer import Tokenizer
-from bulkhead.server.backend import Backend
+from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol.types import Phase
+from bulkhead.serving.backend import Backend
 
 log = logging.getLogger(__name__)
-
-LOST_AFTER_S = 3.0
-# What must be equal across a pair for KV written by one to mean the same to the other.
-PAIR_KEYS = ("model", "kv_layout", "page_size", "kv_dtype", "vocab_size")
-
-
-@dataclass
-class Worker:
-    name: str
-    role: str
-    info: dict
-    transfer: dict | None
-    last_seen: float
-    counters: dict = field(default_factory=dict)
-    control: dict = field(default_factory=dict)
-    lost: bool = False
-    incarnation: str = ""
-    heartbeats: int = 0  # received; lets a reader wait for counters newer than a moment it knows
 
 
 @dataclass
@@ -79,16 +64,14 @@ class DisaggBackend(Backend):
         self.model_id = model_id
         self.signer = signer
         self.key = signer.key
-        self.clock = clock  # heartbeat ages; the request deadline uses the event loop's clock
         self.link = make_link(signer, bind_address, on_undeliverable=self._undeliverable)
         self.auth = auth
-        self.lost_after_s = lost_after_s
-        self.request_timeout_s = request_timeout_s
-        self.workers: dict[str, Worker] = {}
-        self.refused: dict[str, str] = {}  # worker -> why the pairing gate refused it
+        self.request_timeout_s = request_timeout_s  # the request deadline uses the event loop's clock
+        self.registry = WorkerRegistry(model_id, clock, lost_after_s)
+        # The route table shares the registry's (reentrant) lock: see generate().
+        self.lock = self.registry.lock
         self.routes: dict[str, Route] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()  # finished rid -> (prefill, decode)
-        self.lock = threading.Lock()
         self._rooms = itertools.count(1)
         self.counters = {"assigned": 0, "transfer_failed": 0, "prefill_failed": 0, "peer_lost": 0,
                          "unexpected_sender": 0,
@@ -101,32 +84,23 @@ class DisaggBackend(Backend):
     def stop(self) -> None:
         self.link.stop()
 
-    def _pair(self) -> tuple[Worker, Worker]:
-        with self.lock:
-            live = [w for w in self.workers.values() if not w.lost]
-        prefills = [w for w in live if w.role == "prefill"]
-        decodes = [w for w in live if w.role == "decode"]
-        if not prefills or not decodes:
-            raise Overloaded(f"no prefill/decode pair is registered ({len(prefills)} prefill, "
-                             f"{len(decodes)} decode workers live)")
-        # Least loaded of each role: fewest live routes.
-        load = lambda w: sum(1 for r in self.routes.values() if w.name in (r.prefill, r.decode))  # noqa: E731
-        return min(prefills, key=load), min(decodes, key=load)
+    @property
+    def workers(self) -> dict[str, Worker]:
+        """Registered workers by name (server/launch.py waits for them all)."""
+        return self.registry.workers
 
     @property
     def limits(self) -> Limits:
+        return self.registry.limits()
+
+    # -- the route table (under the registry's lock) ---------------------------------
+    def _routes_of(self, worker: str) -> list[str]:
         with self.lock:
-            live = [w.info for w in self.workers.values() if not w.lost]
-        if not any(i["role"] == "prefill" for i in live) or not any(i["role"] == "decode" for i in live):
-            raise Overloaded("no prefill/decode pair is registered yet")
-        # One admission decision against the smallest limit of every worker
-        # that could hold the request's KV.
-        return Limits(
-            context_length=min(i["context_length"] for i in live),
-            pool_tokens=min(i["pool_tokens"] for i in live),
-            page_size=live[0]["page_size"],
-            vocab_size=live[0]["vocab_size"],
-        )
+            return [r.request_id for r in self.routes.values() if worker in (r.prefill, r.decode)]
+
+    def _pair(self) -> tuple[Worker, Worker]:
+        # Least loaded of each role: fewest live routes.
+        return self.registry.pick_pair(lambda w: len(self._routes_of(w.name)))
 
     async def generate(self, tickets):
         loop = asyncio.get_running_loop()
@@ -141,7 +115,7 @@ class DisaggBackend(Backend):
             with self.lock:
                 # The pair may have been declared lost since _pair() chose it;
                 # a route to a lost worker would never be failed.
-                if any(self.workers.get(n) is None or self.workers[n].lost for n in (prefill.name, decode.name)):
+                if not (self.registry.is_live(prefill.name) and self.registry.is_live(decode.name)):
                     for r in routes:
                         self.routes.pop(r.request_id, None)
                     raise Overloaded("the chosen prefill/decode pair was lost; retry")
@@ -239,16 +213,13 @@ class DisaggBackend(Backend):
         if kind == "register":
             self._register(sender, msg)
             return
-        with self.lock:
-            worker = self.workers.get(sender)
+        worker = self.registry.heard_from(sender)
         if worker is None:
             self.link.send(sender, {"kind": "reregister"})
             return
-        worker.last_seen = self.clock()
         rid = msg.get("request_id")
         if kind == "heartbeat":
-            worker.info, worker.counters, worker.control = msg["info"], msg["counters"], msg["control"]
-            worker.heartbeats += 1
+            self.registry.heartbeat(worker, msg["info"], msg["counters"], msg["control"])
         elif kind == "pages_granted":
             route = self._route_for(sender, rid, "decode")
             if route is not None:
@@ -282,105 +253,31 @@ class DisaggBackend(Backend):
 
     def _register(self, sender: str, msg: dict) -> None:
         info = msg["info"]
-        reason = self._gate(info)
+        with self.lock:  # the replacement and its orphans are one step (see generate())
+            reason, restarted = self.registry.register(sender, info, msg.get("transfer"), msg["_inc"])
+            orphaned = self._routes_of(sender) if restarted else []
         if reason:
-            self.refused[sender] = reason
             log.error("refusing worker %s: %s", sender, reason)
             self.link.send(sender, {"kind": "refused", "reason": reason})
             return
-        with self.lock:
-            previous = self.workers.get(sender)
-            self.workers[sender] = Worker(sender, info["role"], info, msg.get("transfer"), self.clock(),
-                                          incarnation=msg["_inc"])
-            orphaned = [] if previous is None or previous.incarnation == msg["_inc"] else [
-                r.request_id for r in self.routes.values() if sender in (r.prefill, r.decode)]
         for rid in orphaned:  # a restarted worker has no state for its old requests
             self._fail(rid, PeerLostError(f"worker {sender} restarted while serving this request"), "peer_lost")
-        self.refused.pop(sender, None)
         self.counters["registrations"] += 1
         log.info("worker %s registered (%s, context %d, pool %d tokens)", sender, info["role"],
                  info["context_length"], info["pool_tokens"])
         self.link.send(sender, {"kind": "registered"})
 
-    def _gate(self, info: dict) -> str | None:
-        if info.get("role") not in ("prefill", "decode"):
-            return f"role {info.get('role')!r} is not a worker role"
-        if info.get("model") != self.model_id:
-            return f"model {info.get('model')!r} differs from the router's {self.model_id!r}"
-        with self.lock:
-            others = [w.info for w in self.workers.values() if not w.lost]
-        for other in others:
-            for key in PAIR_KEYS:
-                if other.get(key) != info.get(key):
-                    return f"{key} {info.get(key)!r} differs from worker {other['name']}'s {other.get(key)!r}"
-        return None
-
     def _on_tick(self) -> None:
-        now = self.clock()
-        with self.lock:
-            newly_lost = [w for w in self.workers.values() if not w.lost and now - w.last_seen > self.lost_after_s]
-            for w in newly_lost:
-                w.lost = True
-        for w in newly_lost:
-            log.error("worker %s lost (no heartbeat for %.1fs)", w.name, now - w.last_seen)
-            with self.lock:
-                affected = [r.request_id for r in self.routes.values() if w.name in (r.prefill, r.decode)]
-            for rid in affected:
+        for w, silent_s in self.registry.sweep():
+            log.error("worker %s lost (no heartbeat for %.1fs)", w.name, silent_s)
+            for rid in self._routes_of(w.name):
                 self.counters["peer_lost"] += 1
                 self._fail(rid, PeerLostError(f"worker {w.name} was lost while serving this request"), "peer_lost")
-            with self.lock:
-                self.workers.pop(w.name, None)  # it may come back and register again
+            self.registry.forget(w.name)
 
     # -- observability ------------------------------------------------------------
     def info(self) -> dict:
-        with self.lock:
-            workers = [dict(w.info, counters=w.counters, control=w.control, lost=w.lost, heartbeats=w.heartbeats)
-                       for w in self.workers.values()]
-        try:
-            limits = self.limits
-            advertised = {"context_length": limits.context_length, "max_input_tokens": limits.max_input_tokens,
-                          "pool_tokens": limits.pool_tokens, "page_size": limits.page_size}
-        except Overloaded:
-            advertised = {"context_length": None, "max_input_tokens": None, "pool_tokens": None}
-        contexts = {w["context_length"] for w in workers}
-        return {
-            "engine": "bulkhead", "version": __version__, "role": "router", "model": self.model_id,
-            **advertised, "kv_dtype": workers[0]["kv_dtype"] if workers else None,
-            "workers": workers, "refused_workers": dict(self.refused),
-            "worker_limits_differ": len(contexts) > 1,
-            # One worker without its guards (--unsafe-no-guards) is enough to lose isolation.
-            "guards": "off" if any(w.get("guards") != "on" for w in workers) else "on",
-            "control_plane": vars(self.signer.stats).copy(), "counters": dict(self.counters),
-            "auth": self.auth,
-        }
+        return router_info(self)
 
     def collector(self):
-        return _RouterCollector(self)
-
-
-class _RouterCollector:
-    def __init__(self, backend: DisaggBackend):
-        self.b = backend
-
-    def collect(self):
-        with self.b.lock:
-            workers = list(self.b.workers.values())
-        pages = GaugeMetricFamily("bulkhead_kv_pages", "KV pool pages by worker and state", labels=["worker", "state"])
-        counters = CounterMetricFamily("bulkhead_worker_events", "Worker event counts", labels=["worker", "event"])
-        for w in workers:
-            for state in ("free", "owned", "dirty"):
-                pages.add_metric([w.name, state], w.info.get(f"{state}_pages", 0))
-            for event, n in w.counters.items():
-                counters.add_metric([w.name, event], n)
-            for event, n in w.control.items():
-                counters.add_metric([w.name, f"control_{event}"], n)
-        yield pages
-        yield counters
-        router = CounterMetricFamily("bulkhead_router_events", "Router event counts", labels=["event"])
-        for event, n in self.b.counters.items():
-            router.add_metric([event], n)
-        for event, n in vars(self.b.signer.stats).items():
-            router.add_metric([f"control_{event}"], n)
-        yield router
-        failures = sum(w.info.get("engine_failures", 0) for w in workers)
-        yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed on any worker", failures)
+        return RouterCollector(self)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from bulkhead.engine.engine import RequestOutput
-from bulkhead.engine.sampler import TokenLogprobs
+from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.errors import BulkheadError, EngineFailure
 
 

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.lifecycle import IllegalTransition
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
+from bulkhead.protocol.lifecycle import IllegalTransition
 from bulkhead.seams import PRODUCTION, Seams
-from bulkhead.server.backend import engine_info
+from bulkhead.serving.info import engine_info
 
 log = logging.getLogger(__name__)
 

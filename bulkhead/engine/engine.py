@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 from bulkhead.engine import commands as cmd
 from bulkhead.engine.admission import Admitted
+from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
-from bulkhead.engine.sampler import Sampler, TokenLogprobs
+from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
@@ -30,25 +31,6 @@ from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """One update for one request: what is new since the last update."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    text: str
-    logprobs: tuple[TokenLogprobs, ...]
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: BulkheadError | None = None
-    # Prefill-only engines: the pages still holding the prompt's KV and the
-    # sampler state, handed to the transfer.
-    held_pages: tuple[int, ...] = ()
-    sampler_state: bytes | None = None
 
 
 Sink = Callable[[RequestOutput], None]

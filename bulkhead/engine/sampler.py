@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from bulkhead.engine.outputs import TokenLogprobs
 from bulkhead.engine.request import Request
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first
 
 
 class Sampler:

@@ -21,7 +21,7 @@ from bulkhead.errors import BulkheadError, InvalidRequest, NotFound
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
-from bulkhead.server.backend import Backend
+from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.metrics import Metrics

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from bulkhead.engine.admission import Admitted
-from bulkhead.engine.engine import Engine, RequestOutput
+from bulkhead.engine.engine import Engine
+from bulkhead.engine.outputs import RequestOutput
 
 
 class AsyncEngineClient:

@@ -19,7 +19,7 @@ from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
 from bulkhead.seams import PRODUCTION, Seams
-from bulkhead.server.backend import LocalBackend
+from bulkhead.server.local_backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from bulkhead.engine.engine import Engine
+if TYPE_CHECKING:  # the HTTP layer runs in the router process too, which loads no torch
+    from bulkhead.engine.engine import Engine
 
 
 class EngineCollector:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from bulkhead.engine.sampler import TokenLogprobs
+from bulkhead.engine.outputs import TokenLogprobs
 from bulkhead.model.tokenizer import Tokenizer
 
 

@@ -1,3 +1,3 @@
 """Exhaustive model checker over the transfer protocol's own transition
-functions (bulkhead.disagg.protocol), the legacy variant that reproduces the
+functions (bulkhead.protocol), the legacy variant that reproduces the
 incident, and the guard ablations. Entry point: bulkhead.verify.cli."""

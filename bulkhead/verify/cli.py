@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bulkhead.disagg.protocol import Guards, Variant
+from bulkhead.protocol import Guards, Variant
 from bulkhead.verify.checker import Result, Violation, explore
 from bulkhead.verify.scenarios import LEGACY_GOALS, legacy_search
 from bulkhead.verify.world import WORLDS

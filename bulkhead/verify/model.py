@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.disagg.protocol import (
+from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck,
     Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
     Quiesced, RouterState, Submit, Ticket, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
-from bulkhead.disagg.protocol_types import cached_hash
+from bulkhead.protocol.types import cached_hash
 from bulkhead.verify.world import World
 
 Network = frozenset  # of (message, copies)

@@ -17,7 +17,7 @@ Kinds, most severe first:
 """
 from __future__ import annotations
 
-from bulkhead.disagg.protocol import (
+from bulkhead.protocol import (
     ZERO, Committed, Landing, Outcome, PageRead, PageWrite, Phase, WriteLanded, kv_origin,
 )
 from bulkhead.verify.model import WorldState, in_flight

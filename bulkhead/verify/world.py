@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.disagg.protocol_types import Guards, ProtocolConfig, RequestSpec, Variant
+from bulkhead.protocol.types import Guards, ProtocolConfig, RequestSpec, Variant
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import pytest
 
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
-from bulkhead.disagg.lifecycle import Event
-from bulkhead.disagg.manifest import Allocation
+from bulkhead.protocol.lifecycle import Event
+from bulkhead.protocol.manifest import Allocation
 from tests.disagg.tickets import make_ticket
 
 

@@ -1,4 +1,4 @@
-"""The phase-transition table (bulkhead/disagg/lifecycle.py): the model
+"""The phase-transition table (bulkhead/protocol/lifecycle.py): the model
 checker takes exactly its rows, a step outside it raises, and the runtime
 fails a request closed when one is attempted."""
 import re
@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bulkhead.disagg import lifecycle, protocol_decode, protocol_prefill, protocol_router
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
-from bulkhead.disagg.lifecycle import Actor, Event, IllegalTransition, advance
-from bulkhead.disagg.protocol import Guards, Phase, Variant
+from bulkhead.protocol import Guards, Phase, Variant
+from bulkhead.protocol import decode as protocol_decode
+from bulkhead.protocol import lifecycle
+from bulkhead.protocol import prefill as protocol_prefill
+from bulkhead.protocol import router as protocol_router
+from bulkhead.protocol.lifecycle import Actor, Event, IllegalTransition, advance
 from bulkhead.seams import Seams
 from bulkhead.verify.checker import explore
 from bulkhead.verify.world import default_world

@@ -7,9 +7,9 @@ import pytest
 from bulkhead.disagg import messages as m
 from bulkhead.disagg.control import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.engine.engine import RequestOutput
-from bulkhead.engine.sampler import TokenLogprobs
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.engine.outputs import RequestOutput
+from bulkhead.engine.outputs import TokenLogprobs
 from bulkhead.errors import Overloaded
 from bulkhead.seams import Seams
 from tests.disagg.test_decode_guard import FakeTarget

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from bulkhead.cli import build_parser
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, build_engine
 from bulkhead.server.app import ServerState, create_app
-from bulkhead.server.backend import LocalBackend
+from bulkhead.server.local_backend import LocalBackend
 from bulkhead.server.launch import _engine_config, serve
 from tests.conftest import write_keys_file
 

@@ -1,5 +1,5 @@
 """The real protocol: no violation and liveness over the whole small world."""
-from bulkhead.disagg.protocol import Guards, Variant
+from bulkhead.protocol import Guards, Variant
 from bulkhead.verify.checker import explore
 from bulkhead.verify.world import small_world
 

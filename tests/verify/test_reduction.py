@@ -1,6 +1,6 @@
 """The checker drops control messages addressed to a DONE record. That is
 sound only if every step function ignores them: check it."""
-from bulkhead.disagg.protocol import (
+from bulkhead.protocol import (
     Assign, DrainAck, Finalize, Outcome, PagesGranted, Ticket, TransferDone, decode_addr,
     decode_initial, decode_step, prefill_addr, prefill_step, PrefillState, ProtocolConfig, Manifest,
 )
@@ -19,7 +19,7 @@ def test_decode_ignores_control_messages_for_done_requests():
 
 
 def test_prefill_ignores_control_messages_for_done_requests():
-    from bulkhead.disagg.protocol import Quiesced
+    from bulkhead.protocol import Quiesced
     state = prefill_step(CONFIG, PrefillState(0), Finalize(prefill_addr(0), 0, Outcome.ABORTED, 0)).state
     state = prefill_step(CONFIG, state, Quiesced(0)).state
     for message in (Assign(prefill_addr(0), TICKET), Finalize(prefill_addr(0), 0, Outcome.FINISHED, 0),

@@ -11,7 +11,7 @@ the pages decode allocated for that request. Who checks what:
     mooncake | no (one-sided write)      | no                 | no (engine may retry)
 
 Where the guard cannot run, decode's commit-time checks are the guard: the
-manifest's generations and per-page digests (bulkhead.disagg.manifest), and
+manifest's generations and per-page digests (bulkhead.protocol.manifest), and
 never reusing a page a remote writer may still write until it drains or its
 lease expires (invariant 4).
 """

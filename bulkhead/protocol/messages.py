@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.protocol_types import Outcome, PageGrant, RequestSpec, Ticket
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.types import Outcome, PageGrant, RequestSpec, Ticket
 
 Addr = tuple  # ("router"|"prefill"|"decode", index)
 

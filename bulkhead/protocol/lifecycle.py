@@ -2,11 +2,12 @@
 
     advance(actor, phase, event) -> the next phase, or IllegalTransition
 
-The protocol's step functions (protocol_router/prefill/decode.py) make every
-phase change through advance(), so the model checker explores exactly these
-rows: a step that is not a row raises, and tests/disagg/test_lifecycle.py
-checks that an exhaustive search takes every row. The runtime's records
-(router.Route, prefill_worker.PrefillJob, decode_worker.DecodeJob) change
+The protocol's step functions (router.py, prefill.py and decode.py in this
+package) make every phase change through advance(), so the model checker
+explores exactly these rows: a step that is not a row raises, and
+tests/disagg/test_lifecycle.py checks that an exhaustive search takes every
+row. The runtime's records (bulkhead.disagg: router.Route,
+prefill_worker.PrefillJob, decode_worker.DecodeJob) change
 phase only through the same table, with runtime=True, which adds the few
 RUNTIME rows below; each says why the running system differs from the model
 there. A from-phase of None (shown "-") means no record yet: the event
@@ -26,7 +27,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bulkhead.disagg.protocol_types import Phase as P
+from bulkhead.protocol.types import Phase as P
 
 
 class Actor(enum.Enum):

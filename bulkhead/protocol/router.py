@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.disagg.lifecycle import Actor, Event, advance
-from bulkhead.disagg.protocol_messages import (
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.messages import (
     Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, Finalize, PeerLost,
     PrefillRejected, Step, Submit, TransferFailed,
 )
-from bulkhead.disagg.protocol_types import cached_hash
-from bulkhead.disagg.protocol_types import (
+from bulkhead.protocol.types import cached_hash
+from bulkhead.protocol.types import (
     Outcome, Phase, ProtocolConfig, RequestSpec, Ticket, Variant, decode_addr, find,
     prefill_addr, upsert,
 )

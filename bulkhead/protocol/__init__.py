@@ -6,14 +6,14 @@ checker (bulkhead.verify) feeds it every interleaving an adversarial
 environment allows. `notes` (PageRead, WriteLanded, Committed,
 ClientResponse) are what an observer may check.
 
-Every phase change in the table below is a row of bulkhead.disagg.lifecycle,
+Every phase change in the table below is a row of bulkhead.protocol.lifecycle,
 and the step functions make it through lifecycle.advance, so the checker
 explores exactly those rows. The runtime (bulkhead.disagg.router,
 prefill_worker, decode_worker) changes its records' phases through the same
 table, plus a few runtime-only rows, each saying where and why the running
 system differs. Decode's rule for whether a write may land and its checks of
 a manifest against the allocation and the digests are the same functions in
-both (bulkhead.disagg.manifest). The simulator (bulkhead.sim) checks the
+both (bulkhead.protocol.manifest). The simulator (bulkhead.sim) checks the
 runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,
@@ -54,15 +54,15 @@ messages are dropped; duplicates and late messages are no-ops.
 """
 from __future__ import annotations
 
-from bulkhead.disagg.protocol_decode import (
+from bulkhead.protocol.decode import (
     DecodeRequest, DecodeState, decode_initial, decode_restart, decode_step,
 )
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.protocol_ledger import Ledger, PageEntry
-from bulkhead.disagg.protocol_messages import *  # noqa: F401,F403 - the message vocabulary
-from bulkhead.disagg.protocol_prefill import PrefillRequest, PrefillState, prefill_restart, prefill_step
-from bulkhead.disagg.protocol_router import RouterRequest, RouterState, router_step
-from bulkhead.disagg.protocol_types import (
+from bulkhead.protocol.ledger_model import Ledger, PageEntry
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.messages import *  # noqa: F401,F403 - the message vocabulary
+from bulkhead.protocol.prefill import PrefillRequest, PrefillState, prefill_restart, prefill_step
+from bulkhead.protocol.router import RouterRequest, RouterState, router_step
+from bulkhead.protocol.types import (
     GARBAGE, ROUTER, ZERO, Guards, Outcome, PageGrant, Phase, ProtocolConfig, RequestSpec,
     Ticket, Variant, decode_addr, digest_of, kv_origin, prefill_addr,
 )

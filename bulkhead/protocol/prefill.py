@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.disagg.lifecycle import Actor, Event, advance
-from bulkhead.disagg.manifest import Manifest
-from bulkhead.disagg.protocol_messages import (
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.messages import (
     Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
     TransferDone,
 )
-from bulkhead.disagg.protocol_types import cached_hash
-from bulkhead.disagg.protocol_types import (
+from bulkhead.protocol.types import cached_hash
+from bulkhead.protocol.types import (
     ROUTER, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
     find, kv_origin, upsert,
 )

@@ -1,7 +1,7 @@
 """Exact coverage (invariant 3): the transfer manifest against decode's allocation. Pure.
 
 Shared with the protocol model the checker explores
-(bulkhead.disagg.protocol_decode): `write_admissible` (may a remote write
+(bulkhead.protocol.decode): `write_admissible` (may a remote write
 land) and the manifest checks `identity_problems` and `mismatched_pages`,
 which the running decode worker (bulkhead.disagg.decode_worker) calls through
 `coverage_problems`. Not shared: the runtime's check that the granted pages'

@@ -1,7 +1,7 @@
 """Unit tests of single transitions: microseconds each, no checker."""
 from dataclasses import replace
 
-from bulkhead.disagg.protocol import (
+from bulkhead.protocol import (
     GARBAGE, ZERO, Assign, DecodeDone, DecodeStep, DrainAck, Finalize, Guards, Landing, Ledger,
     LeaseExpired, Outcome, PagesGranted, PageWrite, Phase, PrefillState, ProtocolConfig, Quiesced,
     RequestSpec, RouterState, Submit, Ticket, TransferDone, TransferFailed, decode_addr,
@@ -70,7 +70,7 @@ def _write(state, page, gen, payload=kv_origin(0, 1)):
 
 
 def _manifest_for(page, payload=kv_origin(0, 1)):
-    from bulkhead.disagg.protocol import Manifest, digest_of
+    from bulkhead.protocol import Manifest, digest_of
     return Manifest(0, "A", 0, 1, 0, 1, (page,), (), (digest_of(payload),))
 
 

@@ -1,86 +1,19 @@
-"""What the HTTP layer serves from: a local engine, or a disaggregated cluster.
+"""The `/server_info` body of one engine: every live limit and setting.
 
-A backend provides the tokenizer, the live limits (admission reads them on
-every request), a `generate(tickets)` async iterator, the `/server_info`
-body and a Prometheus collector for its own state.
+Reported by the colocated backend (server.local_backend) and by every
+disaggregated worker (disagg.worker_common), whose router compares the
+pairing keys across workers. It reads a built engine, so it loads torch:
+only processes that hold an engine import it.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-
 from bulkhead import __version__
-from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
-from bulkhead.engine.engine import RequestOutput
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.linear_kernel import MATMUL_PRECISION
-from bulkhead.model.tokenizer import Tokenizer
-from bulkhead.server.engine_client import AsyncEngineClient
-from bulkhead.server.metrics import EngineCollector
-
-
-class Backend(ABC):
-    tokenizer: Tokenizer
-    model_id: str
-    sampling_defaults: dict = {}  # the model's generation_config.json temperature/top_p/top_k
-
-    @property
-    @abstractmethod
-    def limits(self) -> Limits:
-        """Live limits; raises Overloaded (503) when nothing can serve."""
-
-    @abstractmethod
-    def generate(self, tickets: list[Admitted]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Serve admitted tickets; leaving the iterator early aborts them."""
-
-    @abstractmethod
-    def info(self) -> dict:
-        """The /server_info body: every live limit."""
-
-    @abstractmethod
-    def collector(self):
-        """A prometheus_client collector for the backend's own state."""
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-class LocalBackend(Backend):
-    """One process: the engine thread runs beside the HTTP server."""
-
-    def __init__(self, built: BuiltEngine, model_id: str, auth: str):
-        self.built = built
-        self.tokenizer = built.tokenizer
-        self.model_id = model_id
-        self.sampling_defaults = load_sampling_defaults(built.config.model_dir)
-        self._auth = auth
-        self._client = AsyncEngineClient(built.engine)
-
-    @property
-    def limits(self) -> Limits:
-        return self.built.limits
-
-    def generate(self, tickets):
-        return self._client.generate(tickets)
-
-    def collector(self):
-        return EngineCollector(self.built.engine)
-
-    def start(self) -> None:
-        self.built.engine.start()
-
-    def stop(self) -> None:
-        self.built.engine.stop()
-
-    def info(self) -> dict:
-        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
 
 
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:

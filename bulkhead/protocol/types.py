@@ -1,6 +1,6 @@
 """Values shared by every actor of the transfer protocol: ids, outcomes,
 guards and the admission ticket. The transfer manifest is the runtime's own
-(bulkhead.disagg.manifest.Manifest): one type, checked by one function.
+(bulkhead.protocol.manifest.Manifest): one type, checked by one function.
 
 Everything here is a frozen dataclass or an enum over ints and strings, so a
 protocol state is hashable (the model checker stores millions of them) and

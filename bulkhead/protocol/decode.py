@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.disagg.lifecycle import Actor, Event, advance
-from bulkhead.disagg.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
-from bulkhead.disagg.protocol_ledger import Ledger
-from bulkhead.disagg.protocol_messages import (
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
+from bulkhead.protocol.ledger_model import Ledger
+from bulkhead.protocol.messages import (
     Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
     PageRead, PagesGranted, PageWrite, Step, TransferDone, TransferFailed, WriteLanded,
 )
-from bulkhead.disagg.protocol_types import cached_hash
-from bulkhead.disagg.protocol_types import (
+from bulkhead.protocol.types import cached_hash
+from bulkhead.protocol.types import (
     ROUTER, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
     digest_of, find, kv_origin, prefill_addr, upsert,
 )
@@ -156,7 +156,7 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
     if config.variant is Variant.LEGACY:
         return "" if manifest.room == ticket.room else "room mismatch"
     if guards.coverage_check:
-        # The runtime's own check (bulkhead.disagg.manifest) over the one
+        # The runtime's own check (bulkhead.protocol.manifest) over the one
         # manifest type; the model's manifests carry no generations (each
         # write is checked against the generation instead), and count the
         # prompt in pages where the runtime counts tokens.

@@ -1,0 +1,47 @@
+"""The colocated backend: one process, the engine thread beside the HTTP server.
+
+The `Backend` contract it implements, and `engine_info` (the `/server_info`
+body it reports), live in bulkhead.serving, so that the disaggregated router
+implements the same contract without importing this package.
+"""
+
+from __future__ import annotations
+
+from bulkhead.engine.admission import Limits
+from bulkhead.engine.builder import BuiltEngine
+from bulkhead.model.config import load_sampling_defaults
+from bulkhead.server.engine_client import AsyncEngineClient
+from bulkhead.server.metrics import EngineCollector
+from bulkhead.serving.backend import Backend
+from bulkhead.serving.info import engine_info
+
+
+class LocalBackend(Backend):
+    """One process: the engine thread runs beside the HTTP server."""
+
+    def __init__(self, built: BuiltEngine, model_id: str, auth: str):
+        self.built = built
+        self.tokenizer = built.tokenizer
+        self.model_id = model_id
+        self.sampling_defaults = load_sampling_defaults(built.config.model_dir)
+        self._auth = auth
+        self._client = AsyncEngineClient(built.engine)
+
+    @property
+    def limits(self) -> Limits:
+        return self.built.limits
+
+    def generate(self, tickets):
+        return self._client.generate(tickets)
+
+    def collector(self):
+        return EngineCollector(self.built.engine)
+
+    def start(self) -> None:
+        self.built.engine.start()
+
+    def stop(self) -> None:
+        self.built.engine.stop()
+
+    def info(self) -> dict:
+        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}

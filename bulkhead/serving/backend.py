@@ -1,0 +1,48 @@
+"""What the HTTP layer serves from: a local engine, or a disaggregated cluster.
+
+A backend provides the tokenizer, the live limits (admission reads them on
+every request), a `generate(tickets)` async iterator, the `/server_info`
+body and a Prometheus collector for its own state. Torch-free: the router
+process implements it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from bulkhead.engine.admission import Admitted, Limits
+from bulkhead.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from bulkhead.model.tokenizer import Tokenizer
+
+
+class Backend(ABC):
+    tokenizer: Tokenizer
+    model_id: str
+    sampling_defaults: dict = {}  # the model's generation_config.json temperature/top_p/top_k
+
+    @property
+    @abstractmethod
+    def limits(self) -> Limits:
+        """Live limits; raises Overloaded (503) when nothing can serve."""
+
+    @abstractmethod
+    def generate(self, tickets: list[Admitted]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Serve admitted tickets; leaving the iterator early aborts them."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """The /server_info body: every live limit."""
+
+    @abstractmethod
+    def collector(self):
+        """A prometheus_client collector for the backend's own state."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
