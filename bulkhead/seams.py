@@ -32,7 +32,7 @@ def _transfer_executor() -> Executor:
 
 
 def _default_link(signer, router_address: str):
-    from bulkhead.disagg.links import WorkerLink
+    from bulkhead.disagg.zmq_links import WorkerLink
 
     return WorkerLink(signer, router_address)
 

@@ -20,7 +20,6 @@ from bulkhead.protocol.lifecycle import Actor, Event, Phased
 from bulkhead.protocol.manifest import Allocation, coverage_problems, write_admissible
 from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.disagg.wire import logprobs_from_list, unb64
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.outputs import RequestOutput
 
@@ -189,9 +188,9 @@ class DecodeWorker(WorkerBase):
                     return
                 job.advance(Event.MANIFEST_VERIFIED)  # a second check of one grant is refused here
             self.count("commits")
-            lp = logprobs_from_list(done.first_logprobs)
+            lp = done.first_logprobs
             self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
-                                         unb64(done.sampler_state), self._on_output)
+                                         done.sampler_state, self._on_output)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
         self.send(m.Output(out))

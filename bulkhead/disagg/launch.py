@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from bulkhead.disagg.control import Signer, load_or_create_key
+from bulkhead.disagg.signing import Signer, load_or_create_key
 from bulkhead.disagg.worker_config import WorkerConfig
 from bulkhead.engine.builder import build_engine
 from bulkhead.model.gguf_import import cache_root

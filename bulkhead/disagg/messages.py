@@ -31,13 +31,14 @@ a link's loop.
 
 from __future__ import annotations
 
+import base64
 import typing
 from dataclasses import MISSING, dataclass, fields
 
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.disagg.wire import output_from_dict, output_to_dict
-from bulkhead.engine.outputs import RequestOutput
+from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
+from bulkhead.errors import EngineFailure
 
 
 class MalformedMessage(ValueError):
@@ -108,8 +109,8 @@ class TransferDone:
     request_id: str
     manifest: Manifest
     first_token: int
-    first_logprobs: list           # wire.logprobs_to_list of the first token's logprobs
-    sampler_state: str | None      # base64 of the sampler's generator state
+    first_logprobs: tuple[TokenLogprobs, ...]   # () or the first token's
+    sampler_state: bytes | None                 # the sampler's generator state (seeded sampling continues)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,17 @@ def _optional(parse):
     return lambda v: None if v is None else parse(v)
 
 
+def _nested_list(from_list):
+    def parse(v):
+        try:
+            return from_list(v)
+        except MalformedMessage:
+            raise
+        except (TypeError, ValueError) as e:
+            raise MalformedMessage(f"{from_list.__name__}: {e!r}") from e
+    return parse
+
+
 def _nested(from_dict):
     def parse(v):
         try:
@@ -199,15 +211,55 @@ def _nested(from_dict):
     return parse
 
 
+def _logprobs_to_list(items) -> list:
+    return [[lp.token_id, lp.logprob, [list(x) for x in lp.top]] for lp in items]
+
+
+def _logprobs_from_list(items) -> tuple[TokenLogprobs, ...]:
+    return tuple(TokenLogprobs(int(t), float(lp), tuple((int(a), float(b)) for a, b in top))
+                 for t, lp, top in _typed(list)(items))
+
+
+def _output_to_dict(out: RequestOutput) -> dict:
+    return {
+        "request_id": out.request_id, "token_ids": list(out.token_ids), "text": out.text,
+        "logprobs": _logprobs_to_list(out.logprobs), "finished": out.finished,
+        "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "error": None if out.error is None else {"status": out.error.status, **out.error.to_dict()["error"]},
+    }
+
+
+def _output_from_dict(d: dict) -> RequestOutput:
+    error = None
+    if d["error"] is not None:  # the worker's typed error, with its status, code and message
+        error = EngineFailure(d["error"].get("message", "worker error"), code=d["error"].get("code"))
+        error.status = int(d["error"].get("status", 500))
+    return RequestOutput(d["request_id"], tuple(d["token_ids"]), d["text"], _logprobs_from_list(d["logprobs"]),
+                         d["finished"], d["finish_reason"], d["prompt_tokens"], d["completion_tokens"], error)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text) -> bytes:
+    try:
+        return base64.b64decode(_typed(str)(text), validate=True)
+    except ValueError as e:
+        raise MalformedMessage(f"not base64: {e}") from e
+
+
 _DECODERS = {
     "str": _typed(str), "int": _int, "float": _number, "dict": _typed(dict), "list": _typed(list),
     "tuple[int, ...]": _ints, "str | None": _optional(_typed(str)), "dict | None": _optional(_typed(dict)),
     "SignedTicket": _nested(SignedTicket.from_dict), "Manifest": _nested(Manifest.from_dict),
-    "RequestOutput": _nested(output_from_dict),
+    "RequestOutput": _nested(_output_from_dict), "tuple[TokenLogprobs, ...]": _nested_list(_logprobs_from_list),
+    "bytes | None": _optional(_unb64),
 }
 _ENCODERS = {
     "tuple[int, ...]": list, "SignedTicket": SignedTicket.to_dict, "Manifest": Manifest.to_dict,
-    "RequestOutput": output_to_dict,
+    "RequestOutput": _output_to_dict, "tuple[TokenLogprobs, ...]": _logprobs_to_list, "bytes | None": _b64,
 }
 
 

@@ -21,7 +21,6 @@ from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, page_digests
-from bulkhead.disagg.wire import b64, logprobs_to_list
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.outputs import RequestOutput
 
@@ -128,8 +127,7 @@ class PrefillWorker(WorkerBase):
                                 tuple(dst_gens), tuple(digests))
             self.count("transfers")
             self.count("pages_sent", len(dst_pages))
-            self.send(m.TransferDone(rid, manifest, out.token_ids[0], logprobs_to_list(out.logprobs),
-                                     b64(out.sampler_state)))
+            self.send(m.TransferDone(rid, manifest, out.token_ids[0], out.logprobs, out.sampler_state))
         except Exception as e:  # fail closed on anything, and say why
             drained = getattr(e, "drained", not isinstance(e, TransferError))
             self.count("transfers_failed")

@@ -23,12 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bulkhead.disagg.control import Signer
-from bulkhead.disagg.links import RouterLink
+from bulkhead.disagg import messages as m
+from bulkhead.disagg.signing import Signer
+from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
 from bulkhead.disagg.router_metrics import RouterCollector, router_info
 from bulkhead.disagg.ticket import SignedTicket
-from bulkhead.disagg.wire import output_from_dict
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
@@ -122,9 +122,9 @@ class DisaggBackend(Backend):
                 self.routes[t.request_id] = route
             routes.append(route)
             self.counters["assigned"] += 1
-            msg = {"kind": "assign", "request_id": t.request_id, "ticket": signed.to_dict()}
-            self.link.send(decode.name, msg)
-            self.link.send(prefill.name, msg)
+            assign = m.Assign(t.request_id, signed)
+            self.send(decode.name, assign)
+            self.send(prefill.name, assign)
         pending = {r.request_id for r in routes}
         deadline = loop.time() + self.request_timeout_s
         try:
@@ -183,7 +183,7 @@ class DisaggBackend(Backend):
         on a repeat, as ever: workers ignore a repeated finalize)."""
         self._decide(route)
         for worker in (route.prefill, route.decode):
-            self.link.send(worker, {"kind": "finalize", "request_id": route.request_id, "outcome": outcome})
+            self.send(worker, m.Finalize(route.request_id, outcome))
 
     def _decide(self, route: Route) -> None:
         """The route's outcome is decided: DONE, once (the first decision
@@ -208,64 +208,92 @@ class DisaggBackend(Backend):
             return None
         return route
 
-    def _on_message(self, sender: str, msg: dict) -> None:
-        kind = msg.get("kind")
-        if kind == "register":
-            self._register(sender, msg)
+    def send(self, worker: str, message) -> None:
+        """One typed message to a worker (bulkhead/disagg/messages.py)."""
+        self.link.send(worker, m.encode(message))
+
+    def _on_message(self, sender: str, body: dict) -> None:
+        """A message from a worker (link thread): decoded, then handled by
+        the handler the dispatch table names for its type."""
+        try:
+            message = m.decode(body)
+        except m.MalformedMessage as e:
+            self.signer.stats.dropped_malformed += 1
+            log.warning("dropped a malformed message from %s: %s", sender, e)
+            return
+        if isinstance(message, m.Register):
+            self._register(sender, message, body["_inc"])  # the signer's envelope names the incarnation
             return
         worker = self.registry.heard_from(sender)
         if worker is None:
-            self.link.send(sender, {"kind": "reregister"})
+            self.send(sender, m.Reregister())
             return
-        rid = msg.get("request_id")
-        if kind == "heartbeat":
-            self.registry.heartbeat(worker, msg["info"], msg["counters"], msg["control"])
-        elif kind == "pages_granted":
-            route = self._route_for(sender, rid, "decode")
-            if route is not None:
-                self.link.send(route.prefill, msg)
-        elif kind in ("transfer_done", "prefill_ready"):
-            route = self._route_for(sender, rid, "prefill")
-            if route is not None and route.phase is not Phase.DONE:
-                self.link.send(route.decode, msg)
-        elif kind == "drain_ack":
-            # Acks also arrive after the route is gone (the client left first);
-            # decode still needs them to free its pages.
-            route = self._route_for(sender, rid, "prefill")
-            pair = (route.prefill, route.decode) if route else self._recent.get(rid)
-            if pair is not None and pair[0] == sender:
-                self.link.send(pair[1], msg)
-        elif kind == "output":
-            out = output_from_dict(msg["output"])
-            route = self._route_for(sender, out.request_id, "decode")
-            if route is not None:
-                self._deliver(route, out)
-        elif kind == "prefill_failed":
-            self.counters["prefill_failed"] += 1
-            if self._route_for(sender, rid, "prefill"):
-                error = Overloaded(msg["reason"]) if msg.get("code") == "server_overloaded" else EngineFailure(
-                    msg.get("reason", "prefill failed"))
-                self._fail(rid, error, "prefill_failed")
-        elif kind == "transfer_failed":
-            self.counters["transfer_failed"] += 1
-            if self._route_for(sender, rid, "decode" if worker.role == "decode" else "prefill"):
-                self._fail(rid, TransferFailedError(msg.get("reason", "KV transfer failed")), "transfer_failed")
+        handler = m.handler_for(self._handlers, message)
+        if handler is None:
+            self.signer.stats.dropped_malformed += 1  # a kind no worker sends the router
+            log.warning("dropped an unexpected %s from %s", message.kind, sender)
+            return
+        handler(self, sender, worker, message)
 
-    def _register(self, sender: str, msg: dict) -> None:
-        info = msg["info"]
+    def _on_heartbeat(self, _sender: str, worker: Worker, beat: m.Heartbeat) -> None:
+        self.registry.heartbeat(worker, beat.info, beat.counters, beat.control)
+
+    def _relay_grant(self, sender: str, _worker: Worker, grant: m.PagesGranted) -> None:
+        route = self._route_for(sender, grant.request_id, "decode")
+        if route is not None:
+            self.send(route.prefill, grant)
+
+    def _relay_to_decode(self, sender: str, _worker: Worker, message: m.PrefillReady | m.TransferDone) -> None:
+        route = self._route_for(sender, message.request_id, "prefill")
+        if route is not None and route.phase is not Phase.DONE:
+            self.send(route.decode, message)
+
+    def _relay_drain_ack(self, sender: str, _worker: Worker, ack: m.DrainAck) -> None:
+        # Acks also arrive after the route is gone (the client left first);
+        # decode still needs them to free its pages.
+        route = self._route_for(sender, ack.request_id, "prefill")
+        pair = (route.prefill, route.decode) if route else self._recent.get(ack.request_id)
+        if pair is not None and pair[0] == sender:
+            self.send(pair[1], ack)
+
+    def _on_output(self, sender: str, _worker: Worker, message: m.Output) -> None:
+        route = self._route_for(sender, message.request_id, "decode")
+        if route is not None:
+            self._deliver(route, message.output)
+
+    def _on_prefill_failed(self, sender: str, _worker: Worker, failed: m.PrefillFailed) -> None:
+        self.counters["prefill_failed"] += 1
+        if self._route_for(sender, failed.request_id, "prefill"):
+            overloaded = failed.code == "server_overloaded"
+            error = Overloaded(failed.reason) if overloaded else EngineFailure(failed.reason)
+            self._fail(failed.request_id, error, "prefill_failed")
+
+    def _on_transfer_failed(self, sender: str, worker: Worker, failed: m.TransferFailed) -> None:
+        self.counters["transfer_failed"] += 1
+        if self._route_for(sender, failed.request_id, "decode" if worker.role == "decode" else "prefill"):
+            self._fail(failed.request_id, TransferFailedError(failed.reason), "transfer_failed")
+
+    _handlers = {
+        m.Heartbeat: _on_heartbeat, m.PagesGranted: _relay_grant, m.PrefillReady: _relay_to_decode,
+        m.TransferDone: _relay_to_decode, m.DrainAck: _relay_drain_ack, m.Output: _on_output,
+        m.PrefillFailed: _on_prefill_failed, m.TransferFailed: _on_transfer_failed,
+    }
+
+    def _register(self, sender: str, message: m.Register, incarnation: str) -> None:
+        info = message.info
         with self.lock:  # the replacement and its orphans are one step (see generate())
-            reason, restarted = self.registry.register(sender, info, msg.get("transfer"), msg["_inc"])
+            reason, restarted = self.registry.register(sender, info, message.transfer, incarnation)
             orphaned = self._routes_of(sender) if restarted else []
         if reason:
             log.error("refusing worker %s: %s", sender, reason)
-            self.link.send(sender, {"kind": "refused", "reason": reason})
+            self.send(sender, m.Refused(reason))
             return
         for rid in orphaned:  # a restarted worker has no state for its old requests
             self._fail(rid, PeerLostError(f"worker {sender} restarted while serving this request"), "peer_lost")
         self.counters["registrations"] += 1
         log.info("worker %s registered (%s, context %d, pool %d tokens)", sender, info["role"],
                  info["context_length"], info["pool_tokens"])
-        self.link.send(sender, {"kind": "registered"})
+        self.send(sender, m.Registered())
 
     def _on_tick(self) -> None:
         for w, silent_s in self.registry.sweep():

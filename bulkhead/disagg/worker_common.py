@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.disagg import messages as m
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine

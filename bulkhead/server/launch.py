@@ -202,7 +202,7 @@ def _wait_for_workers(backend, workers, timeout: float = 300.0) -> bool:
 
 
 def _router_backend(args, model_dir: Path, model_id: str, auth: str, seams: Seams):
-    from bulkhead.disagg.control import Signer
+    from bulkhead.disagg.signing import Signer
     from bulkhead.disagg.launch import cluster_key, spawn_workers
     from bulkhead.disagg.router import DisaggBackend
     from bulkhead.model.gguf_import import cache_root

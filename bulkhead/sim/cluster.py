@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.prefill_worker import PrefillWorker
 from bulkhead.disagg.router import DisaggBackend

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.protocol.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from tests.disagg.tickets import make_ticket

@@ -4,7 +4,7 @@ replays and non-JSON; these are the remaining ways a frame can arrive bad."""
 
 import pytest
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 
 KEY = b"k" * 32
 

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.protocol.lifecycle import Event
 from bulkhead.protocol.manifest import Allocation

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.protocol import Guards, Phase, Variant
 from bulkhead.protocol import decode as protocol_decode

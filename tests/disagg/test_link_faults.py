@@ -3,7 +3,7 @@ the link's transmit seam) does what the matrix relies on, and the receiving
 side drops what it must: checked on the link's flush with a recording
 socket, no ZeroMQ, no processes."""
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from tests.faults.harness import Faults, FaultyLink, Injector
 
 KEY = b"k" * 32

@@ -5,7 +5,7 @@ dropped and counted by the worker that hears it, never raised."""
 import pytest
 
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.engine.outputs import RequestOutput
@@ -27,7 +27,8 @@ EXAMPLES = [
     m.Heartbeat({"free_pages": 3}, {"commits": 1}, {"sent": 2}),
     m.Assign("r1", TICKET), m.PrefillReady("r1"),
     m.PagesGranted("r1", 3, 1, (5, 6), (2, 2), {"backend": "shm", "descriptor": {}}, 1.0),
-    m.TransferDone("r1", MANIFEST, 7, [[7, -0.5, [[7, -0.5]]]], None), m.DrainAck("r1"),
+    m.TransferDone("r1", MANIFEST, 7, (TokenLogprobs(7, -0.5, ((7, -0.5), (9, -2.0))),), b"\x00gen-state"),
+    m.TransferDone("r1", MANIFEST, 7, (), None), m.DrainAck("r1"),
     m.Finalize("r1", "aborted"), m.PrefillFailed("r1", "no", "internal_error"), m.TransferFailed("r1", "bad digest"),
 ]
 
@@ -67,6 +68,10 @@ def test_the_envelope_is_ignored():
     ({"kind": "assign", "request_id": "r1", "ticket": {"request_id": "r1"}}, "SignedTicket"),
     ({"kind": "transfer_done", "request_id": "r1", "manifest": "pages 1-3", "first_token": 1,
       "first_logprobs": [], "sampler_state": None}, "expected dict"),
+    ({"kind": "transfer_done", "request_id": "r1", "manifest": m.encode(m.TransferDone("r1", MANIFEST, 1, (), None))
+      ["manifest"], "first_token": 1, "first_logprobs": [], "sampler_state": "not base64!"}, "not base64"),
+    ({"kind": "transfer_done", "request_id": "r1", "manifest": m.encode(m.TransferDone("r1", MANIFEST, 1, (), None))
+      ["manifest"], "first_token": 1, "first_logprobs": [["x"]], "sampler_state": None}, "logprobs"),
 ])
 def test_malformed_messages_are_refused(body, why):
     with pytest.raises(m.MalformedMessage, match=why):
@@ -81,3 +86,24 @@ def test_a_worker_drops_and_counts_what_does_not_decode(make_engine):
     worker.on_message({"kind": "heartbeat", "info": {}, "counters": {}, "control": {}})  # not a worker's to take
     assert signer.stats.dropped_malformed == 2
     assert worker.jobs == {} and worker.link.sent == []
+
+
+class RecordingRouterLink:
+    def __init__(self, *args, **kwargs):
+        self.sent = []
+
+    def send(self, worker, message):
+        self.sent.append((worker, message))
+
+
+def test_the_router_drops_and_counts_what_does_not_decode():
+    from bulkhead.disagg.router import DisaggBackend
+
+    signer = Signer(b"k" * 32, "router")
+    router = DisaggBackend(None, "tiny", signer, "tcp://127.0.0.1:1", "api_keys", make_link=RecordingRouterLink)
+    router._on_message("decode-0", {"kind": "output", "output": "not an output", "_inc": "a"})
+    router._on_message("decode-0", {"kind": "register", "_inc": "a"})  # no info
+    assert signer.stats.dropped_malformed == 2 and router.link.sent == []
+    # A well-formed message from a worker the router does not know: register again.
+    router._on_message("decode-0", {**m.encode(m.DrainAck("r1")), "_inc": "a"})
+    assert router.link.sent == [("decode-0", m.encode(m.Reregister()))]

@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from bulkhead.disagg.links import WorkerLink
+from bulkhead.disagg.zmq_links import WorkerLink
 from bulkhead.engine.admission import Rejection, admit
 from bulkhead.engine.scheduler import Scheduler
 from bulkhead.kv.pool import scrub_released

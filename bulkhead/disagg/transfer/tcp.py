@@ -13,7 +13,7 @@ import socket
 
 import torch
 
-from bulkhead.disagg.transfer import tcp_wire as wire
+from bulkhead.disagg.transfer import tcp_framing as wire
 from bulkhead.disagg.transfer.base import TransferError, TransferSource
 from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
 from bulkhead.disagg.transfer.tcp_receiver import Target

@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from bulkhead.disagg.transfer import tcp_wire as wire
+from bulkhead.disagg.transfer import tcp_framing as wire
 from bulkhead.disagg.transfer.base import TransferTarget
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool

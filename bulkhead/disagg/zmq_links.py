@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import zmq
 
-from bulkhead.disagg.control import Signer
+from bulkhead.disagg.signing import Signer
 
 log = logging.getLogger(__name__)
 
