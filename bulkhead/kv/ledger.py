@@ -114,7 +114,11 @@ class PageLedger:
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
-        self._dirty.extend(pages)
+        # Reversed onto the way back to the free stack, so the next request
+        # gets this block in its old order: the freshest KV lands exactly
+        # where the next prompt goes (the incident's worst case), as the
+        # model checker's ledger does (tests/protocol/test_ledger_model_agrees.py).
+        self._dirty.extend(reversed(pages))
         return pages
 
     def donate(self, request_id: str, page: int, new_owner: str) -> None:
@@ -143,7 +147,7 @@ class PageLedger:
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
-        self._dirty.extend(pages)
+        self._dirty.extend(reversed(pages))  # as release(): the block comes back in its old order
 
     def dirty_pages(self) -> list[int]:
         return list(self._dirty)
