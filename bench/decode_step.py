@@ -65,7 +65,14 @@ def main(argv=None) -> int:
     ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32 or bf16w ('' = the kernel's default)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the step in this thread's CPU time, not wall time: with --threads 1, what a step "
+                         "costs without the time a busy machine keeps it waiting")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     sizes = [int(x) for x in args.requests.split(",")]
     kernels = args.linear_kernel.split(",")
     heads = (args.head_kernel.split(",") + [""] * len(kernels))[: len(kernels)]
@@ -81,10 +88,11 @@ def main(argv=None) -> int:
         for _ in range(args.reps):
             for v, (runner, pages) in variants.items():
                 p = plan(pages, n, args.context)
-                t = time.perf_counter()
+                t = clock()
                 runner.run(p)
-                times[(v, n)].append((time.perf_counter() - t) * 1000)
-    print(f"threads {torch.get_num_threads()}, context {args.context}, {args.reps} reps interleaved")
+                times[(v, n)].append((clock() - t) * 1000)
+    print(f"threads {torch.get_num_threads()}, context {args.context}, {args.reps} reps interleaved, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
     for (v, n), ts in times.items():
         q = statistics.quantiles(ts, n=4)
         print(f"{v:<28} {n:>3} requests: median {statistics.median(ts):7.2f} ms  (quartiles {q[0]:.2f}..{q[2]:.2f})")

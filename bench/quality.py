@@ -126,19 +126,23 @@ def measure(tokens: int, variants: dict = VARIANTS) -> tuple[dict, dict]:
     tok = Tokenizer(model_dir)
     prompts = [encode(tok, text, chat) for text, chat in PROMPTS]
     longest = max(len(p) for p in prompts) + tokens + 64
-    runners = {name: Runner(config, weights, k, h, longest) for name, (k, h) in variants.items()}
-    ref_name = next(iter(variants))
-    ref = runners[ref_name]
+    # One variant's model in memory at a time: four copies of the weights
+    # and their pools do not fit beside a busy machine's other work.
+    names = list(variants)
+    ref = Runner(config, weights, *variants[names[0]], longest)
     teacher = [ref.greedy(p, tokens, ()) for p in prompts]  # the exact model's own continuation
     ref_logits = [ref.logits(p, t[:-1]) for p, t in zip(prompts, teacher)]
     totals, answers = {}, {}
-    for name, runner in runners.items():
+    for name in names:
+        runner = ref if name == names[0] else Runner(config, weights, *variants[name], longest)
         per = [compare(rl, runner.logits(p, t[:-1])) for p, t, rl in zip(prompts, teacher, ref_logits)]
         totals[name] = {"positions": sum(x["positions"] for x in per), "top1": sum(x["top1"] for x in per),
                         "kl_mean": sum(x["kl_mean"] * x["positions"] for x in per) / sum(x["positions"] for x in per),
                         "kl_max": max(x["kl_max"] for x in per), "max_diff": max(x["max_diff"] for x in per)}
         answer = runner.greedy(prompts[0], 32, config.eos_token_ids)
         answers[name] = tok.decode([t for t in answer if t not in config.eos_token_ids])
+        print(f"{name}: done", file=sys.stderr, flush=True)
+        del runner
     return totals, answers
 
 
