@@ -7,8 +7,8 @@
 | `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 
-The lm_head (its outputs are the logits) has kernels of its own, `head_kernel`
-below: `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
+The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
+below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 (bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
 `int4` and `onednn-bf16` take `bf16w` where its C kernel builds here (the
 lm_head is then half the bytes at one request, where it is bound by memory),
@@ -51,6 +51,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from bulkhead.model import head_kernel
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +221,6 @@ class BF16WeightLinear(Linear):
     row's logits do not depend on its batch-mates."""
 
     def __init__(self, w: torch.Tensor):
-        from bulkhead.model import head_kernel
-
         self._run = head_kernel.linear_bf16w
         self.out_features, self.in_features = w.shape
         self.packed = head_kernel.pack(w)
@@ -232,8 +232,6 @@ class BF16WeightLinear(Linear):
 
 def bf16w_usable(w: torch.Tensor) -> bool:
     """The bf16-weight kernel builds here (with torch's OpenMP team) and takes this weight's shape."""
-    from bulkhead.model import head_kernel
-
     return head_kernel.fits(w) and head_kernel.load() is not None
 
 
