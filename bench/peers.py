@@ -73,7 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--prefill-4096", action="store_true",
-                    help="also measure the prefill of one 4,096-token prompt (bulkhead vs transformers)")
+                    help="also measure the prefill of one 4,096-token prompt (bulkhead colocated, every "
+                         "server peer, transformers)")
     ap.add_argument("--kv-memory-gib", type=float, default=1.0,
                     help="KV cache budget of bulkhead (each worker) and vLLM (default 1)")
     ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags for every bulkhead system")
@@ -158,10 +159,11 @@ class Harness:
                 with PeakMemory(running.pid) as peak:
                     level = run_level(running.endpoint, self.prompts[c], c, self.args.output_tokens)
                 self.record(system, c, level["wall_s"], level["records"], peak)
-            if self.args.prefill_4096 and system == "bulkhead":
-                self.prefill[system] = self.bulkhead_prefill(running.endpoint)
+            # bulkhead colocated and every server peer: time to the first token of one long prompt.
+            if self.args.prefill_4096 and (system == "bulkhead" or not system.startswith("bulkhead")):
+                self.prefill[system] = self.server_prefill(running.endpoint)
 
-    def bulkhead_prefill(self, endpoint) -> dict:
+    def server_prefill(self, endpoint) -> dict:
         import statistics
 
         import torch
@@ -216,6 +218,7 @@ class Harness:
                 for system, by_c in merged[key].items():
                     target[system] = {int(c): v for c, v in by_c.items()}
             self.infos |= merged["server_info"]
+            self.prefill |= merged["prefill"]
             self.failed |= merged["failed"]
         if os.environ.get(IN_NETNS):
             return
