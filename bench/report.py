@@ -3,7 +3,9 @@ figure also as a ratio to bulkhead colocated's, the guard cost, the raw JSON
 and a throughput-vs-concurrency PNG.
 
 levels: {system: {concurrency: summary}}, a summary as workload.summarise()
-returns it plus peak_rss_mib.
+returns it plus peak_rss_mib. A summary with `invalid` (some request did not
+produce the tokens asked for) shows its reason in place of figures, and
+takes part in no ratio, best-of or guard cost.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 from pathlib import Path
 
 BASELINE = "bulkhead"
+# Systems that are bulkhead itself; every other is a peer.
+OURS_PREFIX = "bulkhead"
 
 # (summary key, column title, format of the figure)
 COLUMNS = (
@@ -29,26 +33,70 @@ def ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
+def valid(row: dict | None) -> dict | None:
+    return row if row is not None and not row.get("invalid") else None
+
+
 def level_table(levels: dict[str, dict[int, dict]], concurrency: int) -> list[str]:
-    base = levels.get(BASELINE, {}).get(concurrency, {})
-    head = f"{'system':<20}" + "".join(f"{title:>20}" for _, title, _ in COLUMNS)
+    base = valid(levels.get(BASELINE, {}).get(concurrency)) or {}
+    head = f"{'system':<24}" + "".join(f"{title:>20}" for _, title, _ in COLUMNS)
     lines = [f"concurrency {concurrency}: figure (ratio to {BASELINE} colocated, same run)", head]
     for system, by_c in levels.items():
         row = by_c.get(concurrency)
         if row is None:
             continue
+        if row.get("invalid"):
+            lines.append(f"{system:<24}INVALID, not a figure: {row['invalid']}")
+            continue
         cells = []
         for key, _, fmt in COLUMNS:
             value = row.get(key)
             cells.append("-" if value is None else f"{fmt(value)} ({ratio(value, base.get(key))})")
-        lines.append(f"{system:<20}" + "".join(f"{c:>20}" for c in cells))
+        lines.append(f"{system:<24}" + "".join(f"{c:>20}" for c in cells))
+    return lines
+
+
+def best_of(variants: dict[str, dict[int, dict]]) -> dict[int, dict]:
+    """One peer measured in several configurations: at each concurrency, the
+    valid figure with the most output tok/s, naming its configuration
+    (`variant`). A concurrency where no configuration was valid keeps the
+    first one's invalid summary."""
+    best: dict[int, dict] = {}
+    for variant, by_c in variants.items():
+        for c, row in by_c.items():
+            here = best.get(c)
+            if valid(row) and (valid(here) is None or row["tok_s"] > here["tok_s"]):
+                best[c] = {**row, "variant": variant}
+            elif here is None:
+                best[c] = {**row, "variant": variant}
+    return dict(sorted(best.items()))
+
+
+def best_peer(levels: dict[str, dict[int, dict]], concurrency: int) -> tuple[str, dict] | None:
+    """The peer (any system not bulkhead's own) with the most valid output tok/s at this concurrency."""
+    rows = [(system, row) for system, by_c in levels.items() if not system.startswith(OURS_PREFIX)
+            and (row := valid(by_c.get(concurrency)))]
+    return max(rows, key=lambda sr: sr[1]["tok_s"]) if rows else None
+
+
+def headline(levels: dict[str, dict[int, dict]]) -> list[str]:
+    """bulkhead colocated against the best valid peer at each concurrency: the comparison to quote."""
+    lines = []
+    for c in sorted({c for by_c in levels.values() for c in by_c}):
+        ours, peer = valid(levels.get(BASELINE, {}).get(c)), best_peer(levels, c)
+        if ours is None or peer is None:
+            continue
+        name, row = peer
+        lines.append(f"c={c}: {BASELINE} {ours['tok_s']:.1f} tok/s vs best peer {name} {row['tok_s']:.1f} "
+                     f"({ours['tok_s'] / row['tok_s']:.2f}x); TTFT p99 {ours['ttft_p99_s']:.2f}s vs "
+                     f"{row['ttft_p99_s']:.2f}s")
     return lines
 
 
 def guard_cost(levels: dict[str, dict[int, dict]]) -> dict | None:
     """Guards on / off at the highest concurrency both were measured at."""
     on, off = levels.get(BASELINE, {}), levels.get("bulkhead-no-guards", {})
-    common = sorted(set(on) & set(off))
+    common = sorted(c for c in set(on) & set(off) if valid(on[c]) and valid(off[c]))
     if not common:
         return None
     c = common[-1]

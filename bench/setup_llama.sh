@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Build bench/.venv-llama: llama-cpp-python's OpenAI server, a peer for
-# bench/peers.py (which skips it, saying so, when this venv is absent).
+# Build bench/.llama-cpp/bin/llama-server: llama.cpp's own OpenAI-compatible
+# server, a peer for bench/peers.py (which skips it, saying so, when absent).
 #
-# PyPI has only its source: pip compiles llama.cpp, which takes about 11
-# minutes of both cores of this project's machines (cmake, a C++ compiler;
-# ninja if present). Run it when nobody else needs the machine.
-# It serves the model's GGUF (the bundled SmolLM2 Q4_1); torch is not needed.
+# Not llama-cpp-python's server: that one serves one request at a time and,
+# by default, cuts a running stream short when the next request arrives, so
+# at 4 and 16 clients it reported streams of a few tokens as throughput.
+# llama-server runs one slot per client with continuous batching.
+#
+# The source is the llama.cpp that llama-cpp-python's PyPI sdist vendors
+# (pinned below), fetched with pip so that only the package registry is
+# needed. The build takes several minutes of both cores of this project's
+# machines (cmake, a C++ compiler); run it when nobody else needs the machine.
+# No GPU backend, no web UI (its assets would be downloaded), no HTTPS.
 set -euo pipefail
 cd "$(dirname "$0")"
-VENV=${VENV:-.venv-llama}
+PREFIX=${PREFIX:-$PWD/.llama-cpp}
 PYTHON=${PYTHON:-python3}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 
 for tool in cmake c++; do
     command -v "$tool" >/dev/null || { echo "setup_llama.sh: $tool is missing (apt-get install cmake g++)" >&2; exit 1; }
 done
-"$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-# Native CPU build (AVX2/AVX-512 as the machine has them); no GPU backend.
-CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON"} CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} \
-    "$VENV/bin/python" -m pip install -q "llama-cpp-python[server]==$VERSION"
-"$VENV/bin/python" -c "import llama_cpp, llama_cpp.server; print('llama-cpp-python', llama_cpp.__version__, 'ok')"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$PYTHON" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$work"
+tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
+src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+# Native CPU build (AVX2/AVX-512 as the machine has them).
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
+cmake --build "$work/build" --target llama-server -j "${JOBS:-$(nproc)}"
+mkdir -p "$PREFIX/bin"
+cp "$work/build/bin/llama-server" "$PREFIX/bin/"
+"$PREFIX/bin/llama-server" --version
+echo "llama-server (llama.cpp from llama-cpp-python $VERSION): $PREFIX/bin/llama-server"

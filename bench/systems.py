@@ -23,6 +23,7 @@ from tests.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
+LLAMA_SERVER = BENCH / ".llama-cpp" / "bin" / "llama-server"  # where bench/setup_llama.sh installs it
 
 
 @dataclass(frozen=True)
@@ -120,41 +121,85 @@ def child_server(name: str, cmd: list[str], env: dict, url: str, s: Settings, ti
                 proc.wait()
 
 
-VLLM_DTYPES = {"vllm": "float32", "vllm-bf16": "bfloat16"}
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def vllm_best_dtype(flags: set[str]) -> str:
+    """vLLM's fastest dtype on this CPU: bf16 where the CPU computes in it
+    (AVX-512 BF16 or AMX, where vLLM's CPU build defaults to it), else fp32."""
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+# The two ways vLLM's CPU build can be given this machine's cores. By default it
+# keeps one for its scheduler process; 0 lets its model compute on every core.
+# On two cores either can win, so the harness measures both and keeps the better.
+VLLM_CORES = {
+    "both-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
+    "reserved-core": {},
+}
 
 
 @contextlib.contextmanager
-def vllm(name: str, python: Path, s: Settings, extra_args: list[str]):
-    """vLLM's CPU build (bench/setup_vllm.sh). It binds beyond loopback: the
-    harness runs it only inside a private network namespace (peers.py).
-    "vllm" runs fp32 as bulkhead-fp32 and transformers do; "vllm-bf16" in
-    bf16, its CPU default where the CPU has AVX-512 BF16, as this one does."""
+def vllm(name: str, python: Path, s: Settings, extra_args: list[str], dtype: str, cores: str):
+    """vLLM's CPU build (bench/setup_vllm.sh), compiled (its default: no -O0),
+    in `dtype`, with the cores given as VLLM_CORES[cores]. It binds beyond
+    loopback: the harness runs it only inside a private network namespace
+    (peers.py)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir),
            "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", VLLM_DTYPES[name], "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
+           "--dtype", dtype, "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
     # The same KV budget as bulkhead's.
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_memory_gib)))}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_memory_gib))), **VLLM_CORES[cores]}
     # Its first start compiles kernels: minutes on two cores, many more on busy ones.
-    with child_server(name, cmd, env, url, s, timeout=1800) as proc:
-        yield Running(Endpoint(url, "bench"), proc.pid, {})
+    with child_server(f"{name}-{cores}", cmd, env, url, s, timeout=1800) as proc:
+        yield Running(Endpoint(url, "bench"), proc.pid, {"dtype": dtype, "cores": cores, "args": extra_args})
+
+
+def llama_server_cmd(binary: Path, s: Settings, port: int, slots: int) -> list[str]:
+    """llama.cpp's own server with one slot per concurrent client and
+    continuous batching: every request decodes alongside the others. The
+    context is split among the slots, so it is `slots` times the common one."""
+    threads = str(os.cpu_count())
+    return [str(binary), "--model", str(s.gguf), "--alias", "bench", "--host", "127.0.0.1", "--port", str(port),
+            "--parallel", str(slots), "--cont-batching", "--ctx-size", str(s.context_length * slots),
+            "--threads", threads, "--threads-batch", threads]
 
 
 @contextlib.contextmanager
-def llama_cpp(python: Path, s: Settings):
-    """llama-cpp-python's OpenAI server on the same model's GGUF (bench/setup_llama.sh)."""
+def llama_cpp(binary: Path, s: Settings, slots: int):
+    """llama.cpp's llama-server (bench/setup_llama.sh) on the same model's GGUF.
+    Not llama-cpp-python's server: that one serves one request at a time and
+    cuts a running stream short when the next request arrives."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [str(python), "-m", "llama_cpp.server", "--model", str(s.gguf), "--model_alias", "bench",
-           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(s.context_length),
-           "--n_threads", str(os.cpu_count()), "--n_threads_batch", str(os.cpu_count())]
-    # Text prompts only; min_tokens stands in for ignore_eos, and its default
-    # repeat penalty (1.1) would make it compute something else than greedy.
-    endpoint = Endpoint(url, "bench", text_prompts=True, exact_length="min_tokens",
-                        extra=(("repeat_penalty", 1.0),))
-    with child_server("llama-cpp", cmd, {}, url, s) as proc:
-        yield Running(endpoint, proc.pid, {})
+    # Token ids as prompts and ignore_eos, as bulkhead and vLLM get; its
+    # repeat penalty is pinned off so that it computes plain greedy.
+    endpoint = Endpoint(url, "bench", extra=(("repeat_penalty", 1.0),))
+    with child_server("llama-cpp", llama_server_cmd(binary, s, port, slots), {}, url, s) as proc:
+        yield Running(endpoint, proc.pid, {"slots": slots})
+
+
+def binary_problem(binary: Path, setup: str) -> str | None:
+    """Why a peer's server binary cannot be run, or None when it can."""
+    if not binary.exists():
+        return f"no {binary.relative_to(ROOT) if binary.is_relative_to(ROOT) else binary} (run {setup})"
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        last = ((done.stderr or done.stdout).strip().splitlines() or ["?"])[-1]
+        return f"`{binary} --version` fails: {last}"
+    return None
 
 
 def hf_static_cmd(s: Settings) -> list[str]:

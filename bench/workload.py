@@ -3,8 +3,8 @@ client that measures each request's time to first token and per-token time.
 
 Every system gets the same prompts. They are random token ids passed once
 through the model's tokenizer (decode, encode, cut to length), so that the
-text form, for servers that only take text (llama-cpp-python), tokenizes back
-to about the same ids.
+text form, for servers that only take text, tokenizes back to about the same
+ids.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ class Endpoint:
 
     url: str
     model: str
-    text_prompts: bool = False  # the server takes only text (llama-cpp-python)
+    text_prompts: bool = False  # the server takes only text
     # How the server is made to produce exactly max_tokens tokens: the
-    # `ignore_eos` extension (bulkhead, vLLM) or `min_tokens` (llama-cpp-python).
+    # `ignore_eos` extension (bulkhead, vLLM, llama-server) or `min_tokens`.
     exact_length: str = "ignore_eos"
     extra: tuple[tuple[str, object], ...] = ()  # other server-specific body fields
 
@@ -78,7 +78,7 @@ async def one_request(http: httpx.AsyncClient, ep: Endpoint, prompt: Prompt, out
                 chunks += 1
             usage = chunk.get("usage") or usage
     end = time.perf_counter()
-    # One chunk per token where the server sends no usage (llama-cpp-python).
+    # One chunk per token where the server sends no usage.
     tokens = usage["completion_tokens"] if usage else chunks
     return {"ttft": first - start, "tpot": (end - first) / max(1, tokens - 1), "tokens": tokens}
 
@@ -110,9 +110,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def summarise(wall_s: float, records: list[dict]) -> dict:
+def short_requests(records: list[dict], expected_tokens: int) -> str | None:
+    """Why a level's figures do not count, or None when they do: every
+    request must have produced exactly the tokens asked for. A server that
+    cuts streams short (llama-cpp-python's, when another request arrives)
+    would otherwise report a tiny TPOT and a throughput it never served."""
+    wrong = [r["tokens"] for r in records if r["tokens"] != expected_tokens]
+    if not records:
+        return "no requests completed"
+    if not wrong:
+        return None
+    return (f"{len(wrong)} of {len(records)} requests produced other than {expected_tokens} tokens "
+            f"({min(wrong)}..{max(wrong)})")
+
+
+def summarise(wall_s: float, records: list[dict], expected_tokens: int | None = None) -> dict:
+    """The level's figures; with expected_tokens, a level in which any request
+    produced another count carries `invalid` (why) and its figures must not be
+    quoted or compared (bench.report shows the reason instead)."""
     ttfts = [r["ttft"] for r in records]
-    return {
+    summary = {
         "requests": len(records),
         "output_tokens": sum(r["tokens"] for r in records),
         "tok_s": sum(r["tokens"] for r in records) / wall_s,
@@ -121,3 +138,6 @@ def summarise(wall_s: float, records: list[dict]) -> dict:
         "tpot_median_s": statistics.median(r["tpot"] for r in records),
         "wall_s": wall_s,
     }
+    if expected_tokens is not None and (why := short_requests(records, expected_tokens)):
+        summary["invalid"] = why
+    return summary

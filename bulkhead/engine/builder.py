@@ -93,6 +93,7 @@ class BuiltEngine:
     decode_row_multiple: int = 0  # measured at start-up; 0 = tiles of config.decode_tile
     linear_kernel: str = "aten"  # what "auto" resolved to
     decode_attention: str = "torch"  # what "auto" resolved to
+    lm_head_kernel: str = "fp32"  # bulkhead.model.linear_kernel.choose_head's answer
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -108,9 +109,10 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     dtype = getattr(torch, cfg.dtype)
     mc, weights = load_weights(cfg.model_dir, dtype)
     kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights)
+    head = linear_kernel.choose_head(kernel, weights.lm_head)
     attention = decode_kernel.choose(cfg.decode_attention, cfg.dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
-    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel), attention)
+    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention)
     del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, cfg.dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -152,12 +154,14 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                       prefill_only=prefill_only))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
-        "decode attention %s", num_pages, cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20,
-        cfg.dtype, cfg.scrub_mode, decision.context_length, kernel, attention,
+        "lm_head %s; decode attention %s", num_pages, cfg.page_size, pool.num_tokens,
+        num_pages * layout.bytes_per_page / 2**20, cfg.dtype, cfg.scrub_mode, decision.context_length, kernel, head,
+        attention,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
+                       head)
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:

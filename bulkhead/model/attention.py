@@ -29,12 +29,15 @@ def paged_attention(
     v_pages: torch.Tensor,  # [num_pages, page_size, KVH, hd]
     batch: PagedBatch,
     c_kernel: bool = False,
+    slots: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # [T, H * hd]
     """c_kernel: decode steps read the pool in place through the C kernel
-    (bulkhead.model.decode_kernel) instead of gathering pages for SDPA."""
+    (bulkhead.model.decode_kernel) instead of gathering pages for SDPA.
+    slots: (page, offset) of each real row's write, [N] each, if the caller
+    computed them once for every layer; else from batch.write_slots."""
     num_real = batch.write_slots.shape[0]
     page_size = v_pages.shape[1]
-    pages, offsets = batch.write_slots // page_size, batch.write_slots % page_size
+    pages, offsets = slots if slots is not None else (batch.write_slots // page_size, batch.write_slots % page_size)
     k_pages[pages, :, :, offsets] = k[:num_real]  # [N, KVH, hd] into each row's (page, offset)
     v_pages[pages, offsets] = v[:num_real]  # [N, KVH, hd]; the pool's pages are strided, not one flat row list
     if c_kernel and batch.decode:
@@ -46,9 +49,11 @@ def _decode_attention(q, k_pages, v_pages, batch: PagedBatch) -> torch.Tensor:
     """One kernel call for every decode row; rows past the real ones
     (padding to a batch-invariant row count) attend to nothing and stay 0."""
     num_seqs = batch.decode_kv_len.shape[0]
-    out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
     attn = paged_decode_attention(q[:num_seqs], k_pages, v_pages, batch.pages, batch.decode_page_offset,
                                   batch.decode_kv_len, q.shape[2] ** -0.5)  # [S, H, hd]
+    if num_seqs == q.shape[0]:
+        return attn.view(num_seqs, -1)
+    out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
     out[:num_seqs] = attn.view(num_seqs, -1)
     return out
 

@@ -73,16 +73,16 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def _build(cc: str, flags: list[str]) -> Path:
-    """The library for these flags, compiled once into the cache."""
+def _build(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
+    """The library of this C source for these flags, compiled once into the cache."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
-    target = cache_root() / "kernels" / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256("\0".join([source.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
+    target = cache_root() / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True,
+            subprocess.run([cc, *flags, str(source), "-o", str(built), "-lm"], check=True, capture_output=True,
                            text=True, timeout=120)
             os.replace(built, target)  # atomic: workers starting together may all compile
     return target

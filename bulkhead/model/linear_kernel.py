@@ -7,13 +7,20 @@
 | `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 
+The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
+below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
+(bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
+`int4` and `onednn-bf16` take `bf16w` where its C kernel builds here (the
+lm_head is then half the bytes at one request, where it is bound by memory),
+`aten` and `onednn` keep `fp32`.
+
 `auto` is `int4` for weights that already lie on a 4-bit grid (a Q4_0 or
 Q4_1 GGUF, such as the bundled SmolLM2; `on_4bit_grid`), where this build
 runs it; otherwise `onednn` where this build runs it, else `aten`, the exact
 fp32 model. `int4` and `onednn-bf16` are not the exact fp32 model and say so
 in `/server_info`; everything around the matmuls (norms, rotary, attention,
-the KV cache, sampling, the lm_head) stays fp32, and each matmul's output
-returns to fp32.
+the KV cache, sampling) stays fp32, each matmul's output returns to fp32, and
+the lm_head's inputs, sums and logits stay fp32 whatever its weights.
 
 Why oneDNN: on this project's 2-core AMD EPYC machine MKL's sgemm runs the
 whole model's linear layers 3.7x slower at 4 rows than oneDNN's kernel over a
@@ -45,12 +52,17 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from bulkhead.model import head_kernel
+
 log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4")
-# What /server_info says each kernel computes in.
-MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16 (lm_head fp32)",
-                    "int4": "decode rows: int4 weights, bf16 inputs; prompts and lm_head fp32"}
+HEAD_KERNELS = ("fp32", "bf16w")
+# What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
+MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
+                    "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32"}
+HEAD_PRECISION = {"fp32": "lm_head fp32",
+                  "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
 
 # The row count oneDNN lays a weight out for; any count runs on it. Measured
 # here with the check of bulkhead.model.row_invariance over the model's
@@ -203,6 +215,43 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     return "aten"
 
 
+class BF16WeightLinear(Linear):
+    """The lm_head's `bf16w` kernel: bf16 weights, fp32 inputs, sums and
+    outputs (bulkhead.model.head_kernel), the same kernel for every row, so a
+    row's logits do not depend on its batch-mates."""
+
+    def __init__(self, w: torch.Tensor):
+        self._run = head_kernel.linear_bf16w
+        self.out_features, self.in_features = w.shape
+        self.packed = head_kernel.pack(w)
+
+    def __call__(self, x, b=None, decode=False):
+        y = self._run(x.float(), self.packed)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def bf16w_usable(w: torch.Tensor) -> bool:
+    """The bf16-weight kernel builds here (with torch's OpenMP team) and takes this weight's shape."""
+    return head_kernel.fits(w) and head_kernel.load() is not None
+
+
+def choose_head(kernel: str, lm_head: torch.Tensor, asked: str | None = None) -> str:
+    """The lm_head's kernel for a chosen linear kernel: `bf16w` under the
+    reduced-precision kernels where it runs here, `fp32` otherwise (and
+    always under `aten` and `onednn`, the exact model). `asked` names one
+    (tests and bench/decode_step.py); asking for `bf16w` where it cannot
+    run is an error."""
+    if asked is not None:
+        if asked not in HEAD_KERNELS:
+            raise ValueError(f"lm_head kernel must be one of {HEAD_KERNELS}, not {asked!r}")
+        if asked == "bf16w" and not bf16w_usable(lm_head):
+            raise RuntimeError("lm_head kernel bf16w: its C kernel cannot run here or does not take this shape")
+        return asked
+    if kernel in ("onednn-bf16", "int4") and lm_head.dtype == torch.float32 and bf16w_usable(lm_head):
+        return "bf16w"
+    return "fp32"
+
+
 def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     """One [out, in] weight laid out for a chosen kernel."""
     if kernel == "aten":
@@ -217,18 +266,24 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
-def prepare(weights, kernel: str):
+def prepare(weights, kernel: str, head: str | None = None):
     """The model's weights with every linear layer's laid out for `kernel`
-    (a ModelWeights; returned as a new one, the input is not changed). The
-    laid-out copy replaces the plain one, except for a tied lm_head, whose
-    embedding stays for token lookup.
+    (a ModelWeights; returned as a new one, the input is not changed), the
+    lm_head's for `head` (choose_head's answer when None). The laid-out
+    copy replaces the plain one, except for a tied lm_head, whose embedding
+    stays for token lookup.
 
-    lm_head stays fp32 on every kernel: its outputs are the logits, and bf16
-    keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured on the
-    README's question: fp32 puts "The" 0.08 nats above "L"; with a bf16
-    lm_head they tie and greedy decoding answers in French."""
+    The lm_head's outputs stay fp32 on every kernel: they are the logits,
+    and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
+    on the README's question: fp32 puts "The" 0.08 nats above "L"; with a
+    bf16 GEMM lm_head (oneDNN's, which rounds output and inputs) they tie and
+    greedy decoding answers in French. `bf16w` rounds only the weights."""
     layers = [dataclasses.replace(layer, qkv=prepare_one(layer.qkv, kernel), o=prepare_one(layer.o, kernel),
                                   gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
               for layer in weights.layers]
-    head_kernel = "onednn" if kernel in ("onednn-bf16", "int4") else kernel
-    return dataclasses.replace(weights, layers=layers, lm_head=prepare_one(weights.lm_head, head_kernel))
+    head = choose_head(kernel, weights.lm_head, head)
+    if head == "bf16w":
+        lm_head = BF16WeightLinear(weights.lm_head)
+    else:
+        lm_head = prepare_one(weights.lm_head, "onednn" if kernel in ("onednn-bf16", "int4") else kernel)
+    return dataclasses.replace(weights, layers=layers, lm_head=lm_head)

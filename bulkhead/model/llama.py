@@ -47,8 +47,10 @@ def _linear(x: torch.Tensor, w: Linear, b: torch.Tensor | None, batch: PagedBatc
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    # One op instead of six (pow, mean, add, rsqrt, mul, mul): fewer per-op
+    # overheads in a decode step. On this build its numbers equal the six
+    # ops' bit for bit (measured at 1 and 16 rows of SmolLM2's width).
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class LlamaModel:
@@ -76,14 +78,18 @@ class LlamaModel:
         x = w.embed[batch.token_ids]  # [T, D]
         cos = self.cos[batch.positions].unsqueeze(1).to(x.dtype)  # [T, 1, hd]
         sin = self.sin[batch.positions].unsqueeze(1).to(x.dtype)
+        page_size = kv_layers[0][1].shape[1]
+        # Where each real row's K/V goes: the same for every layer.
+        slots = (batch.write_slots // page_size, batch.write_slots % page_size)  # page [N], offset [N]
+        qk_size, qk_heads = cfg.q_size + cfg.kv_size, cfg.num_heads + cfg.num_kv_heads
         for layer, (k_pages, v_pages) in zip(w.layers, kv_layers):
             h = _rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = apply_rope(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c")  # [T, H * hd]
+            qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)  # [T, (H + 2 * KVH) * hd]
+            # Rotary on q and k in one pass: the same arithmetic per element as two.
+            qk = apply_rope(qkv[:, :qk_size].view(-1, qk_heads, cfg.head_dim), cos, sin)  # [T, H + KVH, hd]
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            v = qkv[:, qk_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
+            attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots)
             x = x + _linear(attn, layer.o, None, batch)
             h = _rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate, up = _linear(h, layer.gate_up, None, batch).chunk(2, dim=-1)

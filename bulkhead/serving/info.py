@@ -13,7 +13,7 @@ from bulkhead.engine.builder import BuiltEngine
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
-from bulkhead.model.linear_kernel import MATMUL_PRECISION
+from bulkhead.model.linear_kernel import HEAD_PRECISION, MATMUL_PRECISION
 
 
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
@@ -47,7 +47,8 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "linear_kernel": built.linear_kernel,
-        "matmul_precision": MATMUL_PRECISION[built.linear_kernel],
+        "matmul_precision": f"{MATMUL_PRECISION[built.linear_kernel]}; {HEAD_PRECISION[built.lm_head_kernel]}",
+        "lm_head_kernel": built.lm_head_kernel,
         "decode_attention": built.decode_attention,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,

@@ -1,8 +1,11 @@
 """The arithmetic bench/peers.py reports with: percentiles, summaries,
-ratios to the baseline, the guard cost, and the request bodies it sends."""
+ratios to the baseline, the guard cost, and the request bodies it sends;
+which levels count (every request produced its tokens); and the peers'
+best configurations."""
 
-from bench.peers import requests_for
-from bench.report import guard_cost, guard_line, level_table
+from bench.peers import parse_args, requests_for
+from bench.report import best_of, best_peer, guard_cost, guard_line, headline, level_table
+from bench.systems import VLLM_CORES, Settings, cpu_flags, llama_server_cmd, vllm_best_dtype
 from bench.workload import Endpoint, Prompt, percentile, summarise
 
 
@@ -52,3 +55,83 @@ def test_each_server_is_asked_for_exactly_the_output_length_its_own_way():
     assert bulkhead["prompt"] == [11, 12, 13] and bulkhead["ignore_eos"] is True and bulkhead["temperature"] == 0
     llama = Endpoint("http://x", "bench", text_prompts=True, exact_length="min_tokens").body(prompt, 128)
     assert llama["prompt"] == "some text" and llama["min_tokens"] == 128 and "ignore_eos" not in llama
+
+
+# -- a level is a figure only when every request produced the tokens asked for ----------
+
+
+def test_a_level_with_any_request_short_of_its_tokens_is_invalid_not_a_figure():
+    full = [{"ttft": 0.1, "tpot": 0.01, "tokens": 128}] * 3
+    assert "invalid" not in summarise(1.0, full, expected_tokens=128)
+    # llama-cpp-python's server cut running streams when another request came: 14.5 tok/s at a 1 ms TPOT.
+    cut = full + [{"ttft": 0.1, "tpot": 0.001, "tokens": 7}]
+    s = summarise(1.0, cut, expected_tokens=128)
+    assert s["invalid"] == "1 of 4 requests produced other than 128 tokens (7..7)"
+    too_many = summarise(1.0, [{"ttft": 0.1, "tpot": 0.01, "tokens": 129}], expected_tokens=128)
+    assert "invalid" in too_many
+
+
+def test_an_invalid_level_shows_its_reason_and_takes_part_in_no_ratio_best_or_guard_cost():
+    bad = level(500.0, 0.001) | {"invalid": "3 of 4 requests produced other than 128 tokens (5..9)"}
+    levels = {"bulkhead": {16: level(100.0, 0.1)}, "bulkhead-no-guards": {16: bad},
+              "llama-cpp": {16: bad}, "vllm": {16: level(200.0, 0.05)}}
+    lines = level_table(levels, 16)
+    llama = next(line for line in lines if line.startswith("llama-cpp"))
+    assert "INVALID" in llama and "500.0" not in llama
+    assert best_peer(levels, 16)[0] == "vllm"
+    assert guard_cost(levels) is None
+    # With bulkhead's own row invalid, nothing is a ratio to it.
+    levels["bulkhead"] = {16: bad}
+    assert "(2.00x)" not in next(line for line in level_table(levels, 16) if line.startswith("vllm"))
+    assert headline(levels) == []
+
+
+def test_the_headline_compares_bulkhead_with_the_best_valid_peer_never_with_itself():
+    levels = {"bulkhead": {1: level(47.0, 0.02), 16: level(135.0, 0.1)},
+              "bulkhead-no-guards": {16: level(400.0, 0.1)},
+              "transformers": {1: level(15.0, 0.06), 16: level(92.0, 0.2)},
+              "llama-cpp": {1: level(70.6, 0.011), 16: level(150.0, 0.1)},
+              "vllm": {1: level(34.5, 0.03), 16: level(255.8, 0.06)}}
+    lines = headline(levels)
+    assert lines[0].startswith("c=1: bulkhead 47.0") and "llama-cpp 70.6 (0.67x)" in lines[0]
+    assert lines[1].startswith("c=16: bulkhead 135.0") and "vllm 255.8 (0.53x)" in lines[1]
+
+
+def test_a_peer_in_several_configurations_counts_with_its_best_valid_one_at_each_level():
+    variants = {"both-cores": {1: level(30.0, 0.03), 16: level(255.8, 0.06)},
+                "reserved-core": {1: level(34.5, 0.03), 16: level(300.0, 0.06) | {"invalid": "short"}}}
+    best = best_of(variants)
+    assert best[1]["tok_s"] == 34.5 and best[1]["variant"] == "reserved-core"
+    assert best[16]["tok_s"] == 255.8 and best[16]["variant"] == "both-cores"
+    only_bad = best_of({"a": {4: level(1.0, 0.1) | {"invalid": "short"}}})
+    assert only_bad[4]["invalid"] == "short"
+
+
+# -- peers in their best configuration -----------------------------------------------------
+
+
+def test_vllm_runs_bf16_where_the_cpu_computes_in_it_and_fp32_elsewhere():
+    epyc = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+    assert cpu_flags(epyc) >= {"avx512_bf16", "avx2"}
+    assert vllm_best_dtype(cpu_flags(epyc)) == "bfloat16"
+    assert vllm_best_dtype({"avx2", "amx_bf16", "amx_tile"}) == "bfloat16"
+    assert vllm_best_dtype(cpu_flags("flags\t: fpu avx2 avx512f\n")) == "float32"
+    assert vllm_best_dtype(cpu_flags("")) == "float32"
+
+
+def test_vllm_is_measured_with_both_cores_and_with_one_reserved_and_compiled_by_default():
+    assert VLLM_CORES["both-cores"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert VLLM_CORES["reserved-core"] == {}
+    args = parse_args([])
+    assert args.vllm_args == "" and args.vllm_cores == ["both-cores", "reserved-core"]
+    assert "vllm" in args.systems and "vllm-fp32" in args.systems and "vllm-bf16" not in args.systems
+
+
+def test_llama_server_gets_a_slot_per_client_and_the_context_for_each():
+    from pathlib import Path
+
+    s = Settings(Path("/m"), Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
+    cmd = llama_server_cmd(Path("/bin/llama-server"), s, 8080, slots=16)
+    assert cmd[cmd.index("--parallel") + 1] == "16" and "--cont-batching" in cmd
+    assert cmd[cmd.index("--ctx-size") + 1] == str(2048 * 16)
+    assert cmd[cmd.index("--model") + 1] == "/m.gguf"

@@ -1,0 +1,113 @@
+"""Time one decode step in process, and where it goes.
+
+    python bench/decode_step.py                         # 1 and 16 requests, default kernels
+    python bench/decode_step.py --requests 1 --profile  # torch.profiler's op table too
+    python bench/decode_step.py --linear-kernel onednn,auto --reps 30   # A/B, interleaved
+
+Builds the model and runner as the engine does (kernel choice, measured row
+multiple, guards on), fills each request's KV with random values instead of
+running its prompt (a decode step's cost does not depend on the values), and
+times `ModelRunner.run` on decode plans. Variants named together run
+interleaved, rep by rep, in this one process: on a shared machine only such
+A/B figures mean anything. Prints the median and quartiles per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bulkhead.engine.builder import EngineConfig, _decode_row_multiple  # noqa: E402
+from bulkhead.engine.runner import ModelRunner, RunnerConfig  # noqa: E402
+from bulkhead.engine.scheduler import DecodeWork, StepPlan  # noqa: E402
+from bulkhead.kv.layout import KVLayout  # noqa: E402
+from bulkhead.kv.ledger import PageLedger  # noqa: E402
+from bulkhead.kv.pool import KVPool  # noqa: E402
+from bulkhead.model import decode_kernel, linear_kernel  # noqa: E402
+from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
+from bulkhead.model.llama import LlamaModel  # noqa: E402
+from bulkhead.model.loader import load_weights  # noqa: E402
+
+
+def build(kernel: str, head_kernel: str | None, max_requests: int, context: int):
+    mc, weights = load_weights(default_model_dir(), torch.float32)
+    chosen = linear_kernel.choose(kernel, torch.float32, weights)
+    attention = decode_kernel.choose("auto", "float32", mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
+    prepared = linear_kernel.prepare(weights, chosen, head_kernel)
+    model = LlamaModel(mc, prepared, attention)
+    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, "float32")
+    pages_each = -(-(context + 8) // 16)
+    pool, ledger = KVPool(layout, pages_each * max_requests + 1), PageLedger(pages_each * max_requests + 1)
+    pool.data.normal_(0, 1)
+    multiple = _decode_row_multiple(model, EngineConfig(Path("."), "x", 0, max_running=max(16, max_requests)))
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_row_multiple=multiple))
+    pages = [tuple(ledger.allocate(f"r{i}", "t", pages_each)) for i in range(max_requests)]
+    return runner, pages, chosen
+
+
+def plan(pages, n: int, context: int) -> StepPlan:
+    return StepPlan(None, tuple(DecodeWork(f"r{i}", "t", context, 1000 + i, pages[i]) for i in range(n)), ())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", default="1,16", help="comma list of decode batch sizes")
+    ap.add_argument("--context", type=int, default=320, help="KV positions per request")
+    ap.add_argument("--linear-kernel", default="auto", help="comma list: variants to run interleaved")
+    ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32 or bf16w ('' = the kernel's default)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the step in this thread's CPU time, not wall time: with --threads 1, what a step "
+                         "costs without the time a busy machine keeps it waiting")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    sizes = [int(x) for x in args.requests.split(",")]
+    kernels = args.linear_kernel.split(",")
+    heads = (args.head_kernel.split(",") + [""] * len(kernels))[: len(kernels)]
+    variants = {}
+    for k, h in zip(kernels, heads):
+        runner, pages, chosen = build(k, h or None, max(sizes), args.context)
+        variants[f"{chosen}" + (f"/head={h}" if h else "")] = (runner, pages)
+    times = {(v, n): [] for v in variants for n in sizes}
+    for n in sizes:
+        for runner, pages in variants.values():
+            for _ in range(3):
+                runner.run(plan(pages, n, args.context))  # warm-up: oneDNN builds its kernels
+        for _ in range(args.reps):
+            for v, (runner, pages) in variants.items():
+                p = plan(pages, n, args.context)
+                t = clock()
+                runner.run(p)
+                times[(v, n)].append((clock() - t) * 1000)
+    print(f"threads {torch.get_num_threads()}, context {args.context}, {args.reps} reps interleaved, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
+    for (v, n), ts in times.items():
+        q = statistics.quantiles(ts, n=4)
+        print(f"{v:<28} {n:>3} requests: median {statistics.median(ts):7.2f} ms  (quartiles {q[0]:.2f}..{q[2]:.2f})")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for v, (runner, pages) in variants.items():
+            for n in sizes:
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(5):
+                        runner.run(plan(pages, n, args.context))
+                print(f"\n== {v}, {n} requests, 5 steps")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

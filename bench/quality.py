@@ -1,0 +1,164 @@
+"""Agreement of bulkhead's reduced-precision kernels with the exact fp32 model.
+
+    python bench/quality.py                  # the table in docs/performance.md
+    python bench/quality.py --tokens 16      # a quicker look
+
+A fixed prompt set (below). For each prompt the exact model (fp32 linear
+layers and lm_head throughout, `--linear-kernel onednn`) continues greedily
+for `--tokens` tokens; every variant then reads the same tokens the way the
+server computes them (the prompt as one prefill chunk, then one decode step
+per token, through the model runner and the paged KV cache), and its
+next-token distribution at each position is compared with the exact one:
+top-1 agreement, KL(exact || variant) in nats (mean and max), and the largest
+logit difference. Last, each variant answers the README's question greedily
+(chat template, until end of sequence), as `make serve` would at
+temperature 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bulkhead.engine.builder import PREFILL_ROW_BUCKET  # noqa: E402
+from bulkhead.engine.runner import ModelRunner, RunnerConfig  # noqa: E402
+from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan  # noqa: E402
+from bulkhead.kv.layout import KVLayout  # noqa: E402
+from bulkhead.kv.ledger import PageLedger  # noqa: E402
+from bulkhead.kv.pool import KVPool  # noqa: E402
+from bulkhead.model import decode_kernel, linear_kernel  # noqa: E402
+from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
+from bulkhead.model.llama import LlamaModel  # noqa: E402
+from bulkhead.model.loader import load_weights  # noqa: E402
+from bulkhead.model.tokenizer import Tokenizer  # noqa: E402
+
+README_QUESTION = "What is the capital of France?"
+# (text, as a chat message?) -- fixed, so that runs compare.
+PROMPTS = (
+    (README_QUESTION, True),
+    ("Explain in two sentences why the sky is blue.", True),
+    ("Write a haiku about the sea.", True),
+    ("Give me three tips for learning a new language.", True),
+    ("The capital of France is", False),
+    ("Once upon a time, in a small village,", False),
+    ("def fibonacci(n):", False),
+    ("In 1969, the first humans to walk on the Moon were", False),
+)
+# name -> (linear kernel, lm_head kernel); the first is the reference.
+VARIANTS = {
+    "exact fp32 (onednn)": ("onednn", "fp32"),
+    "int4 decode, fp32 lm_head": ("int4", "fp32"),
+    "fp32 layers, bf16w lm_head": ("onednn", "bf16w"),
+    "int4 decode, bf16w lm_head": ("int4", "bf16w"),
+}
+
+
+class Runner:
+    """One variant's model, pool and runner, as the engine builds them."""
+
+    def __init__(self, config, weights, kernel: str, head: str, max_tokens: int):
+        attention = decode_kernel.choose("auto", "float32", config.num_heads, config.num_kv_heads, config.head_dim, 16)
+        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention)
+        self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, "float32")
+        pages = self.layout.pages_for_tokens(max_tokens)
+        self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)
+        # Decode rows padded to 2, the multiple the engine measures for oneDNN fp32
+        # (int4 and bf16w give a row the same numbers at any count).
+        self.runner = ModelRunner(model, self.pool, self.ledger,
+                                  RunnerConfig(decode_row_multiple=2, prefill_row_bucket=PREFILL_ROW_BUCKET))
+        self.n = 0
+
+    def logits(self, prompt: list[int], then: list[int]) -> list[torch.Tensor]:
+        """Logits after the prompt (prefill) and after each token of `then` (decode steps)."""
+        rid = f"q{self.n}"
+        self.n += 1
+        pages = tuple(self.ledger.allocate(rid, "t", self.layout.pages_for_tokens(len(prompt) + len(then) + 1)))
+        try:
+            _, first = self.runner.run(StepPlan(PrefillWork(rid, "t", 0, tuple(prompt), pages, True), (), ()))
+            out = [first[0]]
+            for i, tok in enumerate(then):
+                _, lg = self.runner.run(StepPlan(None, (DecodeWork(rid, "t", len(prompt) + i, tok, pages),), ()))
+                out.append(lg[0])
+            return out
+        finally:
+            self.ledger.release(rid)
+            self.ledger.mark_scrubbed(self.ledger.dirty_pages())
+
+    def greedy(self, prompt: list[int], max_new: int, eos: tuple[int, ...]) -> list[int]:
+        rid = f"g{self.n}"
+        self.n += 1
+        pages = tuple(self.ledger.allocate(rid, "t", self.layout.pages_for_tokens(len(prompt) + max_new + 1)))
+        try:
+            _, lg = self.runner.run(StepPlan(PrefillWork(rid, "t", 0, tuple(prompt), pages, True), (), ()))
+            out = [int(lg[0].argmax())]
+            while len(out) < max_new and out[-1] not in eos:
+                _, lg = self.runner.run(StepPlan(None, (DecodeWork(rid, "t", len(prompt) + len(out) - 1, out[-1],
+                                                                   pages),), ()))
+                out.append(int(lg[0].argmax()))
+            return out
+        finally:
+            self.ledger.release(rid)
+            self.ledger.mark_scrubbed(self.ledger.dirty_pages())
+
+
+def encode(tok: Tokenizer, text: str, chat: bool) -> list[int]:
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]) if chat else text)
+
+
+def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
+    r, g = torch.stack(ref).double(), torch.stack(got).double()
+    kl = (F.softmax(r, -1) * (F.log_softmax(r, -1) - F.log_softmax(g, -1))).sum(-1)  # [positions]
+    return {"positions": r.shape[0], "top1": int((r.argmax(-1) == g.argmax(-1)).sum()),
+            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "max_diff": float((r - g).abs().max())}
+
+
+def measure(tokens: int, variants: dict = VARIANTS) -> tuple[dict, dict]:
+    """({variant: totals over the prompt set}, {variant: README answer})."""
+    model_dir = default_model_dir()
+    config, weights = load_weights(model_dir, torch.float32)
+    tok = Tokenizer(model_dir)
+    prompts = [encode(tok, text, chat) for text, chat in PROMPTS]
+    longest = max(len(p) for p in prompts) + tokens + 64
+    # One variant's model in memory at a time: four copies of the weights
+    # and their pools do not fit beside a busy machine's other work.
+    names = list(variants)
+    ref = Runner(config, weights, *variants[names[0]], longest)
+    teacher = [ref.greedy(p, tokens, ()) for p in prompts]  # the exact model's own continuation
+    ref_logits = [ref.logits(p, t[:-1]) for p, t in zip(prompts, teacher)]
+    totals, answers = {}, {}
+    for name in names:
+        runner = ref if name == names[0] else Runner(config, weights, *variants[name], longest)
+        per = [compare(rl, runner.logits(p, t[:-1])) for p, t, rl in zip(prompts, teacher, ref_logits)]
+        totals[name] = {"positions": sum(x["positions"] for x in per), "top1": sum(x["top1"] for x in per),
+                        "kl_mean": sum(x["kl_mean"] * x["positions"] for x in per) / sum(x["positions"] for x in per),
+                        "kl_max": max(x["kl_max"] for x in per), "max_diff": max(x["max_diff"] for x in per)}
+        answer = runner.greedy(prompts[0], 32, config.eos_token_ids)
+        answers[name] = tok.decode([t for t in answer if t not in config.eos_token_ids])
+        print(f"{name}: done", file=sys.stderr, flush=True)
+        del runner
+    return totals, answers
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=48, help="greedy tokens of the exact model per prompt")
+    args = ap.parse_args(argv)
+    totals, answers = measure(args.tokens)
+    print(f"{len(PROMPTS)} prompts, {args.tokens} tokens each, against {next(iter(VARIANTS))}\n")
+    print("| variant | top-1 agreement | KL mean (nats) | KL max | max logit diff | README answer |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, t in totals.items():
+        print(f"| {name} | {t['top1']}/{t['positions']} ({100 * t['top1'] / t['positions']:.1f}%) | "
+              f"{t['kl_mean']:.2e} | {t['kl_max']:.2e} | {t['max_diff']:.3f} | {answers[name]!r} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
