@@ -41,12 +41,15 @@ def victim_tenant(held: dict[str, int], quota: dict[str, int], requester: str, n
     """The tenant to preempt a request of, so that `requester` gets `need`
     more pages; None when nobody may be preempted for it.
 
-    held: pages each tenant's live requests hold now; quota: from quotas()."""
+    held: pages each tenant's running requests hold now; quota: from quotas().
+    may_take_own: False for a waiting request, which may only reclaim pages
+    while its tenant stays within quota, and never from its own tenant."""
+    mine = held.get(requester, 0) + need - quota.get(requester, 0)  # > 0: over quota once served
+    if not may_take_own and mine > 0:
+        return None
     over = {t: n - quota.get(t, 0) for t, n in held.items() if t != requester and n > quota.get(t, 0)}
     if over:
         worst = max(over, key=lambda t: (over[t], t))
-        # The requester goes first only if it would be further over than anyone.
-        mine = held.get(requester, 0) + need - quota.get(requester, 0)
-        if not (may_take_own and mine > over[worst]):
+        if not (may_take_own and mine > over[worst]):  # the requester pays if it is further over
             return worst
     return requester if may_take_own else None
