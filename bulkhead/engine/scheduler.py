@@ -328,6 +328,26 @@ class Scheduler:
         """Each active tenant's page quota (meaningful when tenants compete)."""
         return quotas(self.ledger.num_pages, sorted(self.waiting.active), self.shares.weight, self.shares.kv_share)
 
+    def tenant_stats(self) -> dict[str, dict]:
+        """Per-tenant service, queue and pages, for /metrics and /server_info.
+        Safe to call from another thread: it reads copies, never mutates."""
+        counters, served = dict(self.waiting.counters), dict(self.waiting.served)
+        running = list(self.running)
+        held: dict[str, int] = {}
+        for r in running:
+            held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
+        active = list(self.waiting.active)
+        quota = quotas(self.ledger.num_pages, sorted(active), self.shares.weight, self.shares.kv_share) \
+            if active else {}
+        out = {}
+        for t in sorted(set(counters) | set(held)):
+            prompt, output = served.get(t, (0, 0))
+            out[t] = {"service": round(counters.get(t, 0.0), 1), "prompt_tokens_served": prompt,
+                      "output_tokens_served": output, "waiting": self.waiting.depth(t),
+                      "running": sum(1 for r in running if r.tenant == t), "kv_pages": held.get(t, 0),
+                      "kv_quota": quota.get(t), "quota_preemptions": self.quota_preemptions.get(t, 0)}
+        return out
+
     def _victim(self, req: Request, need: int, may_take_own: bool) -> Request | None:
         if not self.config.kv_quotas:
             return max(self.running, key=lambda r: r.arrival) if may_take_own and self.running else None

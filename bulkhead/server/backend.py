@@ -14,6 +14,7 @@ from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.engine import RequestOutput
+from bulkhead.engine.scheduler import TenantShares
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
@@ -51,6 +52,14 @@ class Backend(ABC):
     def stop(self) -> None:
         pass
 
+    def tenant_stats(self) -> dict[str, dict]:
+        """Per-tenant fair-share state where this process schedules (colocated);
+        a router schedules nothing yet (fair dispatch waits for the protocol rewrite)."""
+        return {}
+
+    def set_tenant_shares(self, weight, kv_share) -> None:
+        """Give the engine's scheduler the tenant table's weights and KV shares."""
+
 
 class LocalBackend(Backend):
     """One process: the engine thread runs beside the HTTP server."""
@@ -72,6 +81,12 @@ class LocalBackend(Backend):
 
     def collector(self):
         return EngineCollector(self.built.engine)
+
+    def tenant_stats(self) -> dict[str, dict]:
+        return self.built.engine.scheduler.tenant_stats()
+
+    def set_tenant_shares(self, weight, kv_share) -> None:
+        self.built.engine.scheduler.shares = TenantShares(weight=weight, kv_share=kv_share)
 
     def start(self) -> None:
         self.built.engine.start()
@@ -114,6 +129,9 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "scrub_mode": cfg.scrub_mode,
         "max_running_requests": cfg.max_running,
         "prefill_chunk": cfg.prefill_chunk,
+        "step_token_budget": built.engine.scheduler.config.token_budget,
+        "fair_queue": "vtc" if built.engine.scheduler.config.fair else "fcfs",
+        "kv_quotas": built.engine.scheduler.config.kv_quotas,
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "linear_kernel": built.linear_kernel,
