@@ -216,7 +216,16 @@ class Scheduler:
 
     def _prefill_candidates(self, exclude: set[str]) -> list[tuple[Request, bool]]:
         """(request, is running) per tenant: its oldest half-prefilled request,
-        else (while the batch has room) the head of its waiting line."""
+        else (while the batch has room) the head of its waiting line. First
+        come, first served (fair=False): the oldest half-prefilled request,
+        else the oldest waiting one."""
+        if not self.config.fair:
+            started = [r for r in self.running if r.num_computed < r.prefill_target and r.request_id not in exclude]
+            if started:
+                return [(min(started, key=lambda r: r.arrival), True)]
+            if len(self.running) < self.config.max_running:
+                return [(r, False) for r in self.waiting if r.request_id not in exclude][:1]
+            return []
         partial: dict[str, Request] = {}
         for r in self.running:
             if r.num_computed < r.prefill_target and r.request_id not in exclude:
@@ -238,6 +247,8 @@ class Scheduler:
             req, running = min(candidates, key=lambda c: self.waiting.rank(*c))
             exclude.add(req.request_id)
             work = self._plan_chunk(req, running, budget if works else None, preempted)
+            if work is None and not self.config.fair:
+                return works  # first come, first served: nobody overtakes the head of the line
             if work is not None:
                 works.append(work)
                 budget -= len(work.token_ids)
