@@ -168,16 +168,22 @@ def main(argv=None) -> int:
     keys = work / "keys.toml"
     keys.write_text("[keys]\n" + f'"{LIGHT_KEY}" = "light"\n'
                     + "".join(f'"sk-heavy-{i}" = "heavy{i}"\n' for i in range(args.heavy_tenants)))
-    results = {}
-    for name in args.deployments:
-        print(f"{name}: running (logs in {work})", flush=True)
-        results[name] = run_deployment(name, args, keys, work, heavy_prompts, light_prompts)
-    print_table(args, results)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip() or "unknown"
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"noisy-{commit}.json"
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+    results = {}
+    for name in args.deployments:
+        print(f"{name}: running (logs in {work})", flush=True)
+        try:
+            results[name] = run_deployment(name, args, keys, work, heavy_prompts, light_prompts)
+        except Exception as e:  # a server lost mid-run (the OOM killer, on a shared machine) costs one row
+            print(f"{name}: failed, left out: {e!r}", flush=True)
+            continue
+        # Written after every deployment: a later failure keeps what was measured.
+        out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                  indent=1))
+    print_table(args, results)
     plot(results, args.out / f"noisy-{commit}.png")
     print(f"raw results: {out}")
     return 0
