@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench reliability clean-venv
+.PHONY: serve test bench noisy-neighbour reliability clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/peers.py $(ARGS)
+
+# A light tenant's latency alone and under a heavy tenant's flood (issue 14).
+noisy-neighbour: $(STAMP)
+	$(PY) bench/noisy_neighbour.py $(ARGS)
 
 # Soak, fault matrix, bad input, timing side channel: one table (docs/reliability.md).
 reliability: $(STAMP)

@@ -83,6 +83,24 @@ class NotFound(BulkheadError):
     code = "not_found"
 
 
+class RateLimited(BulkheadError):
+    """Over one of the tenant's limits (keys.toml [tenants]): OpenAI's 429
+    shape, type "requests" or "tokens" as OpenAI's own, with Retry-After."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int, kind: str = "requests", **kw):
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+        self.type = kind
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class Overloaded(BulkheadError):
     status = 503
     type = "server_error"

@@ -67,6 +67,13 @@ class EngineConfig:
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
     prefix_cache: bool = False
+    # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
+    # full decode batch (SchedulerConfig.step_tokens).
+    step_tokens: int = 0
+    # Fair queueing across tenants (VTC); False = first come, first served.
+    fair: bool = True
+    # Per-tenant KV quotas decide preemption under page pressure.
+    kv_quotas: bool = True
     # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
     # guards — scrub on free, transfer digests, the runner's per-step ownership
     # and finite-logit checks — so their cost can be measured. Never False
@@ -140,7 +147,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         reclaim = lambda: release_unscrubbed(ledger)  # noqa: E731
     scheduler = seams.make_scheduler(
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
-                        prefix_cache=cfg.prefix_cache),
+                        prefix_cache=cfg.prefix_cache, step_tokens=cfg.step_tokens, fair=cfg.fair,
+                        kv_quotas=cfg.kv_quotas),
         ledger,
         reclaim=reclaim,
         cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere

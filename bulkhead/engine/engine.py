@@ -273,7 +273,7 @@ class Engine:
                 self._fail_plan(plan, e)
                 return True
             self.stats.steps += 1
-            self.stats.prefill_tokens += len(plan.prefill.token_ids) if plan.prefill else 0
+            self.stats.prefill_tokens += sum(len(w.token_ids) for w in plan.prefills)
             self.stats.decode_tokens += len(plan.decode)
             sampled = dict(zip(ids, tokens))
             lp_by_id = dict(zip(ids, logprobs))
@@ -328,9 +328,7 @@ class Engine:
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> None:
         self.stats.failures += 1
-        ids = [w.request_id for w in plan.decode]
-        if plan.prefill is not None:
-            ids.append(plan.prefill.request_id)
+        ids = plan.request_ids
         err = EngineFailure(f"the engine failed this request and will not answer from unverified state: {exc}")
         for rid in ids:
             self._finish(rid, FinishReason.ERROR, error=err)

@@ -56,6 +56,9 @@ class Request:
     # the hash of each full page of its prompt (its cache keys).
     shared_pages: list[int] = field(default_factory=list)
     prefix_hashes: list[int] = field(default_factory=list)
+    # Positions [0, charged) were charged to its tenant's fair-queue counter;
+    # recomputing them after a preemption is not charged again.
+    charged: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -1,20 +1,26 @@
 """Continuous batching over the page ledger. Pure Python: no torch.
 
-Each step is either one prefill chunk of one request or one decode step of
-every request that is ready to decode. Prefill goes first (short time to
-first token) but never more than `max_prefill_streak` chunks in a row while
-decoders wait. When the pool runs out of pages, the newest running request is
-preempted: its pages are released (and scrubbed) and it is recomputed later.
+Each step carries one decode row for every request that is ready to decode
+and prefill chunks of waiting or half-prefilled requests, up to a token
+budget per step (chunked prefill as in vLLM): a short new prompt is
+prefilled within a step or two instead of after every prompt ahead of it.
+Which prompt goes next is fair across tenants (bulkhead.engine.fair_queue:
+least service first). A request's chunks always start at multiples of
+`prefill_chunk` from where its prefill started, whoever shares the step, so
+its numbers do not depend on its batch-mates. When the pool runs out of
+pages, a request is preempted (its pages released and scrubbed; it is
+recomputed later), chosen by per-tenant KV quota (bulkhead.engine.kv_quota).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from bulkhead.engine.admission import Admitted
+from bulkhead.engine.fair_queue import FairQueue
+from bulkhead.engine.kv_quota import quotas, victim_tenant
 from bulkhead.engine.request import FinishReason, Request, RequestStatus
 from bulkhead.kv.ledger import OutOfPages, PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER, PrefixCache, page_hashes, tenant_salt
@@ -25,19 +31,50 @@ class SchedulerConfig:
     page_size: int
     # Requests holding pages at once: the largest decode batch.
     max_running: int = 32
-    # Prompt tokens per prefill pass; bounds how long decoders can stall.
+    # Prompt tokens per prefill pass of one request; bounds how long one
+    # prompt's pass delays everything else in its step.
     prefill_chunk: int = 512
-    # Prefill passes in a row before waiting decoders get a step.
-    max_prefill_streak: int = 4
+    # Tokens (decode rows + prefill chunk tokens) one step may carry; 0 = one
+    # full chunk beside a full decode batch. A step always carries at least
+    # one chunk when a prompt waits, so prefill never starves.
+    step_tokens: int = 0
     # Admitted requests waiting for pages; beyond it new ones get a 503.
     max_waiting: int = 1024
     # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
     prefix_cache: bool = False
+    # Fair queueing across tenants (VTC); False = first come, first served,
+    # kept only to measure what fairness costs.
+    fair: bool = True
+    # Virtual-counter cost of a prompt token and of an output token (the
+    # VTC paper's 1 and 2: an output token holds the batch for a whole step).
+    prompt_token_cost: float = 1.0
+    output_token_cost: float = 2.0
+    # Per-tenant KV quotas when tenants compete for pages (kv_quota.py);
+    # False = the newest request is preempted, whoever's it is.
+    kv_quotas: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "max_running", "prefill_chunk", "max_prefill_streak", "max_waiting"):
+        for name in ("page_size", "max_running", "prefill_chunk", "max_waiting"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.step_tokens < 0:
+            raise ValueError(f"step_tokens must be >= 0, got {self.step_tokens}")
+        if self.prompt_token_cost < 0 or self.output_token_cost < 0:
+            raise ValueError("token costs must be >= 0")
+
+    @property
+    def token_budget(self) -> int:
+        return self.step_tokens or self.prefill_chunk + self.max_running
+
+
+@dataclass(frozen=True)
+class TenantShares:
+    """What the scheduler reads about a tenant (from the tenant table):
+    weight(t) > 0 for fair service, kv_share(t) a pool fraction or None for
+    the fair share of active tenants."""
+
+    weight: Callable[[str], float] = lambda _t: 1.0
+    kv_share: Callable[[str], float | None] = lambda _t: None
 
 
 @dataclass(frozen=True)
@@ -65,11 +102,28 @@ class DecodeWork:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What one engine step computes: only ids and ints, for the model runner."""
+    """What one engine step computes: only ids and ints, for the model runner.
 
-    prefill: PrefillWork | None
+    prefills: one pass per chunk (a single PrefillWork or None is accepted
+    and made a tuple, for callers that plan one chunk by hand)."""
+
+    prefills: tuple[PrefillWork, ...]
     decode: tuple[DecodeWork, ...]
     preempted: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.prefills is None:
+            object.__setattr__(self, "prefills", ())
+        elif isinstance(self.prefills, PrefillWork):
+            object.__setattr__(self, "prefills", (self.prefills,))
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [w.request_id for w in self.prefills] + [w.request_id for w in self.decode]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(w.token_ids) for w in self.prefills) + len(self.decode)
 
 
 class QueueFull(RuntimeError):
@@ -78,22 +132,27 @@ class QueueFull(RuntimeError):
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None],
-                 cache_secret: bytes = b""):
+                 cache_secret: bytes = b"", shares: TenantShares | None = None):
         """reclaim() must scrub every dirty page and mark it scrubbed (the engine
         owns the pool tensor; the scheduler never touches KV bytes).
-        cache_secret: server-side key that tenant cache salts derive from."""
+        cache_secret: server-side key that tenant cache salts derive from.
+        shares: tenant weights and KV shares; replace it (a reloaded tenant
+        table) between steps, on the engine thread."""
         self.config = config
         self.ledger = ledger
         self.reclaim = reclaim
+        self.shares = shares or TenantShares()
         self.cache = PrefixCache(ledger) if config.prefix_cache else None
         self._cache_secret = cache_secret
         # Finished requests whose pages stay (prefill hand-over) until release_kept.
         self.kept: dict[str, Request] = {}
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = FairQueue(lambda t: self.shares.weight(t), config.prompt_token_cost,
+                                 config.output_token_cost, fair=config.fair)
         self.running: list[Request] = []
-        self._prefill_streak = 0
         self.num_preemptions = 0
+        # Requests of a tenant preempted to give its pages to another tenant.
+        self.quota_preemptions: dict[str, int] = {}
         self._arrivals = itertools.count()  # strict order; clocks can tie
 
     # -- intake --------------------------------------------------------------
@@ -113,6 +172,7 @@ class Scheduler:
             req.prefix_hashes = page_hashes(salt, req.prompt_token_ids, self.config.page_size,
                                             max_pages=(len(req.prompt_token_ids) - 1) // self.config.page_size)
         self.requests[req.request_id] = req
+        self.waiting.join(req.tenant)
         self.waiting.append(req)
         return req
 
@@ -129,7 +189,9 @@ class Scheduler:
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
                       next(self._arrivals), output_token_ids=[first_token],
                       num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING)
+        req.charged = req.num_tokens  # the prefill worker's engine charged the prompt
         self.requests[req.request_id] = req
+        self.waiting.join(req.tenant)
         self.running.append(req)
         return req
 
@@ -143,41 +205,80 @@ class Scheduler:
     # -- planning --------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         preempted: list[str] = []
-        decoders = [r for r in self.running if r.decoding]
-        if not decoders or self._prefill_streak < self.config.max_prefill_streak:
-            work = self._plan_prefill(preempted)
-            if work is not None:
-                self._prefill_streak += 1
-                return StepPlan(work, (), tuple(preempted))
-        self._prefill_streak = 0
         decode = self._plan_decode(preempted)
-        if not decode and not preempted:
+        prefills = self._plan_prefills(self.config.token_budget - len(decode), preempted)
+        alive = lambda w: self.requests[w.request_id].status is RequestStatus.RUNNING  # noqa: E731
+        decode = [w for w in decode if alive(w)]  # a later growth may have preempted it
+        prefills = [w for w in prefills if alive(w)]
+        if not decode and not prefills and not preempted:
             return None
-        return StepPlan(None, tuple(decode), tuple(preempted))
+        return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
-    def _plan_prefill(self, preempted: list[str]) -> PrefillWork | None:
-        req = next((r for r in self.running if r.num_computed < r.prefill_target), None)
-        if req is None:
-            if not self.waiting or len(self.running) >= self.config.max_running:
-                return None
-            req = self.waiting[0]
-        if req.status is RequestStatus.WAITING and self.cache is not None and req.num_computed == 0:
+    def _prefill_candidates(self, exclude: set[str]) -> list[tuple[Request, bool]]:
+        """(request, is running) per tenant: its oldest half-prefilled request,
+        else (while the batch has room) the head of its waiting line. First
+        come, first served (fair=False): the oldest half-prefilled request,
+        else the oldest waiting one."""
+        if not self.config.fair:
+            started = [r for r in self.running if r.num_computed < r.prefill_target and r.request_id not in exclude]
+            if started:
+                return [(min(started, key=lambda r: r.arrival), True)]
+            if len(self.running) < self.config.max_running:
+                return [(r, False) for r in self.waiting if r.request_id not in exclude][:1]
+            return []
+        partial: dict[str, Request] = {}
+        for r in self.running:
+            if r.num_computed < r.prefill_target and r.request_id not in exclude:
+                if r.tenant not in partial or r.arrival < partial[r.tenant].arrival:
+                    partial[r.tenant] = r
+        out = [(r, True) for r in partial.values()]
+        if len(self.running) < self.config.max_running:
+            out += [(r, False) for r in self.waiting.heads() if r.tenant not in partial and r.request_id not in exclude]
+        return out
+
+    def _plan_prefills(self, budget: int, preempted: list[str]) -> list[PrefillWork]:
+        works: list[PrefillWork] = []
+        exclude: set[str] = set()
+        while True:
+            exclude.update(preempted)  # never re-admitted in the step that preempted it
+            candidates = self._prefill_candidates(exclude)
+            if not candidates:
+                return works
+            req, running = min(candidates, key=lambda c: self.waiting.rank(*c))
+            exclude.add(req.request_id)
+            work = self._plan_chunk(req, running, budget if works else None, preempted)
+            if work is None and not self.config.fair:
+                return works  # first come, first served: nobody overtakes the head of the line
+            if work is not None:
+                works.append(work)
+                budget -= len(work.token_ids)
+
+    def _plan_chunk(self, req: Request, running: bool, budget: int | None,
+                    preempted: list[str]) -> PrefillWork | None:
+        """The next chunk of req, if it fits the budget (None: no limit) and
+        its pages can be had."""
+        if not running and self.cache is not None and req.num_computed == 0:
             req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes)
             req.num_computed = len(req.shared_pages) * self.config.page_size
         end = min(req.prefill_target, req.num_computed + self.config.prefill_chunk)
-        if req.status is RequestStatus.WAITING and not self._has_room_for(req, end):
-            self._drop_shared(req)
-            return None
-        if not self._grow(req, end, preempted, may_preempt=req.status is RequestStatus.RUNNING):
-            if req.status is RequestStatus.WAITING:
+        if (budget is not None and end - req.num_computed > budget) or end == req.num_computed:
+            if not running:
                 self._drop_shared(req)
             return None
-        if req.status is RequestStatus.WAITING:
-            if end == req.num_computed:
-                return None  # nothing to prefill (cannot happen for admitted tickets)
-            self.waiting.popleft()
+        if not running:
+            mode = "none" if self._has_room_for(req, end) else "others"
+            if not self._grow(req, end, preempted, mode):
+                self._drop_shared(req)
+                return None
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+        elif not self._grow(req, end, preempted, "any"):
+            return None
+        fresh = end - max(req.num_computed, req.charged)
+        if fresh > 0:
+            self.waiting.charge(req.tenant, prompt_tokens=fresh)
+        req.charged = max(req.charged, end)
         tokens = tuple(req.token_at(i) for i in range(req.num_computed, end))
         return PrefillWork(req.request_id, req.tenant, req.num_computed, tokens, tuple(self.page_table(req)),
                            samples=end == req.num_tokens)
@@ -187,11 +288,11 @@ class Scheduler:
         for req in sorted((r for r in self.running if r.decoding), key=lambda r: r.arrival):
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted while making room for an older request
-            if not self._grow(req, req.num_computed + 1, preempted, may_preempt=True):
+            if not self._grow(req, req.num_computed + 1, preempted, "any"):
                 continue
             work.append(DecodeWork(req.request_id, req.tenant, req.num_computed, req.token_at(req.num_computed),
                                    tuple(self.page_table(req))))
-        return [w for w in work if self.requests[w.request_id].status is RequestStatus.RUNNING]
+        return work
 
     def _has_room_for(self, req: Request, tokens: int) -> bool:
         # Keep one page of headroom per running request so that admitting a
@@ -200,8 +301,10 @@ class Scheduler:
         evictable = self.cache.num_evictable if self.cache is not None else 0
         return self.ledger.num_free + self.ledger.num_dirty + evictable >= need
 
-    def _grow(self, req: Request, tokens: int, preempted: list[str], may_preempt: bool) -> bool:
-        """Make req hold pages for `tokens` positions, preempting the newest others if allowed."""
+    def _grow(self, req: Request, tokens: int, preempted: list[str], mode: str) -> bool:
+        """Make req hold pages for `tokens` positions. mode: "any" may preempt
+        (kv_quota's table says whom), "others" only another tenant's request
+        over its quota, "none" nobody."""
         held = len(self.page_table(req))
         need = -(-tokens // self.config.page_size) - held
         while need > 0:
@@ -214,14 +317,54 @@ class Scheduler:
                     continue
                 if self.cache is not None and self.cache.evict(need):
                     continue
-                if not may_preempt:
+                victim = None if mode == "none" else self._victim(req, need, may_take_own=mode == "any")
+                if victim is None:
                     return False
-                victim = max(self.running, key=lambda r: r.arrival)
                 self._preempt(victim)
                 preempted.append(victim.request_id)
+                if victim.tenant != req.tenant:
+                    self.quota_preemptions[victim.tenant] = self.quota_preemptions.get(victim.tenant, 0) + 1
                 if victim is req:
                     return False
         return True
+
+    def held_by_tenant(self) -> dict[str, int]:
+        """Pages the running (preemptible) requests of each tenant own."""
+        held: dict[str, int] = {}
+        for r in self.running:
+            held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
+        return held
+
+    def kv_quotas(self) -> dict[str, int]:
+        """Each active tenant's page quota (meaningful when tenants compete)."""
+        return quotas(self.ledger.num_pages, sorted(self.waiting.active), self.shares.weight, self.shares.kv_share)
+
+    def tenant_stats(self) -> dict[str, dict]:
+        """Per-tenant service, queue and pages, for /metrics and /server_info.
+        Safe to call from another thread: it reads copies, never mutates."""
+        counters, served = dict(self.waiting.counters), dict(self.waiting.served)
+        running = list(self.running)
+        held: dict[str, int] = {}
+        for r in running:
+            held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
+        active = list(self.waiting.active)
+        quota = quotas(self.ledger.num_pages, sorted(active), self.shares.weight, self.shares.kv_share) \
+            if active else {}
+        out = {}
+        for t in sorted(set(counters) | set(held)):
+            prompt, output = served.get(t, (0, 0))
+            out[t] = {"service": round(counters.get(t, 0.0), 1), "prompt_tokens_served": prompt,
+                      "output_tokens_served": output, "waiting": self.waiting.depth(t),
+                      "running": sum(1 for r in running if r.tenant == t), "kv_pages": held.get(t, 0),
+                      "kv_quota": quota.get(t), "quota_preemptions": self.quota_preemptions.get(t, 0)}
+        return out
+
+    def _victim(self, req: Request, need: int, may_take_own: bool) -> Request | None:
+        if not self.config.kv_quotas:
+            return max(self.running, key=lambda r: r.arrival) if may_take_own and self.running else None
+        tenant = victim_tenant(self.held_by_tenant(), self.kv_quotas(), req.tenant, need, may_take_own)
+        pool = [r for r in self.running if r.tenant == tenant]
+        return max(pool, key=lambda r: r.arrival) if pool else None
 
     def _drop_shared(self, req: Request) -> None:
         if self.cache is not None and req.shared_pages:
@@ -263,19 +406,22 @@ class Scheduler:
     def complete(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
         """Record what a step computed; returns the requests that got a new token."""
         advanced = []
-        if plan.prefill is not None:
-            req = self.requests.get(plan.prefill.request_id)
+        for chunk in plan.prefills:
+            req = self.requests.get(chunk.request_id)
             if req is not None and req.status is RequestStatus.RUNNING:
-                req.num_computed = plan.prefill.end
-                if plan.prefill.samples:
-                    req.output_token_ids.append(sampled[req.request_id])
+                req.num_computed = chunk.end
+                if chunk.samples:
                     advanced.append(req)
         for work in plan.decode:
             req = self.requests.get(work.request_id)
             if req is not None and req.status is RequestStatus.RUNNING:
                 req.num_computed = work.position + 1
-                req.output_token_ids.append(sampled[req.request_id])
                 advanced.append(req)
+        for req in advanced:
+            req.output_token_ids.append(sampled[req.request_id])
+            if req.num_tokens > req.charged:  # a recomputed token was paid for the first time
+                self.waiting.charge(req.tenant, output_tokens=1)
+                req.charged = req.num_tokens
         return advanced
 
     def finish(self, request_id: str, reason: FinishReason, keep_pages: bool = False) -> Request | None:
@@ -293,6 +439,7 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
+        self.waiting.leave(req.tenant)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         return req
@@ -324,3 +471,29 @@ class Scheduler:
             if pinned != self.cache.pins:
                 raise AssertionError(f"cache pins {self.cache.pins} != pages requests read {pinned}")
         self.ledger.check_integrity(live_requests=live)
+        self._check_quota_accounting(reserved)
+
+    def _check_quota_accounting(self, reserved: set[str]) -> None:
+        """The per-tenant counts quotas are decided on: every owned page is
+        counted once, for the tenant of the request (or cache entry) holding
+        it; the fair queue counts exactly the live requests; quotas never
+        promise more than the pool."""
+        live: dict[str, int] = {}
+        for r in self.requests.values():
+            live[r.tenant] = live.get(r.tenant, 0) + 1
+        self.waiting.check_integrity(live)
+        counted = self.held_by_tenant()
+        for r in self.kept.values():
+            counted[r.tenant] = counted.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
+        for rid in set(reserved) - set(self.kept):
+            for p in self.ledger.pages_of(rid):
+                t = self.ledger.record(p).tenant
+                counted[t] = counted.get(t, 0) + 1
+        for p in self.ledger.pages_of(CACHE_OWNER):
+            t = self.ledger.record(p).tenant
+            counted[t] = counted.get(t, 0) + 1
+        counted = {t: n for t, n in counted.items() if n}
+        if counted != self.ledger.owned_by_tenant():
+            raise AssertionError(f"pages counted per tenant {counted} != ledger {self.ledger.owned_by_tenant()}")
+        if sum(self.kv_quotas().values()) > self.ledger.num_pages:
+            raise AssertionError(f"quotas {self.kv_quotas()} exceed the pool of {self.ledger.num_pages} pages")

@@ -17,13 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
 from bulkhead.engine.admission import Admitted, Rejection
-from bulkhead.errors import BulkheadError, InvalidRequest, NotFound
+from bulkhead.errors import BulkheadError, InvalidRequest, NotFound, RateLimited
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
+from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import Metrics
 from bulkhead.server.params import (
     chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
@@ -31,6 +32,7 @@ from bulkhead.server.params import (
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from bulkhead.server.tenants import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,24 @@ class ServerState:
         self.metrics = Metrics(self.backend.collector())
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
         self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
+        policy_of = self.keys.policy if self.keys is not None else (lambda _t: DEFAULT_POLICY)
+        self.limiter = TenantLimiter(policy_of, self.inflight)
+        # The scheduler reads weights and KV shares through the key store, so a reload applies at once.
+        self.backend.set_tenant_shares(lambda t: policy_of(t).weight, lambda t: policy_of(t).kv_share)
+
+    def tenants_info(self) -> dict:
+        """/server_info's view of the tenant table and each tenant's share (issue 16: operator-only)."""
+        keys = self.keys
+        body: dict = {"table": {}, "reload_error": None, "live": self.backend.tenant_stats()}
+        if keys is not None:
+            keys.maybe_reload()
+            body["table"] = {t: {k: v for k, v in vars(p).items() if v is not None} for t, p in keys.policies.items()}
+            body["reload_error"] = keys.reload_error
+        throttled: dict[str, dict[str, int]] = {}
+        for (tenant, limit), n in sorted(self.limiter.throttled.items()):
+            throttled.setdefault(tenant, {})[limit] = n
+        body["throttled"] = throttled
+        return body
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -60,7 +80,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(BulkheadError)
     async def _typed(_: Request, e: BulkheadError):
-        return JSONResponse(e.to_dict(), status_code=e.status)
+        return JSONResponse(e.to_dict(), status_code=e.status, headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError):
@@ -91,6 +111,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/server_info")
     async def info():
         body = backend.info()
+        body["tenants"] = state.tenants_info()
         if extra := state.seams.counters():  # a test harness's own counts (never in production)
             body["harness_counters"] = extra
         return body
@@ -156,6 +177,13 @@ def create_app(state: ServerState) -> FastAPI:
                     raise decision.error
                 tickets.append(decision)
         prompt_tokens = sum(len(p) for p in prompts)
+        try:  # before anything is submitted: a refused request holds no page
+            state.limiter.check(tenant, sum(len(t.prompt_token_ids) + t.params.max_tokens for t in tickets))
+        except RateLimited as e:
+            metrics.throttled.labels(tenant, e.param).inc()
+            metrics.requests.labels(tenant, endpoint, str(e.status)).inc()
+            log.info("%s tenant=%s throttled: %s", rid, tenant, e.param)
+            raise
         entry = InFlight(public_id, tenant, endpoint, len(tickets), prompt_tokens, body.stream)
         state.inflight.add(entry)  # a duplicate id is refused here, before anything is submitted
         metrics.tokens.labels(tenant, "prompt").inc(prompt_tokens)

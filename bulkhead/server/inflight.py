@@ -86,6 +86,11 @@ class InFlightRequests:
             raise NotFound(f"no request {request_id!r} is in flight", param="request_id", code="request_not_found")
         return entry
 
+    def count(self, tenant: str, queued: bool = False) -> int:
+        """Requests of `tenant` in flight (queued: only those with no token yet)."""
+        return sum(1 for (t, _), e in self._entries.items()
+                   if t == tenant and (not queued or e.state == "queued"))
+
     def __len__(self) -> int:
         return len(self._entries)
 

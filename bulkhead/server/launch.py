@@ -44,6 +44,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
+    p.add_argument("--step-tokens", type=int, default=0,
+                   help="colocated: tokens one step carries, decode rows plus prefill chunks (default: one chunk "
+                        "beside a full decode batch)")
+    p.add_argument("--fairness", choices=("vtc", "fcfs"), default="vtc",
+                   help="colocated: which prompt is prefilled next; vtc = the least-served tenant's (default), "
+                        "fcfs = first come, first served (to measure what fairness costs)")
+    p.add_argument("--no-kv-quotas", action="store_true",
+                   help="colocated: under page pressure preempt the newest request, whoever's it is, instead of "
+                        "the tenant furthest over its KV share")
     p.add_argument("--decode-tile", type=int, default=16,
                    help="batch invariance: decode batches are padded to a row multiple measured at start-up to "
                         "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
@@ -91,6 +100,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
         decode_attention=args.decode_attention,
         guards=not args.unsafe_no_guards,
+        step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),
     )
 
@@ -113,7 +123,11 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
             return 2
         logging.getLogger().setLevel(config.log_level.upper())
         return serve_worker(config, seams)
-    keys = KeyStore.from_sources(args.api_keys)
+    try:
+        keys = KeyStore.from_sources(args.api_keys)
+    except (OSError, ValueError) as e:  # a mistake in keys.toml names its line: refuse to start
+        log.error("refusing to start: %s", e)
+        return 2
     if keys is None and not _is_loopback(args.host):
         log.error("refusing to bind %s without API keys: pass --api-keys or bind 127.0.0.1", args.host)
         return 2
@@ -132,7 +146,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
-        log.info("API keys loaded for %d tenants", len(keys.tenants))
+        log.info("API keys loaded for %d tenants (%d in the tenant table)", len(keys.tenants), len(keys.policies))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     if args.role == "colocated":
         log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.builder import BuiltEngine
+from bulkhead.engine.scheduler import TenantShares
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
@@ -36,6 +37,12 @@ class LocalBackend(Backend):
 
     def collector(self):
         return EngineCollector(self.built.engine)
+
+    def tenant_stats(self) -> dict[str, dict]:
+        return self.built.engine.scheduler.tenant_stats()
+
+    def set_tenant_shares(self, weight, kv_share) -> None:
+        self.built.engine.scheduler.shares = TenantShares(weight=weight, kv_share=kv_share)
 
     def start(self) -> None:
         self.built.engine.start()

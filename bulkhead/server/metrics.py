@@ -36,11 +36,37 @@ class EngineCollector:
         yield GaugeMetricFamily("bulkhead_requests_waiting", "Admitted requests waiting", len(sched.waiting))
         yield CounterMetricFamily("bulkhead_preemptions", "Requests preempted for pages", sched.num_preemptions)
         yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed", self.engine.stats.failures)
+        yield from tenant_metrics(sched.tenant_stats())
         cache = sched.cache
         if cache is not None:
             yield CounterMetricFamily("bulkhead_prefix_cache_hit_pages", "Prompt pages served from the cache",
                                       cache.hits)
             yield CounterMetricFamily("bulkhead_prefix_cache_miss_pages", "Prompt pages computed", cache.misses)
+
+
+def tenant_metrics(stats: dict[str, dict]):
+    """Fair-share state per tenant (bulkhead.engine.scheduler.tenant_stats).
+    Ids and counts only; operator-only views are issue 16's."""
+    service = GaugeMetricFamily("bulkhead_tenant_service", "Fair-queue virtual counter (weighted tokens served)",
+                                labels=["tenant"])
+    served = CounterMetricFamily("bulkhead_tenant_tokens_served", "Tokens the engine computed for the tenant",
+                                 labels=["tenant", "kind"])
+    waiting = GaugeMetricFamily("bulkhead_tenant_requests_waiting", "Requests waiting for a slot or pages",
+                                labels=["tenant"])
+    pages = GaugeMetricFamily("bulkhead_tenant_kv_pages", "KV pages held by running requests, and the quota",
+                              labels=["tenant", "kind"])
+    preempted = CounterMetricFamily("bulkhead_tenant_quota_preemptions",
+                                    "Requests preempted to give pages to another tenant", labels=["tenant"])
+    for t, st in stats.items():
+        service.add_metric([t], st["service"])
+        served.add_metric([t, "prompt"], st["prompt_tokens_served"])
+        served.add_metric([t, "output"], st["output_tokens_served"])
+        waiting.add_metric([t], st["waiting"])
+        pages.add_metric([t, "held"], st["kv_pages"])
+        if st["kv_quota"] is not None:
+            pages.add_metric([t, "quota"], st["kv_quota"])
+        preempted.add_metric([t], st["quota_preemptions"])
+    yield from (service, served, waiting, pages, preempted)
 
 
 class Metrics:
@@ -53,6 +79,8 @@ class Metrics:
         self.tokens = Counter("bulkhead_tokens", "Tokens processed", ["tenant", "kind"], registry=r)
         self.rejections = Counter("bulkhead_rejections", "Requests refused before admission", ["tenant", "reason"],
                                   registry=r)
+        self.throttled = Counter("bulkhead_throttled_requests", "Requests refused with a 429 over a tenant limit",
+                                 ["tenant", "limit"], registry=r)
         # No tenant label: per-tenant TTFT on an open endpoint would show one
         # tenant another's cache behaviour (the CVE-2025-46570 class).
         self.ttft = Histogram("bulkhead_time_to_first_token_seconds", "Time to first token", registry=r,

@@ -46,3 +46,11 @@ class Backend(ABC):
 
     def stop(self) -> None:
         pass
+
+    def tenant_stats(self) -> dict[str, dict]:
+        """Per-tenant fair-share state where this process schedules (colocated);
+        a router schedules nothing yet (fair dispatch waits for the protocol rewrite)."""
+        return {}
+
+    def set_tenant_shares(self, weight, kv_share) -> None:
+        """Give the engine's scheduler the tenant table's weights and KV shares."""

@@ -44,6 +44,9 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "scrub_mode": cfg.scrub_mode,
         "max_running_requests": cfg.max_running,
         "prefill_chunk": cfg.prefill_chunk,
+        "step_token_budget": built.engine.scheduler.config.token_budget,
+        "fair_queue": "vtc" if built.engine.scheduler.config.fair else "fcfs",
+        "kv_quotas": built.engine.scheduler.config.kv_quotas,
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "linear_kernel": built.linear_kernel,

@@ -16,8 +16,7 @@ def ticket(rid: str, prompt_len: int = 8, max_tokens: int = 4, tenant: str = "al
 def complete_step(s, plan) -> None:
     """Finish a planned step as the engine would, sampling FAKE_TOKEN
     everywhere, then scrub what was released and check every invariant."""
-    ids = ([plan.prefill.request_id] if plan.prefill and plan.prefill.samples else []) + [
-        w.request_id for w in plan.decode]
+    ids = [w.request_id for w in plan.prefills if w.samples] + [w.request_id for w in plan.decode]
     for req in s.complete(plan, {i: FAKE_TOKEN for i in ids}):
         if len(req.output_token_ids) >= req.params.max_tokens:
             s.finish(req.request_id, FinishReason.LENGTH)

@@ -235,7 +235,7 @@ def test_prefill_rows_are_padded_to_a_bucket_on_the_onednn_kernel(make_engine):
     # oneDNN caches a compiled kernel per row count: without buckets, prompts
     # of every length grow the process (bulkhead.engine.runner.RunnerConfig).
     from bulkhead.engine.builder import PREFILL_ROW_BUCKET
-    from bulkhead.engine.scheduler import PrefillWork, StepPlan
+    from bulkhead.engine.scheduler import PrefillWork
 
     built = make_engine()
     if built.linear_kernel == "aten":
@@ -243,6 +243,6 @@ def test_prefill_rows_are_padded_to_a_bucket_on_the_onednn_kernel(make_engine):
     runner = built.engine.runner
     assert runner.config.prefill_row_bucket == PREFILL_ROW_BUCKET == 32
     pages = tuple(built.engine.ledger.allocate("r", "alpha", 1))
-    batch, ids = runner._build_batch(StepPlan(PrefillWork("r", "alpha", 0, tuple(range(100, 113)), pages, True), (), ()))
+    batch, ids = runner._build_batch([PrefillWork("r", "alpha", 0, tuple(range(100, 113)), pages, True)])
     assert batch.token_ids.shape[0] == 32  # 13 prompt rows, 19 padding rows
     assert batch.write_slots.shape[0] == 13 and batch.logit_rows.tolist() == [12] and ids == ["r"]

@@ -46,7 +46,7 @@ def test_prefill_then_decode_until_max_tokens():
     s = make()
     s.add(ticket("a", prompt_len=6, max_tokens=3))
     plans = drain(s)
-    assert plans[0].prefill is not None and plans[0].prefill.samples
+    assert len(plans[0].prefills) == 1 and plans[0].prefills[0].samples
     assert [len(p.decode) for p in plans[1:]] == [1, 1]
     assert not s.has_work() and s.ledger.num_free == 16
 
@@ -57,8 +57,8 @@ def test_new_requests_join_the_running_batch():
     run_step(s)  # a prefilled
     run_step(s)  # a decodes
     s.add(ticket("b", prompt_len=4, max_tokens=10))
-    plan = run_step(s)
-    assert plan.prefill.request_id == "b"
+    plan = run_step(s)  # one step: a decodes while b is prefilled
+    assert [w.request_id for w in plan.prefills] == ["b"] and [w.request_id for w in plan.decode] == ["a"]
     plan = run_step(s)
     assert sorted(w.request_id for w in plan.decode) == ["a", "b"]
 
@@ -67,19 +67,43 @@ def test_long_prompts_are_prefilled_in_chunks():
     s = make(num_pages=32, prefill_chunk=5)
     s.add(ticket("a", prompt_len=12, max_tokens=1))
     plans = drain(s)
-    chunks = [(p.prefill.start, p.prefill.end, p.prefill.samples) for p in plans if p.prefill]
+    chunks = [(w.start, w.end, w.samples) for p in plans for w in p.prefills]
     assert chunks == [(0, 5, False), (5, 10, False), (10, 12, True)]
 
 
 def test_decoders_are_not_starved_by_a_stream_of_prefills():
-    s = make(num_pages=64, max_prefill_streak=2)
+    # Every step decodes every decoder; prompts fill the rest of the budget.
+    s = make(num_pages=64, prefill_chunk=8, step_tokens=10)
     s.add(ticket("a", prompt_len=4, max_tokens=50))
     run_step(s)  # prefill a
-    run_step(s)  # decode a: the prefill streak starts from zero
     for i in range(6):
-        s.add(ticket(f"p{i}", prompt_len=4, max_tokens=50))
-    kinds = ["P" if run_step(s).prefill else "D" for _ in range(6)]
-    assert kinds == ["P", "P", "D", "P", "P", "D"]
+        s.add(ticket(f"p{i}", prompt_len=8, max_tokens=50))
+    for _ in range(6):
+        plan = run_step(s)
+        assert "a" in [w.request_id for w in plan.decode]
+        assert plan.num_tokens <= 10 or len(plan.prefills) == 1  # over budget only by one chunk
+
+
+def test_a_short_prompt_is_prefilled_beside_a_long_one():
+    # The long prompt's chunks leave room in each step: the short prompt
+    # does not wait for all of them.
+    s = make(num_pages=64, prefill_chunk=16, step_tokens=24)
+    s.add(ticket("long", prompt_len=64, max_tokens=2))
+    s.add(ticket("short", prompt_len=4, max_tokens=2, tenant="beta"))
+    plan = run_step(s)
+    assert sorted(w.request_id for w in plan.prefills) == ["long", "short"]
+
+
+def test_chunk_boundaries_do_not_depend_on_batch_mates():
+    # Batch invariance: a request's chunks are the same alone and in company.
+    def chunks_of(rid, company):
+        s = make(num_pages=128, prefill_chunk=8, step_tokens=12)
+        s.add(ticket(rid, prompt_len=30, max_tokens=3))
+        for i in range(company):
+            s.add(ticket(f"o{i}", prompt_len=5 + i, max_tokens=4, tenant="beta"))
+        return [(w.start, w.end) for p in drain(s) for w in p.prefills if w.request_id == rid]
+
+    assert chunks_of("r", 0) == chunks_of("r", 3) == [(0, 8), (8, 16), (16, 24), (24, 30)]
 
 
 def test_max_running_caps_the_batch():
@@ -112,9 +136,9 @@ def test_preempted_request_recomputes_prompt_and_outputs():
         plan = run_step(s)
         if plan is None:
             break
-        if plan.prefill and plan.prefill.request_id == "new" and s.requests.get("new") and \
-                s.requests["new"].num_preemptions:
-            recompute = plan.prefill
+        new = [w for w in plan.prefills if w.request_id == "new"]
+        if new and s.requests.get("new") and s.requests["new"].num_preemptions:
+            recompute = new[0]
             break
     assert recompute is not None and recompute.start == 0
     assert FAKE_TOKEN in recompute.token_ids  # outputs so far are part of the recomputed sequence
@@ -162,10 +186,9 @@ def test_pages_in_a_plan_belong_to_the_request_and_cover_its_positions():
         plan = s.schedule()
         if plan is None:
             break
-        works = ([plan.prefill] if plan.prefill else []) + list(plan.decode)
-        for w in works:
+        for w in [*plan.prefills, *plan.decode]:
             s.ledger.check_owned(w.request_id, list(w.pages))
-            last = (w.end if plan.prefill is w else w.position + 1) - 1
+            last = (w.end if w in plan.prefills else w.position + 1) - 1
             assert last // 4 < len(w.pages)
         complete_step(s, plan)
     assert not s.has_work()

@@ -32,6 +32,8 @@ def add_stub(scheduler: Scheduler, ticket: Admitted) -> Request:
     req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids[:-1]), ticket.params,
                   next(scheduler._arrivals), output_token_ids=[ticket.prompt_token_ids[-1]], num_computed=n - 1,
                   status=RequestStatus.RUNNING)
+    req.charged = req.num_tokens  # as add_prefilled: the fair queue counts a live request once
     scheduler.requests[req.request_id] = req
+    scheduler.waiting.join(req.tenant)
     scheduler.running.append(req)
     return req

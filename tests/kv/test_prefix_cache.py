@@ -26,8 +26,8 @@ def run(s, rid, tenant="alpha", prompt=PROMPT, salt=None, max_tokens=2):
     while s.has_work():
         plan = s.schedule()
         if first is None:
-            first = plan.prefill
-        works = ([plan.prefill] if plan.prefill else []) + list(plan.decode)
+            first = plan.prefills[0] if plan.prefills else None
+        works = [*plan.prefills, *plan.decode]
         for w in works:  # what the runner checks on every step
             s.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)
         complete_step(s, plan)
