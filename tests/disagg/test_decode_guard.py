@@ -70,3 +70,35 @@ def test_no_write_is_admitted_once_the_request_stopped_waiting_for_kv(decode, st
     else:
         job.advance(Event.MANIFEST_VERIFIED if state == "committed" else Event.VERIFY_FAILED)
     assert not target.guard(pages[0], gens[0], "r1")
+
+
+def _transfer_done(worker, job):
+    """A manifest that describes the allocation exactly, with the pool's own digests."""
+    from bulkhead.disagg import messages as m
+    from bulkhead.kv.digest import page_digests
+    from bulkhead.protocol.manifest import Manifest
+
+    a = job.alloc
+    digests = tuple(page_digests(worker.engine.pool, list(a.pages)))
+    manifest = Manifest(a.request_id, a.tenant, a.room, a.epoch, 0, a.token_count, a.pages, a.generations, digests)
+    return m.TransferDone(a.request_id, manifest, 7, (), None)
+
+
+@pytest.mark.parametrize("page_moved", [False, True])
+def test_the_commit_check_reads_owners_generations_and_digests_on_the_engine(decode, page_moved):
+    # The coverage check runs on facts the engine thread read (ReadPages). A
+    # page that left the request without a new generation (donated to the
+    # prefix cache keeps its generation) must still refuse the commit.
+    worker, target, job, pages, gens = decode
+    sent = []
+    worker.send = sent.append
+    if page_moved:
+        worker.engine.ledger.donate("r1", pages[0], "<prefix-cache>")
+    worker._verify_and_commit(_transfer_done(worker, job))
+    worker.engine.run_until_idle()
+    failed = [msg for msg in sent if msg.kind == "transfer_failed"]
+    if page_moved:
+        assert failed and "no longer owned" in failed[0].reason
+        assert worker.counters.get("commits", 0) == 0
+    else:
+        assert not failed and worker.counters.get("commits") == 1
