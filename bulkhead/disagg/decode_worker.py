@@ -126,7 +126,13 @@ class DecodeWorker(WorkerBase):
         return write_admissible((request_id, generation), page_now, awaiting)
 
     def _granted(self, rid: str, future) -> None:  # engine thread
-        result = future.result()
+        try:
+            result = future.result()
+        except ValueError as e:  # the scheduler refused a second reservation for one request
+            self.count("illegal_transitions")
+            log.error("%s failing %s closed: %s", self.name, rid, e)
+            self._fail(rid, "kv_transfer_failed", f"a second page reservation was refused ({e})")
+            return
         with self.failing_closed(rid):  # an illegal step skips the rest of the block
             with self.lock:
                 job = self.jobs.get(rid)

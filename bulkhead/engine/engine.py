@@ -57,9 +57,6 @@ class Engine:
         self.ledger = scheduler.ledger
         self.tokenizer = tokenizer
         self.prefill_only = prefill_only
-        # Request ids owning pages outside the scheduler: prefill pages held
-        # until transferred, decode pages granted and awaiting their KV.
-        self.reserved: set[str] = set()
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
@@ -118,20 +115,14 @@ class Engine:
     def reserve(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
         """Engine thread only: pages for a request that is not scheduled yet."""
         with self.page_lock:
-            pages = self.ledger.allocate(request_id, tenant, num_pages)
-        self.reserved.add(request_id)
-        return pages
+            return self.scheduler.reserve_for_remote_kv(request_id, tenant, num_pages)
 
     def release_reserved(self, request_id: str) -> None:
         """Engine thread only: give back (scrubbed) what reserve() or a
         prefill-only finish kept."""
-        if request_id in self.reserved:
-            self.reserved.discard(request_id)
-            with self.page_lock:
-                if request_id in self.scheduler.kept:
-                    self.scheduler.release_kept(request_id)  # prompt pages may feed the prefix cache
-                else:
-                    self.ledger.release(request_id)
+        with self.page_lock:
+            released = self.scheduler.release_reserved(request_id)
+        if released:
             self._scrub()
 
     def start(self) -> None:
@@ -201,7 +192,6 @@ class Engine:
             self.release_reserved(rid)
             c.sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
             return
-        self.reserved.discard(rid)
         self._sinks[rid] = c.sink
         self._trackers[rid] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
         self._emit_token(req, c.first_token, c.first_logprobs)
@@ -303,8 +293,7 @@ class Engine:
         rid = req.request_id
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
-        self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)
-        self.reserved.add(rid)
+        self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer
         sink = self._sinks.pop(rid, None)
         self._trackers.pop(rid, None)
         self.sampler.forget(rid)
@@ -341,7 +330,7 @@ class Engine:
 
     def check_integrity(self) -> None:
         with self.lock:
-            self.scheduler.check_integrity(self.reserved)
+            self.scheduler.check_integrity()
             if set(self._sinks) - set(self.scheduler.requests):
                 raise AssertionError("sinks kept for finished requests")
 

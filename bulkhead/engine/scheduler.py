@@ -144,8 +144,14 @@ class Scheduler:
         self.shares = shares or TenantShares()
         self.cache = PrefixCache(ledger) if config.prefix_cache else None
         self._cache_secret = cache_secret
-        # Finished requests whose pages stay (prefill hand-over) until release_kept.
+        # The two states whose pages live outside the batch, both for a KV
+        # transfer, both covered by check_integrity(): a prefill hand-over's
+        # finished request, kept until its pages are sent (release_reserved),
+        # and decode's WAITING_FOR_REMOTE_KV reservation, request id ->
+        # tenant, until the verified KV starts decoding (add_prefilled) or
+        # the request ends (release_reserved).
         self.kept: dict[str, Request] = {}
+        self.awaiting_remote_kv: dict[str, str] = {}
         self.requests: dict[str, Request] = {}
         self.waiting = FairQueue(lambda t: self.shares.weight(t), config.prompt_token_cost,
                                  config.output_token_cost, fair=config.fair)
@@ -186,6 +192,7 @@ class Scheduler:
         held = len(self.ledger.pages_of(ticket.request_id)) * self.config.page_size
         if held < len(ticket.prompt_token_ids):
             raise ValueError(f"{ticket.request_id} owns {held} slots for {len(ticket.prompt_token_ids)} prompt tokens")
+        self.awaiting_remote_kv.pop(ticket.request_id, None)  # its pages are the running request's now
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
                       next(self._arrivals), output_token_ids=[first_token],
                       num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING)
@@ -392,6 +399,26 @@ class Scheduler:
         req = self.kept.pop(request_id)
         self._retire(req)
 
+    def reserve_for_remote_kv(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
+        """Decode: pages a remote writer will fill for a request not yet
+        scheduled (WAITING_FOR_REMOTE_KV). OutOfPages when the pool is short."""
+        if request_id in self.requests or request_id in self.awaiting_remote_kv:
+            raise ValueError(f"request id {request_id} is already live")
+        pages = self.ledger.allocate(request_id, tenant, num_pages)
+        self.awaiting_remote_kv[request_id] = tenant
+        return pages
+
+    def release_reserved(self, request_id: str) -> bool:
+        """Give back (to be scrubbed) what a hand-over kept or a remote-KV
+        reservation holds; False when the request holds neither."""
+        if request_id in self.kept:
+            self.release_kept(request_id)  # prompt pages may feed the prefix cache
+            return True
+        if self.awaiting_remote_kv.pop(request_id, None) is not None:
+            self.ledger.release(request_id)
+            return True
+        return False
+
     def _preempt(self, req: Request) -> None:
         if self.ledger.pages_of(req.request_id):
             self.ledger.release(req.request_id)
@@ -444,9 +471,7 @@ class Scheduler:
         req.finish_reason = reason
         return req
 
-    def check_integrity(self, reserved: set[str] = frozenset()) -> None:
-        """reserved: ids that own pages outside the scheduler (held for or
-        awaiting a KV transfer)."""
+    def check_integrity(self) -> None:
         running = {r.request_id for r in self.running}
         waiting = {r.request_id for r in self.waiting}
         if running & waiting:
@@ -460,7 +485,9 @@ class Scheduler:
             held = len(self.page_table(r)) * self.config.page_size
             if held < r.num_computed:
                 raise AssertionError(f"request {r.request_id} computed {r.num_computed} tokens in {held} slots")
-        live = running | set(reserved) | set(self.kept)
+        if set(self.awaiting_remote_kv) & (set(self.requests) | set(self.kept)):
+            raise AssertionError("a request awaits remote KV and is scheduled or kept")
+        live = running | set(self.awaiting_remote_kv) | set(self.kept)
         if self.cache is not None:
             live.add(CACHE_OWNER)
             self.cache.check_integrity()
@@ -471,9 +498,9 @@ class Scheduler:
             if pinned != self.cache.pins:
                 raise AssertionError(f"cache pins {self.cache.pins} != pages requests read {pinned}")
         self.ledger.check_integrity(live_requests=live)
-        self._check_quota_accounting(reserved)
+        self._check_quota_accounting()
 
-    def _check_quota_accounting(self, reserved: set[str]) -> None:
+    def _check_quota_accounting(self) -> None:
         """The per-tenant counts quotas are decided on: every owned page is
         counted once, for the tenant of the request (or cache entry) holding
         it; the fair queue counts exactly the live requests; quotas never
@@ -485,7 +512,7 @@ class Scheduler:
         counted = self.held_by_tenant()
         for r in self.kept.values():
             counted[r.tenant] = counted.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
-        for rid in set(reserved) - set(self.kept):
+        for rid in self.awaiting_remote_kv:
             for p in self.ledger.pages_of(rid):
                 t = self.ledger.record(p).tenant
                 counted[t] = counted.get(t, 0) + 1

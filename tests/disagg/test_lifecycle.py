@@ -140,20 +140,22 @@ def decode(make_engine):
 def test_a_second_grant_fails_the_request_closed_and_pages_wait_for_the_drain_ack(decode):
     worker, engine = decode, decode.engine
     # prefill_ready twice while the first reservation is still queued on the
-    # engine thread: two reservations, two grants for one job.
+    # engine thread: two reservations asked for one job. The scheduler holds
+    # one WAITING_FOR_REMOTE_KV reservation per request and refuses the
+    # second, and the request fails closed.
     worker.on_message({"kind": "prefill_ready", "request_id": "r1"})
     worker.on_message({"kind": "prefill_ready", "request_id": "r1"})
     engine.run_until_idle()
     assert worker.counters.get("illegal_transitions") == 1
     assert worker.link.kinds().count("pages_granted") == 1  # the second grant never reached prefill
     (failed,) = [m for m in worker.link.sent if m["kind"] == "transfer_failed"]
-    assert failed["code"] == "kv_transfer_failed" and "pages_granted" in failed["reason"]
+    assert failed["code"] == "kv_transfer_failed" and "second page reservation" in failed["reason"]
     job = worker.jobs["r1"]
     assert job.phase is Phase.DRAINING
     assert not worker._write_allowed(job.alloc.pages[0], job.alloc.generations[0], "r1")
     # Fail closed: the pages stay the request's until prefill's drain ack.
     held = engine.ledger.pages_of("r1")
-    assert len(held) == 2 * len(job.alloc.pages)
+    assert held == list(job.alloc.pages)  # the first grant's, and no second set
     worker.on_tick()
     engine.run_until_idle()
     assert engine.ledger.pages_of("r1") == held
