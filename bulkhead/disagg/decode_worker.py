@@ -142,9 +142,9 @@ class DecodeWorker(WorkerBase):
                         self.pending.append(rid)
                     return
                 if job is None or (job.phase is Phase.DRAINING and job.alloc is None):
-                    # Finalized before its grant: give the pages straight back.
-                    # A second grant is left to the table (illegal): releasing
-                    # now would free the first grant's pages too, writers or not.
+                    # Finalized before its grant: give the pages straight back
+                    # (no writer was ever told of them). A second reservation
+                    # for one request never gets here: the scheduler refuses it.
                     self.engine.release_reserved_pages(rid)
                     return
                 job.advance(Event.PAGES_GRANTED)
