@@ -8,6 +8,10 @@ Per request (a DecodeJob's phase, changed only through bulkhead.protocol.lifecyc
     anything else (transfer_failed, finalize, bad manifest, a step the table
     does not have) -> fail closed: DRAINING, and the pages are released only
     after prefill's drain_ack or the lease.
+
+Every decision about a job is a transition function of
+bulkhead.protocol.decode_job, the one the model checker explores; the
+handlers here carry out its effects on the engine and the link.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import logging
 from dataclasses import dataclass
 
 from bulkhead.disagg import messages as m
-from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol import decode_job
+from bulkhead.protocol.lifecycle import Actor, Phased
 from bulkhead.protocol.manifest import Allocation, coverage_problems, write_admissible
+from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.worker_common import WorkerBase
@@ -35,8 +41,9 @@ DRAIN_LEASE_S = 30.0
 class DecodeJob(Phased):
     actor = Actor.DECODE
     ticket: SignedTicket
-    phase: Phase | None = None  # None until assigned; then only through advance()
+    phase: Phase | None = None  # None until assigned; then only through decode_job's transitions
     alloc: Allocation | None = None
+    manifest_seen: bool = False  # a manifest is checked once
     # Prefill's drain ack: no write of its can still land. Not a phase: it
     # may come in any phase (prefill acks as soon as its writes end, usually
     # before the commit), and matters once the job is DRAINING.
@@ -78,32 +85,42 @@ class DecodeWorker(WorkerBase):
         rid = message.request_id
         with self.lock:
             job = self.jobs.get(rid)
-            if job is not None and job.phase is Phase.WAITING_PAGES and rid not in self.pending:
+            wants = decode_job.wants_pages(job.phase if job else None).does(Effect.RESERVE_PAGES)
+            if wants and rid not in self.pending:
                 self.pending.append(rid)
         self._grant_pending()
 
     def _on_drain_ack(self, message: m.DrainAck) -> None:
+        rid = message.request_id
         with self.lock:
-            job = self.jobs.get(message.request_id)
-            if job is not None:
-                job.drained = True
-        self._release_if_done(message.request_id)
+            job = self.jobs.get(rid)
+            step = decode_job.drain_ack(job.phase if job else None, runtime=True)
+            if step.does(Effect.MARK_DRAINED):
+                job.drained = True  # the outcome will free the pages at once
+            elif step.does(Effect.RELEASE_PAGES):
+                job.take(step)
+                self.jobs.pop(rid)
+        if step.does(Effect.RELEASE_PAGES):
+            self.engine.release_reserved_pages(rid)
 
     def _on_assign(self, message: m.Assign) -> None:
         ticket = message.ticket
         if not self.accept_ticket(ticket, m.TransferFailed):
             return
         with self.lock:
-            job = DecodeJob(ticket)
-            job.advance(Event.ASSIGN)
-            self.jobs[ticket.request_id] = job
+            known = self.jobs.get(ticket.request_id)
+            step = decode_job.assign(known.phase if known else None, runtime=True)
+            if step.outcome == "duplicate":
+                self.count("duplicate_tickets")
+                return
+            self.jobs[ticket.request_id] = DecodeJob(ticket, phase=step.phase)
 
     def _grant_pending(self) -> None:
         with self.lock:
             waiting = list(self.pending)
         for rid in waiting:
             job = self.jobs.get(rid)
-            if job is None or job.phase is not Phase.WAITING_PAGES:
+            if not decode_job.wants_pages(job.phase if job else None).does(Effect.RESERVE_PAGES):
                 with self.lock:
                     self.pending.remove(rid)
                 continue
@@ -141,13 +158,14 @@ class DecodeWorker(WorkerBase):
                     if job is not None:
                         self.pending.append(rid)
                     return
-                if job is None or (job.phase is Phase.DRAINING and job.alloc is None):
+                step = decode_job.pages_reserved(job.phase if job else None, runtime=True)
+                if step.does(Effect.RETURN_PAGES):
                     # Finalized before its grant: give the pages straight back
                     # (no writer was ever told of them). A second reservation
                     # for one request never gets here: the scheduler refuses it.
                     self.engine.release_reserved_pages(rid)
                     return
-                job.advance(Event.PAGES_GRANTED)
+                job.take(step)
                 pages, gens = result
                 t = job.ticket
                 job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages),
@@ -164,7 +182,10 @@ class DecodeWorker(WorkerBase):
         rid = done.request_id
         with self.lock:
             job = self.jobs.get(rid)
-        if job is None or job.phase is not Phase.DECODE_ALLOCATED:  # late, or a duplicate
+            step = decode_job.manifest_arrived(job.phase if job else None, job is not None and job.manifest_seen)
+            if step.does(Effect.CHECK_KV):
+                job.manifest_seen = True
+        if not step.does(Effect.CHECK_KV):  # late, or a duplicate
             self.count("manifests_unexpected")
             return
         # The pages are read on the engine thread, where the pool and the
@@ -190,9 +211,10 @@ class DecodeWorker(WorkerBase):
             return
         with self.failing_closed(rid):  # an illegal step skips the rest of the block
             with self.lock:
-                if job.phase in (Phase.DRAINING, Phase.DONE):  # finalized while the check ran
+                step = decode_job.verdict(job.phase, False, lambda: "", runtime=True)
+                if not step.does(Effect.COMMIT):  # finalized while the check ran
                     return
-                job.advance(Event.MANIFEST_VERIFIED)  # a second check of one grant is refused here
+                job.take(step)
             self.count("commits")
             lp = done.first_logprobs
             self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
@@ -205,11 +227,11 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            if job.phase is Phase.COMMITTED:
-                job.advance(Event.DECODE_STEP)
-            if out.finished:
-                job.advance(Event.FINISHED)
+            if out.finished:  # the engine has freed the pages
+                job.take(decode_job.finished(job.phase))
                 self.jobs.pop(rid)
+            else:
+                job.take(decode_job.decode_step(job.phase, runtime=True))
 
     def _fail(self, rid: str, code: str, reason: str) -> None:
         """Give up on the request's KV and tell the router. An allocation
@@ -221,12 +243,10 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            if job.phase is Phase.DECODE_ALLOCATED:
-                job.advance(Event.VERIFY_FAILED)
-            if job.phase is Phase.DRAINING:
+            if job.take(decode_job.verdict(job.phase, False, lambda: reason, runtime=True)).does(Effect.MARK_FAILED):
                 job.lease_deadline = self.clock() + self.drain_lease_s
         self.send(m.TransferFailed(rid, reason, code))
-        self._release_if_done(rid)
+        self._release_if_remembered_ack(rid)
 
     def fail_closed(self, rid: str, reason: str) -> None:
         self._fail(rid, "kv_transfer_failed", reason)
@@ -236,32 +256,44 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            committed = job.phase in (Phase.COMMITTED, Phase.DECODING)
-            if not committed:
-                if job.phase is not Phase.DRAINING:  # else: after our own failure, or a repeat
-                    job.advance(Event.FINALIZE)
+            # A repeat changes nothing (after our own failure, say).
+            step = job.take(decode_job.finalize(job.phase, job.drained, runtime=True))
+            if step.does(Effect.START_LEASE):
                 job.lease_deadline = self.clock() + self.drain_lease_s
-        if committed:
+            elif step.does(Effect.RELEASE_PAGES):
+                self.jobs.pop(rid)
+        if step.does(Effect.ABORT_ENGINE):
             # Not a phase change: the engine owns a committed request's pages
             # and ends it; its last output is FINISHED. No drain wait, since
             # no write is admitted after the commit (_write_allowed).
             self.engine.abort(rid)
-        else:
-            self._release_if_done(rid)
+        elif step.does(Effect.RELEASE_PAGES):
+            self.engine.release_reserved_pages(rid)
 
-    def _release_if_done(self, rid: str, lease_expired: bool = False) -> None:
-        """Free an uncommitted allocation once no remote write can still land in it."""
+    def _release_if_remembered_ack(self, rid: str) -> None:
+        """A job that drains after prefill's ack already came (a failed
+        check): the remembered ack frees the pages now."""
         with self.lock:
             job = self.jobs.get(rid)
-            if job is None or job.phase is not Phase.DRAINING:
+            if job is None or not job.drained:
                 return
-            if not (job.drained or lease_expired):
-                return
-            job.advance(Event.LEASE_EXPIRED if lease_expired else Event.DRAIN_ACK)
-            self.jobs.pop(rid)
-        if lease_expired:
+            step = job.take(decode_job.drain_ack(job.phase, runtime=True))
+            if step.does(Effect.RELEASE_PAGES):
+                self.jobs.pop(rid)
+        if step.does(Effect.RELEASE_PAGES):
+            self.engine.release_reserved_pages(rid)
+
+    def _lease_expired(self, rid: str) -> None:
+        """The fence: no write admitted for this grant can land after it."""
+        with self.lock:
+            job = self.jobs.get(rid)
+            step = decode_job.lease_expired(job.phase if job else None, runtime=True)
+            if step.does(Effect.RELEASE_PAGES):
+                job.take(step)
+                self.jobs.pop(rid)
+        if step.does(Effect.RELEASE_PAGES):
             self.count("lease_expiries")
-        self.engine.release_reserved_pages(rid)
+            self.engine.release_reserved_pages(rid)
 
     def on_tick(self) -> None:
         super().on_tick()
@@ -276,6 +308,6 @@ class DecodeWorker(WorkerBase):
             stalled = [rid for rid, j in self.jobs.items()
                        if j.phase is Phase.DECODE_ALLOCATED and j.grant_deadline is not None and now > j.grant_deadline]
         for rid in expired:
-            self._release_if_done(rid, lease_expired=True)
+            self._lease_expired(rid)
         for rid in stalled:  # granted, but no manifest ever came: fail closed
             self._fail(rid, "kv_transfer_failed", "no transfer arrived for the granted pages")

@@ -8,6 +8,10 @@ Per request (a PrefillJob's phase, changed only through bulkhead.protocol.lifecy
 A finalize (abort) at any point stops the work (DRAINING); drain_ack is sent
 once no write for the request can still land in decode's pool, and never
 for a write that may still land (decode's lease fences it).
+
+Every decision about a job is a transition function of
+bulkhead.protocol.prefill_job, the one the model checker explores; the
+handlers here carry out its effects on the engine, the transfer and the link.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import logging
 from dataclasses import dataclass
 
 from bulkhead.disagg import messages as m
-from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol import prefill_job
+from bulkhead.protocol.lifecycle import Actor, Phased
 from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Phase
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.disagg.transfer import TransferError, page_digests
@@ -31,7 +37,7 @@ log = logging.getLogger(__name__)
 class PrefillJob(Phased):
     actor = Actor.PREFILL
     ticket: SignedTicket
-    phase: Phase | None = None  # None until assigned; then only through advance()
+    phase: Phase | None = None  # None until assigned; then only through prefill_job's transitions
     result: RequestOutput | None = None  # the engine's hand-over (first token, held pages)
     grant: m.PagesGranted | None = None  # decode's grant
     granted_at: float = 0.0  # monotonic time the grant arrived
@@ -53,7 +59,11 @@ class PrefillWorker(WorkerBase):
     def _on_pages_granted(self, grant: m.PagesGranted) -> None:
         with self.lock:
             job = self.jobs.get(grant.request_id)
-            if job is None or job.phase in (Phase.DRAINING, Phase.DONE):  # never write after the outcome
+            # A job no longer here has ended (DONE); the grant follows our own
+            # prefill_ready, so it never overtakes the ticket.
+            step = prefill_job.pages_granted(job.phase if job else Phase.DONE, job is not None and job.grant is not None,
+                                             runtime=True)
+            if step.outcome == "late":  # never write after the outcome, nor twice
                 return
             job.grant = grant
             job.granted_at = self.clock()
@@ -64,9 +74,12 @@ class PrefillWorker(WorkerBase):
         if not self.accept_ticket(ticket, m.PrefillFailed):
             return
         with self.lock:
-            job = PrefillJob(ticket)
-            job.advance(Event.ASSIGN)
-            self.jobs[ticket.request_id] = job
+            known = self.jobs.get(ticket.request_id)
+            step = prefill_job.assign(known.phase if known else None, known is not None, runtime=True)
+            if step.outcome == "duplicate":
+                self.count("duplicate_tickets")
+                return
+            self.jobs[ticket.request_id] = PrefillJob(ticket, phase=step.phase)
         self.engine.submit(ticket.admitted, self._on_output)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
@@ -77,11 +90,11 @@ class PrefillWorker(WorkerBase):
                     job = self.jobs.get(rid)
                     if job is not None:
                         job.result = out
-                    finalized = job is None or job.phase is Phase.DRAINING
-                    if not finalized:
-                        job.advance(Event.PREFILLED)
-                if finalized:
-                    self.engine.release_reserved(rid)  # aborted while prefilling: we are on the engine thread
+                    step = prefill_job.prefilled(job.phase if job else None, runtime=True)
+                    if job is not None:
+                        job.take(step)
+                if step.does(Effect.RELEASE_LOCAL):  # finalized while prefilling
+                    self.engine.release_reserved(rid)  # we are on the engine thread
                     self._drained(rid)
                     return
                 self.send(m.PrefillReady(rid))  # decode grants pages now
@@ -94,9 +107,12 @@ class PrefillWorker(WorkerBase):
     def _maybe_transfer(self, rid: str) -> None:
         with self.lock:
             job = self.jobs.get(rid)
-            if job is None or job.phase is not Phase.PREFILLING or job.grant is None:
+            if job is None:
                 return
-            job.advance(Event.PAGES_GRANTED)
+            step = prefill_job.start_transfer(job.phase, job.grant is not None, runtime=True)
+            if not step.does(Effect.POST_WRITES):
+                return
+            job.take(step)
         self.transfers.submit(self._transfer, job)
 
     def _transfer(self, job: PrefillJob) -> None:
@@ -151,21 +167,23 @@ class PrefillWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 # Refused ticket or already drained: nothing was or will be
-                # written, so decode may free its grant now, not at the lease.
-                self.send(m.DrainAck(rid))
+                # written, so decode may free its grant now, not at the lease
+                # (the outcome overtook the ticket, and nothing is outstanding).
+                drained = prefill_job.quiesced(prefill_job.finalize(None, runtime=True).phase, runtime=True)
+                if drained.does(Effect.SEND_DRAIN_ACK):
+                    self.send(m.DrainAck(rid))
                 return
             if job.phase is Phase.DONE:  # its write was not drained: never acked (decode's lease fences it)
                 self.jobs.pop(rid)
                 return
-            if job.phase is Phase.DRAINING:  # a repeat: the first finalize started the drain
-                return
-            busy = job.phase is Phase.TRANSFERRING
             holding = job.phase is Phase.PREFILLING
-            job.advance(Event.FINALIZE)
-        if busy:
-            return  # the transfer thread acks when the write has ended
+            step = job.take(prefill_job.finalize(job.phase, runtime=True))
+        if step.outcome == "repeat":
+            return  # the first finalize started the drain
+        if not step.does(Effect.STOP_ENGINE):
+            return  # transferring: the transfer thread acks when the write has ended
         self.engine.abort(rid)
-        if holding:
+        if holding:  # the KV is here and no write was posted: nothing is outstanding
             self.engine.release_reserved_pages(rid)
             self._drained(rid)
         # Still prefilling: the engine's abort output (or its hand-over) acks.
@@ -179,7 +197,7 @@ class PrefillWorker(WorkerBase):
             if job is None:
                 return
             finalized = job.phase is Phase.DRAINING
-            job.advance(Event.UNDRAINED)  # DONE: no drain_ack for it, ever
+            job.take(prefill_job.undrained(job.phase))  # DONE: no drain_ack for it, ever
             if finalized:
                 self.jobs.pop(rid)
 
@@ -189,11 +207,10 @@ class PrefillWorker(WorkerBase):
                 job = self.jobs.get(rid)
                 if job is None:
                     return
-                ack = job.phase is not Phase.DONE  # DONE: undrained, never acked
-                if ack:
-                    job.advance(Event.QUIESCED)
+                # DONE: undrained, never acked
+                step = job.take(prefill_job.quiesced(job.phase, runtime=True))
                 self.jobs.pop(rid)
-            if ack:
+            if step.does(Effect.SEND_DRAIN_ACK):
                 self.send(m.DrainAck(rid))
 
     def fail_closed(self, rid: str, reason: str) -> None:

@@ -11,6 +11,8 @@ join, who is live, the advertised limits), what the router reports
 (router_metrics.py: /server_info and /metrics), and here the route table
 (one Route per request in flight: its pair, its phase, where its outputs
 go), the request deadline and the control-message handlers. Loads no torch.
+Every decision about a route is a transition function of
+bulkhead.protocol.router_job, the one the model checker explores.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from bulkhead.errors import (
     BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
 )
 from bulkhead.model.tokenizer import Tokenizer
-from bulkhead.protocol.lifecycle import Actor, Event, Phased
+from bulkhead.protocol import router_job
+from bulkhead.protocol.lifecycle import Actor, Phased
+from bulkhead.protocol.transitions import Effect, JobStep
 from bulkhead.protocol.types import Phase
 from bulkhead.serving.backend import Backend
 
@@ -51,7 +55,7 @@ class Route(Phased):
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     index: int
-    phase: Phase | None = None  # BOOTSTRAPPED, then DONE once the outcome is decided; only through advance()
+    phase: Phase | None = None  # BOOTSTRAPPED, then DONE once the outcome is decided; only through router_job
 
 
 class DisaggBackend(Backend):
@@ -110,8 +114,8 @@ class DisaggBackend(Backend):
         for i, t in enumerate(tickets):
             signed = SignedTicket(t, next(self._rooms), 1).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
-            route.advance(Event.ADMIT)  # admit() has already decided, against the pair's smallest limit
-            route.advance(Event.BOOTSTRAP)  # the room is the ticket's; rooms never run out here
+            route.take(router_job.submit("", runtime=True))  # admit() has decided, against the pair's smallest limit
+            route.take(router_job.bootstrap(route.phase, runtime=True))  # the room is the ticket's; never short
             with self.lock:
                 # The pair may have been declared lost since _pair() chose it;
                 # a route to a lost worker would never be failed.
@@ -158,8 +162,9 @@ class DisaggBackend(Backend):
     def _deliver(self, route: Route, out: RequestOutput, after_finalize: bool = False) -> None:
         if route.phase is Phase.DONE and not after_finalize:
             return
-        if out.finished:
-            self._decide(route)  # decode's last output is the outcome (its tokens, or its error)
+        if out.finished:  # decode's last output is the outcome (its tokens, or its error)
+            with self.lock:
+                route.take(router_job.finished(route.phase))
         route.loop.call_soon_threadsafe(route.queue.put_nowait, (route.index, out))
 
     def _fail(self, rid: str, error: BulkheadError, outcome: str) -> None:
@@ -169,7 +174,8 @@ class DisaggBackend(Backend):
             return
         # Tell the workers before the client: once the client has its answer
         # the route may be gone.
-        self._finalize_route(route, outcome)
+        if self._finalize_route(route, outcome).outcome == "repeat":
+            return  # another thread decided first, and answered
         self._deliver(route, RequestOutput(rid, (), "", (), True, "error", 0, 0, error), after_finalize=True)
 
     def _finalize(self, rid: str, outcome: str) -> None:
@@ -178,19 +184,16 @@ class DisaggBackend(Backend):
         if route is not None:
             self._finalize_route(route, outcome)
 
-    def _finalize_route(self, route: Route, outcome: str) -> None:
-        """The request's one outcome, sent to both workers of its pair (again
-        on a repeat, as ever: workers ignore a repeated finalize)."""
-        self._decide(route)
-        for worker in (route.prefill, route.decode):
-            self.send(worker, m.Finalize(route.request_id, outcome))
-
-    def _decide(self, route: Route) -> None:
-        """The route's outcome is decided: DONE, once (the first decision
-        wins; the link thread and the request's event loop may race here)."""
+    def _finalize_route(self, route: Route, outcome: str) -> JobStep:
+        """The request's one outcome, sent to both workers of its pair. The
+        first decision wins (the link thread and the request's event loop
+        may race here); a repeat sends nothing."""
         with self.lock:
-            if route.phase is not Phase.DONE:
-                route.advance(Event.FINALIZE)
+            step = route.take(router_job.decide(route.phase, runtime=True))
+        if step.does(Effect.FINALIZE_WORKERS):
+            for worker in (route.prefill, route.decode):
+                self.send(worker, m.Finalize(route.request_id, outcome))
+        return step
 
     def _undeliverable(self, worker: str, message: dict) -> None:
         """The link could not hand a message to a worker (gone, or backed up)."""

@@ -6,15 +6,17 @@ checker (bulkhead.verify) feeds it every interleaving an adversarial
 environment allows. `notes` (PageRead, WriteLanded, Committed,
 ClientResponse) are what an observer may check.
 
-Every phase change in the table below is a row of bulkhead.protocol.lifecycle,
-and the step functions make it through lifecycle.advance, so the checker
-explores exactly those rows. The runtime (bulkhead.disagg.router,
-prefill_worker, decode_worker) changes its records' phases through the same
-table, plus a few runtime-only rows, each saying where and why the running
-system differs. Decode's rule for whether a write may land and its checks of
-a manifest against the allocation and the digests are the same functions in
-both (bulkhead.protocol.manifest). The simulator (bulkhead.sim) checks the
-runtime's classes themselves.
+Every decision about one request (its next phase, and the effects to carry
+out) is a transition function of router_job.py, prefill_job.py or
+decode_job.py, called by the step functions here and by the runtime's
+handlers alike (bulkhead.disagg.router, prefill_worker, decode_worker;
+handlers.py lists them); `bulkhead verify` reports which handlers its
+search covered. Every phase change is a row of bulkhead.protocol.lifecycle,
+made through lifecycle.advance, so the checker explores exactly those rows;
+the runtime uses the same table plus a few runtime-only rows, each saying
+where and why the running system differs. Decode's rule for whether a write
+may land and its manifest checks are shared too (bulkhead.protocol.manifest).
+The simulator (bulkhead.sim) checks the runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,
         DeadlinePassed, PeerLost, DecodeDone, TransferFailed, PrefillRejected

@@ -1,18 +1,24 @@
 """The decode worker's half of the protocol: allocate pages for a ticket,
 admit writes against the ledger, commit only on exact, verified coverage,
 decode, and free pages only when no writer can still reach them.
+
+Every decision about a request's phase is a function of decode_job.py,
+the same one the running decode worker calls; this module carries out the
+effects on the model's ledger and network.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol import decode_job
+from bulkhead.protocol.decode_job import WAIT
 from bulkhead.protocol.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
 from bulkhead.protocol.ledger_model import Ledger
 from bulkhead.protocol.messages import (
     Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
     PageRead, PagesGranted, PageWrite, Step, TransferDone, TransferFailed, WriteLanded,
 )
+from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import cached_hash
 from bulkhead.protocol.types import (
     ROUTER, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
@@ -68,11 +74,13 @@ def decode_step(config: ProtocolConfig, state: DecodeState, event) -> Step:
 
 def _assign(config, state: DecodeState, message: Assign) -> Step:
     ticket = message.ticket
-    if (not ticket.signed and config.guards.hmac) or find(state.requests, ticket.rid):
+    if not ticket.signed and config.guards.hmac:
         return Step(state)
-    if ticket.decode_incarnation != state.incarnation:
-        return Step(state)  # issued before our restart; the router will learn of it
-    record = DecodeRequest(ticket.rid, advance(Actor.DECODE, None, Event.ASSIGN), ticket=ticket)
+    known = find(state.requests, ticket.rid)
+    step = decode_job.assign(known.phase if known else None)
+    if step.outcome == "duplicate" or ticket.decode_incarnation != state.incarnation:
+        return Step(state)  # a duplicate; or issued before our restart (the router will learn of it)
+    record = DecodeRequest(ticket.rid, step.phase, ticket=ticket)
     return _allocate_waiting(config, replace(state, requests=upsert(state.requests, record)))
 
 
@@ -81,13 +89,14 @@ def _allocate_waiting(config, state: DecodeState) -> Step:
     REAL trusts the ticket: admission already proved the request fits."""
     sends = []
     for record in state.requests:
-        if record.phase is not Phase.WAITING_PAGES:
+        if not decode_job.wants_pages(record.phase).does(Effect.RESERVE_PAGES):
             continue
         need = record.ticket.prompt_pages + record.ticket.decode_pages
         if need > len(state.ledger.free):
             continue
         ledger, pages = state.ledger.allocate(record.rid, need)
-        record = replace(record, phase=_next(record, Event.PAGES_GRANTED), pages=pages)
+        step = decode_job.pages_reserved(record.phase)  # granted: the model reserves atomically
+        record = replace(record, phase=step.phase, pages=pages)
         state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
         ticket = record.ticket
         grants = tuple(PageGrant(p, ledger.entries[p].gen) for p in record.prompt_pages)
@@ -126,7 +135,8 @@ def _land(config, state: DecodeState, landing: Landing) -> Step:
 
 def _transfer_done(config, state: DecodeState, message: TransferDone) -> Step:
     record = find(state.requests, message.manifest.request_id)
-    if record is None or record.phase is not Phase.DECODE_ALLOCATED or record.manifest:
+    step = decode_job.manifest_arrived(record.phase if record else None, bool(record and record.manifest))
+    if not step.does(Effect.CHECK_KV):
         return Step(state)
     state = replace(state, requests=upsert(state.requests, replace(record, manifest=message.manifest)))
     return _try_commit(config, state, record.rid)
@@ -134,24 +144,22 @@ def _transfer_done(config, state: DecodeState, message: TransferDone) -> Step:
 
 def _try_commit(config, state: DecodeState, rid: int) -> Step:
     record = find(state.requests, rid)
-    if record is None or record.phase is not Phase.DECODE_ALLOCATED or record.failed:
-        return Step(state)
-    if record.manifest is None:
-        return Step(state)
-    verdict = _verdict(config, state, record)
-    if verdict == "wait":
-        return Step(state)
-    if verdict:
+    if record is None or record.manifest is None:
+        return Step(state)  # no manifest yet: nothing to check against
+    step = decode_job.verdict(record.phase, record.failed, lambda: _verdict(config, state, record))
+    if step.does(Effect.MARK_FAILED):
         record = replace(record, failed=True)
         return Step(replace(state, requests=upsert(state.requests, record)),
-                    (TransferFailed(ROUTER, rid, verdict),))
-    record = replace(record, phase=_next(record, Event.MANIFEST_VERIFIED))
+                    (TransferFailed(ROUTER, rid, step.detail),))
+    if not step.does(Effect.COMMIT):
+        return Step(state)  # moot, or waiting for more landings
+    record = replace(record, phase=step.phase)
     note = Committed(state.index, rid, record.ticket.epoch, record.pages)
     return Step(replace(state, requests=upsert(state.requests, record)), notes=(note,))
 
 
 def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
-    """'' to commit, 'wait' for more landings, else why the transfer failed."""
+    """'' to commit, WAIT for more landings, else why the transfer failed."""
     ticket, manifest, guards = record.ticket, record.manifest, config.guards
     if config.variant is Variant.LEGACY:
         return "" if manifest.room == ticket.room else "room mismatch"
@@ -172,13 +180,14 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
             return f"digest mismatch on page {bad[0]}"
     if guards.coverage_check:
         if any(entries[p].written_epoch != ticket.epoch for p in record.prompt_pages):
-            return "wait"  # writes may still be in flight; the deadline bounds the wait
+            return WAIT  # writes may still be in flight; the deadline bounds the wait
     return ""
 
 
 def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
     record = find(state.requests, event.rid)
-    if record is None or record.phase is not Phase.COMMITTED:
+    step = decode_job.decode_step(record.phase if record else None)
+    if not step.does(Effect.DECODE_DONE):
         return Step(state)
     ticket = record.ticket
     ledger = state.ledger
@@ -186,39 +195,39 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
         ledger = ledger.write_local(page, kv_origin(ticket.rid, ticket.epoch))
     reads = tuple(PageRead(ticket.rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
                   for p in record.pages)
-    record = replace(record, phase=_next(record, Event.DECODE_STEP))
+    record = replace(record, phase=step.phase)
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
     return Step(state, (DecodeDone(ROUTER, ticket.rid),), reads)
 
 
 def _finalize(config, state: DecodeState, message: Finalize) -> Step:
     record = find(state.requests, message.rid) or DecodeRequest(message.rid, phase=None)  # none yet
-    if record.phase in (Phase.DRAINING, Phase.DONE):
+    step = decode_job.finalize(record.phase, record.drain_acked, drain_guard=config.guards.drain_before_reuse)
+    if step.outcome == "repeat":
         return Step(state)
     # The table sends a record holding pages to DRAINING, one without to DONE.
-    record = replace(record, phase=_next(record, Event.FINALIZE), outcome=message.outcome)
-    if record.phase is Phase.DRAINING and (record.drain_acked or not config.guards.drain_before_reuse):
-        # The ack came before the outcome; or, guard off, it is not waited for.
-        record = replace(record, phase=_next(record, Event.DRAIN_ACK))
-    if record.phase is Phase.DONE:
+    record = replace(record, phase=step.phase, outcome=message.outcome)
+    if step.does(Effect.RELEASE_PAGES):
         return _release(config, state, record)
     return Step(replace(state, requests=upsert(state.requests, record)))
 
 
 def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
     record = find(state.requests, message.rid)
-    if record is None or record.phase is Phase.DONE:
-        return Step(state)
-    if record.phase is Phase.DRAINING:
-        return _release(config, state, replace(record, phase=_next(record, Event.DRAIN_ACK)))
+    step = decode_job.drain_ack(record.phase if record else None)
+    if step.does(Effect.RELEASE_PAGES):
+        return _release(config, state, replace(record, phase=step.phase))
+    if not step.does(Effect.MARK_DRAINED):
+        return Step(state)  # late: the request is done
     return Step(replace(state, requests=upsert(state.requests, replace(record, drain_acked=True))))
 
 
 def _lease_expired(config, state: DecodeState, event: LeaseExpired) -> Step:
     record = find(state.requests, event.rid)
-    if record is None or record.phase is not Phase.DRAINING:
+    step = decode_job.lease_expired(record.phase if record else None)
+    if not step.does(Effect.RELEASE_PAGES):
         return Step(state)
-    return _release(config, state, replace(record, phase=_next(record, Event.LEASE_EXPIRED)))
+    return _release(config, state, replace(record, phase=step.phase))
 
 
 def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
@@ -228,10 +237,6 @@ def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
     record = DecodeRequest(record.rid, record.phase, ticket=record.ticket, outcome=record.outcome)
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
     return _allocate_waiting(config, state)
-
-
-def _next(record: DecodeRequest, event: Event) -> Phase:
-    return advance(Actor.DECODE, record.phase, event)
 
 
 _HANDLERS = {

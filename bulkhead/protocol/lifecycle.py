@@ -216,3 +216,9 @@ class Phased:
     def advance(self, event: Event) -> P:
         self.phase = advance(self.actor, self.phase, event, runtime=True)
         return self.phase
+
+    def take(self, step):
+        """Take a transition function's step (bulkhead.protocol.*_job, which
+        change phases through this table): its phase becomes the record's."""
+        self.phase = step.phase
+        return step

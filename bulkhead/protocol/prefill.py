@@ -5,17 +5,22 @@ and after the router's outcome acknowledge the drain.
 Prefill never decides admission (REAL): the ticket says the request fits.
 LEGACY keeps the incident's behaviour: a prompt over prefill's own limit
 gets a pending rejection and continues as a live 1-token stub.
+
+Every decision about a request's phase is a function of prefill_job.py,
+the same one the running prefill worker calls; this module carries out
+the effects on the model's pool and network.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol import prefill_job
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.messages import (
     Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
     TransferDone,
 )
+from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import cached_hash
 from bulkhead.protocol.types import (
     ROUTER, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
@@ -71,10 +76,11 @@ def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
 def _assign(config: ProtocolConfig, state: PrefillState, ticket: Ticket) -> Step:
     if (not ticket.signed and config.guards.hmac) or ticket.prefill_incarnation != state.incarnation:
         return Step(state)
-    record = find(state.requests, ticket.rid) or PrefillRequest(ticket.rid, _new(Event.ASSIGN))
-    if record.ticket is not None or record.phase in (Phase.DRAINING, Phase.DONE):
+    known = find(state.requests, ticket.rid)
+    step = prefill_job.assign(known.phase if known else None, bool(known and known.ticket))
+    if step.outcome == "duplicate":
         return Step(state)  # duplicate, or the outcome is already known
-    record = replace(record, ticket=ticket, decode_peer=ticket.decode)
+    record = replace(known or PrefillRequest(ticket.rid, step.phase), ticket=ticket, decode_peer=ticket.decode)
     sends = ()
     if config.variant is Variant.LEGACY and ticket.prompt_pages > _legacy_input_limit(config, state):
         # The incident: the rejection is a flag on a live request, the prompt
@@ -92,10 +98,12 @@ def _legacy_input_limit(config: ProtocolConfig, state: PrefillState) -> int:
 
 
 def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -> Step:
-    record = find(state.requests, grant.rid) or PrefillRequest(grant.rid, _new(Event.PAGES_GRANTED))
-    if record.grant is not None or record.phase in (Phase.DRAINING, Phase.DONE):
+    known = find(state.requests, grant.rid)
+    step = prefill_job.pages_granted(known.phase if known else None, bool(known and known.grant))
+    if step.outcome == "late":
         return Step(state)  # duplicate, or too late: never write after the outcome
-    state = replace(state, requests=upsert(state.requests, replace(record, grant=grant)))
+    record = replace(known or PrefillRequest(grant.rid, step.phase), grant=grant)
+    state = replace(state, requests=upsert(state.requests, record))
     return _advance(config, state)
 
 
@@ -107,10 +115,11 @@ def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
         if record.phase is Phase.WAITING_POOL and record.ticket is not None:
             need = 1 if record.stub else record.ticket.prompt_pages
             if config.prefill_pools[state.index] - state.pages_in_use() >= need:
-                record = replace(record, phase=_next(record, Event.PREFILLED), local_pages=need)
+                record = replace(record, phase=prefill_job.prefilled(record.phase).phase, local_pages=need)
                 state = replace(state, requests=upsert(state.requests, record))
-        if record.phase is Phase.PREFILLING and _grant_matches(record):
-            record, posted = _post_writes(record)
+        step = prefill_job.start_transfer(record.phase, _grant_matches(record))
+        if step.does(Effect.POST_WRITES):
+            record, posted = _post_writes(replace(record, phase=step.phase))
             state = replace(state, requests=upsert(state.requests, record))
             sends += posted
     return Step(state, tuple(sends))
@@ -138,36 +147,28 @@ def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
                         pages=tuple(g.page for g in grants), generations=(),
                         digests=tuple(digest_of(payload) for _ in grants))
     sends.append(TransferDone(dst, manifest))
-    return replace(record, phase=_next(record, Event.PAGES_GRANTED)), sends
+    return record, sends
 
 
 def _finalize(state: PrefillState, message: Finalize) -> Step:
     record = find(state.requests, message.rid) or PrefillRequest(message.rid, phase=None)  # none yet
-    if record.phase in (Phase.DRAINING, Phase.DONE):
+    step = prefill_job.finalize(record.phase)  # STOP_ENGINE: the model's prefill has no computation to stop
+    if step.outcome == "repeat":
         return Step(state)
     # A LEGACY stub keeps its own 400: that disagreement is the bug.
     outcome = record.outcome or message.outcome
-    record = replace(record, phase=_next(record, Event.FINALIZE), outcome=outcome, decode_peer=message.peer,
-                     epoch=message.epoch)
+    record = replace(record, phase=step.phase, outcome=outcome, decode_peer=message.peer, epoch=message.epoch)
     return Step(replace(state, requests=upsert(state.requests, record)))
 
 
 def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
     """No write for rid is outstanding: release local pages, tell decode."""
     record = find(state.requests, rid)
-    if record is None or record.phase is not Phase.DRAINING:
+    step = prefill_job.quiesced(record.phase if record else None)
+    if not step.does(Effect.SEND_DRAIN_ACK):
         return Step(state)
-    record = replace(record, phase=_next(record, Event.QUIESCED), local_pages=0, grant=None)
+    record = replace(record, phase=step.phase, local_pages=0, grant=None)
     state = replace(state, requests=upsert(state.requests, record))
     ack = DrainAck(decode_addr(record.decode_peer), rid, record.epoch)
     step = _advance(config, state)  # local pages came free
     return Step(step.state, (ack,) + step.send)
-
-
-def _new(event: Event) -> Phase:
-    """The phase of a record that `event` creates (the table's "-" rows)."""
-    return advance(Actor.PREFILL, None, event)
-
-
-def _next(record: PrefillRequest, event: Event) -> Phase:
-    return advance(Actor.PREFILL, record.phase, event)

@@ -4,12 +4,16 @@
 The router is the only actor that decides an outcome. Workers report
 (DecodeDone, TransferFailed) and record what the router decided (Finalize),
 so router, prefill and decode always agree.
+
+Every decision about a request's phase is a function of router_job.py, the
+same one the running router calls; this module carries out the effects.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol import router_job
+from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.messages import (
     Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, Finalize, PeerLost,
     PrefillRejected, Step, Submit, TransferFailed,
@@ -76,14 +80,12 @@ def _submit(config: ProtocolConfig, state: RouterState, spec: RequestSpec) -> St
     if find(state.requests, spec.rid) is not None:
         return Step(state)  # a client retry of a known id is not a new request
     admit_first = config.variant is Variant.REAL and config.guards.admission_before_bootstrap
-    if admit_first:
-        rejection = _rejection(config, spec)
-        if rejection:
-            record = RouterRequest(spec, advance(Actor.ROUTER, None, Event.REJECT), outcome=Outcome.REJECTED,
-                                   detail=rejection)
-            return Step(replace(state, requests=upsert(state.requests, record)),
-                        notes=(ClientResponse(spec.rid, Outcome.REJECTED, rejection),))
-    record = RouterRequest(spec, advance(Actor.ROUTER, None, Event.ADMIT))
+    step = router_job.submit(_rejection(config, spec) if admit_first else "")
+    if step.outcome == "rejected":
+        record = RouterRequest(spec, step.phase, outcome=Outcome.REJECTED, detail=step.detail)
+        return Step(replace(state, requests=upsert(state.requests, record)),
+                    notes=(ClientResponse(spec.rid, Outcome.REJECTED, step.detail),))
+    record = RouterRequest(spec, step.phase)
     state = replace(state, requests=upsert(state.requests, record))
     return _bootstrap_waiting(config, state)
 
@@ -107,7 +109,7 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
         if not free:
             break
         spec = record.spec
-        record = replace(record, phase=advance(Actor.ROUTER, record.phase, Event.BOOTSTRAP), room=free[0])
+        record = replace(record, phase=router_job.bootstrap(record.phase).phase, room=free[0])
         state = replace(state, requests=upsert(state.requests, record))
         known = dict(state.known_incarnations)
         ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages,
@@ -128,15 +130,15 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
 def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Outcome,
               detail: str = "", bootstrap_after: bool = True) -> Step:
     record = find(state.requests, rid)
-    if record is None or record.phase is Phase.DONE:
+    step = router_job.decide(record.phase if record else None)
+    if step.outcome == "repeat":
         return Step(state)  # first decision wins; duplicates and late reports are no-ops
     sends = ()
-    if record.phase is Phase.BOOTSTRAPPED:
+    if step.does(Effect.FINALIZE_WORKERS):
         spec = record.spec
         sends = (Finalize(prefill_addr(spec.prefill), rid, outcome, spec.decode, record.epoch),
                  Finalize(decode_addr(spec.decode), rid, outcome, spec.prefill, record.epoch))
-    record = replace(record, phase=advance(Actor.ROUTER, record.phase, Event.FINALIZE), outcome=outcome,
-                     detail=detail)
+    record = replace(record, phase=step.phase, outcome=outcome, detail=detail)
     state = replace(state, requests=upsert(state.requests, record))
     notes = (ClientResponse(rid, outcome, detail),)
     if not bootstrap_after:

@@ -4,6 +4,8 @@
     bulkhead verify --protocol legacy    print the shortest cross-tenant reads
     bulkhead verify --bound large        larger world (minutes)
     bulkhead verify --stats              one table row per search
+    bulkhead verify --coverage           which runtime handlers the search covered, and the
+                                         steps only the runtime takes
     bulkhead verify --simulate --seeds 2000   the running system under the seeded
                                          simulator instead (same as `bulkhead sim`)
 
@@ -15,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bulkhead.protocol import Guards, Variant
+from bulkhead.protocol import Guards, Variant, transitions
 from bulkhead.verify.checker import Result, Violation, explore
+from bulkhead.verify.coverage import format_coverage, handler_coverage, summary
 from bulkhead.verify.scenarios import LEGACY_GOALS, legacy_search
 from bulkhead.verify.world import WORLDS
 
@@ -35,6 +38,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="world size for the real protocol (legacy searches use their own)")
     parser.add_argument("--stats", action="store_true", help="print a table of the searches")
     parser.add_argument("--no-liveness", action="store_true", help="skip the liveness check")
+    parser.add_argument("--coverage", action="store_true",
+                        help="list the runtime's handlers: which the search covered, and its runtime-only steps")
     parser.add_argument("--simulate", action="store_true",
                         help="run the deterministic simulation of the running system (bulkhead/sim)")
     from bulkhead.sim.cli import add_arguments as add_sim_arguments
@@ -49,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
         return simulate(args)
     if args.protocol == "real":
         world = WORLDS[args.bound]()
+        transitions.calls.clear()
         result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
         rows = [("real", result)]
         _report_real(result)
+        coverage = handler_coverage(transitions.explored())
+        print(format_coverage(coverage) if args.coverage else summary(coverage))
         ok = result.ok
     else:
         rows, ok = [], True

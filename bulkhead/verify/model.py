@@ -83,15 +83,18 @@ def apply_event(config: ProtocolConfig, state: WorldState, dst, event, label: st
         state = replace(state, decodes=_set(state.decodes, index, step.state))
     base = state.network if network is None else network
     state = replace(state, network=_add(base, step.send))
-    return Transition(label, _collect_garbage(state), step.notes, step.send)
+    return Transition(label, _collect_garbage(config, state), step.notes, step.send)
 
 
-def _collect_garbage(state: WorldState) -> WorldState:
+def _collect_garbage(config: ProtocolConfig, state: WorldState) -> WorldState:
     """Drop control messages addressed to an actor whose record of that
-    request is DONE: every step function ignores those, now and forever
-    (tests/verify/test_reduction.py checks it), so delivering them at every
-    point would only multiply states. Data-plane writes are never dropped:
-    what they do depends on the ledger, not on the record."""
+    request is DONE: every step function ignores those, now and forever,
+    so delivering them at every point would only multiply states. Each one
+    is delivered once as it is dropped, and must change nothing (else the
+    search stops: the reduction would be unsound); that delivery is also
+    how the search takes the transition functions' no-op outcomes (a
+    repeated finalize, a late report). Data-plane writes are never
+    dropped: what they do depends on the ledger, not on the record."""
     done = {("router", 0): {r.rid for r in state.router.requests if r.phase is Phase.DONE}}
     for actor in state.prefills:
         done[prefill_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
@@ -99,7 +102,25 @@ def _collect_garbage(state: WorldState) -> WorldState:
         done[decode_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
     kept = frozenset((m, n) for m, n in state.network
                      if isinstance(m, (PageWrite, Landing)) or _rid_of(m) not in done[m.dst])
-    return state if len(kept) == len(state.network) else replace(state, network=kept)
+    if len(kept) == len(state.network):
+        return state
+    for message, _ in state.network - kept:
+        _check_no_op(config, state, message)
+    return replace(state, network=kept)
+
+
+_STEPS = {"router": lambda config, s, dst, m: router_step(config, s.router, m),
+          "prefill": lambda config, s, dst, m: prefill_step(config, s.prefills[dst[1]], m),
+          "decode": lambda config, s, dst, m: decode_step(config, s.decodes[dst[1]], m)}
+_ACTOR_STATE = {"router": lambda s, dst: s.router, "prefill": lambda s, dst: s.prefills[dst[1]],
+                "decode": lambda s, dst: s.decodes[dst[1]]}
+
+
+def _check_no_op(config: ProtocolConfig, state: WorldState, message) -> None:
+    before = _ACTOR_STATE[message.dst[0]](state, message.dst)
+    step = _STEPS[message.dst[0]](config, state, message.dst, message)
+    if step.state != before or step.send or step.notes:
+        raise AssertionError(f"unsound reduction: {_show(message)} to a DONE record changed its actor")
 
 
 def _rid_of(message) -> int:

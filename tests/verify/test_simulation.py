@@ -97,3 +97,20 @@ def test_the_canary_model_reports_a_read_of_another_requests_kv():
     engine.pool.data[p0] = engine.pool.data[p1]
     engine.run_once()
     assert bad and bad[0][:2] == ("decode-x", 100) and bad[0][3] == 101.0  # r0 read r1's canary
+
+
+def test_the_running_workers_take_their_decisions_through_the_checked_transition_functions():
+    # The simulator runs the real router and worker classes: what they
+    # decide shows up as calls of bulkhead.protocol.*_job, the functions the
+    # model checker explores (tests/verify/test_real_protocol.py covers them).
+    from bulkhead.protocol import transitions
+
+    transitions.calls.clear()
+    with quiet_runtime_logs():
+        run_seeds(range(50))
+    taken = transitions.explored()
+    for step in [("router.submit", "admitted"), ("router.decide", "finalized"), ("prefill.assign", "new"),
+                 ("prefill.start_transfer", "post"), ("prefill.quiesced", "acked"), ("decode.assign", "new"),
+                 ("decode.pages_reserved", "granted"), ("decode.verdict", "commit"), ("decode.verdict", "failed"),
+                 ("decode.drain_ack", "released"), ("decode.finalize", "draining"), ("decode.finished", "finished")]:
+        assert step in taken, step

@@ -1,0 +1,154 @@
+"""Decode's decisions about one request, shared by the checker's decode
+actor (decode.py) and the running decode worker (bulkhead.disagg.decode_worker).
+
+    function          when                               effects it may ask for
+    ----------------  ---------------------------------  -------------------------------------
+    assign            a verified ticket arrived          -
+    wants_pages       the pool may have room             RESERVE_PAGES
+    pages_reserved    the pool handed pages over         GRANT_PAGES, or RETURN_PAGES (runtime)
+    manifest_arrived  prefill says what it wrote         CHECK_KV
+    verdict           the checks ran                     COMMIT, or MARK_FAILED
+    decode_step       the scheduler ran a step           DECODE_DONE
+    finalize          the router's outcome               START_LEASE, RELEASE_PAGES, or ABORT_ENGINE (runtime)
+    drain_ack         prefill: no write can still land   MARK_DRAINED, RELEASE_PAGES
+    lease_expired     the fence ran out                  RELEASE_PAGES
+    finished          runtime only: the engine freed a committed request's pages
+
+`runtime` picks the lifecycle table: the model's (False) or the runtime's,
+whose few extra rows (bulkhead.protocol.lifecycle.RUNTIME) say where the
+running system differs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.transitions import Effect, JobStep, transition
+from bulkhead.protocol.types import Phase
+
+DECODE = Actor.DECODE
+
+# The verdict's "not yet": some page of the allocation has not landed.
+WAIT = "wait"
+
+
+@transition("decode", outcomes=("new", "duplicate"))
+def assign(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """A verified ticket. A second one for a known request is a duplicate."""
+    if phase is not None:
+        return JobStep(phase, outcome="duplicate")
+    return JobStep(advance(DECODE, None, Event.ASSIGN, runtime=runtime), outcome="new")
+
+
+@transition("decode", outcomes=("reserve", "not_waiting"))
+def wants_pages(phase: Phase | None) -> JobStep:
+    """Only a request waiting for pages asks the pool for them."""
+    if phase is Phase.WAITING_PAGES:
+        return JobStep(phase, (Effect.RESERVE_PAGES,), "reserve")
+    return JobStep(phase, outcome="not_waiting")
+
+
+@transition("decode", outcomes=("granted",), runtime_only={
+    "unwanted": "the model reserves pages atomically; the runtime reserves on the engine thread, and "
+                "the outcome can overtake the reservation"})
+def pages_reserved(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The pool handed over the request's pages. Granted (and told to the
+    writer) only while the request still waits for them; otherwise the
+    outcome came while the runtime's reservation was in flight, and the
+    pages go straight back (no writer was ever told of them)."""
+    if phase is Phase.WAITING_PAGES:
+        return JobStep(advance(DECODE, phase, Event.PAGES_GRANTED, runtime=runtime),
+                       (Effect.GRANT_PAGES,), "granted")
+    return JobStep(phase, (Effect.RETURN_PAGES,), "unwanted")
+
+
+@transition("decode", outcomes=("check", "unexpected"))
+def manifest_arrived(phase: Phase | None, has_manifest: bool) -> JobStep:
+    """Prefill's manifest is checked once, and only while the pages wait
+    for their KV; a late or repeated one is counted and ignored."""
+    if phase is Phase.DECODE_ALLOCATED and not has_manifest:
+        return JobStep(phase, (Effect.CHECK_KV,), "check")
+    return JobStep(phase, outcome="unexpected")
+
+
+@transition("decode", outcomes=("moot", "failed", "commit"), model_only={
+    "wait": "the runtime checks once, after prefill's writes have returned (TransferDone follows them); "
+            "the model's writes land in any order around the manifest"})
+def verdict(phase: Phase | None, failed: bool, check: Callable[[], str], *, runtime: bool = False) -> JobStep:
+    """The checks' result: check() returns "" to commit, WAIT to wait for
+    more landings, or why the KV is refused; it runs only while the request
+    can still commit (not once it has failed or moved on, say finalized
+    while the check ran)."""
+    if phase is not Phase.DECODE_ALLOCATED or failed:
+        return JobStep(phase, outcome="moot")
+    problems = check()
+    if problems == WAIT:
+        return JobStep(phase, outcome="wait")
+    if problems:
+        # The model keeps the phase until the router's Finalize; the runtime
+        # drains at once (VERIFY_FAILED, a runtime row). No commit follows either way.
+        after = advance(DECODE, phase, Event.VERIFY_FAILED, runtime=True) if runtime else phase
+        return JobStep(after, (Effect.MARK_FAILED,), "failed", problems)
+    return JobStep(advance(DECODE, phase, Event.MANIFEST_VERIFIED, runtime=runtime), (Effect.COMMIT,), "commit")
+
+
+@transition("decode", outcomes=("step",), runtime_only={
+    "moot": "the model decodes one step; the runtime's later steps change no phase"})
+def decode_step(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    if phase is not Phase.COMMITTED:
+        return JobStep(phase, outcome="moot")
+    return JobStep(advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime), (Effect.DECODE_DONE,), "step")
+
+
+@transition("decode", outcomes=("repeat", "released", "draining"), runtime_only={
+    "abort": "the model drains a committed request like any other; the runtime's engine owns its pages "
+             "and ends it (no write is admitted after the commit)"})
+def finalize(phase: Phase | None, drained: bool, *, drain_guard: bool = True, runtime: bool = False) -> JobStep:
+    """The router's outcome. Pages a writer may still reach wait for the
+    drain ack (or the lease); with the ack already in, or with nothing
+    held, they are freed now. Guard off (drain_before_reuse), the ack is
+    not waited for: the ablation that shows it unsafe. In the runtime a
+    committed request is the engine's to end (abort): not a phase change;
+    its last output is `finished`."""
+    if phase in (Phase.DRAINING, Phase.DONE):
+        return JobStep(phase, outcome="repeat")
+    if runtime and phase in (Phase.COMMITTED, Phase.DECODING):
+        return JobStep(phase, (Effect.ABORT_ENGINE,), "abort")
+    after = advance(DECODE, phase, Event.FINALIZE, runtime=runtime)
+    if after is Phase.DRAINING and (drained or not drain_guard):
+        after = advance(DECODE, after, Event.DRAIN_ACK, runtime=runtime)
+    if after is Phase.DONE:
+        return JobStep(after, (Effect.RELEASE_PAGES,), "released")
+    return JobStep(after, (Effect.START_LEASE,), "draining")
+
+
+@transition("decode", outcomes=("late", "released", "early"))
+def drain_ack(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """Prefill's ack: no write of its can still land. Frees a draining
+    request's pages; before the outcome it is remembered."""
+    if phase in (None, Phase.DONE):
+        return JobStep(phase, outcome="late")
+    if phase is Phase.DRAINING:
+        return JobStep(advance(DECODE, phase, Event.DRAIN_ACK, runtime=runtime), (Effect.RELEASE_PAGES,),
+                       "released")
+    return JobStep(phase, (Effect.MARK_DRAINED,), "early")
+
+
+@transition("decode", outcomes=("released",), runtime_only={
+    "moot": "the runtime's tick lists expired leases before it takes each job's lock: an ack can come between"})
+def lease_expired(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The fence: no admitted write outlives the lease, so the pages go."""
+    if phase is not Phase.DRAINING:
+        return JobStep(phase, outcome="moot")
+    return JobStep(advance(DECODE, phase, Event.LEASE_EXPIRED, runtime=runtime), (Effect.RELEASE_PAGES,),
+                   "released")
+
+
+@transition("decode", outcomes=(), runtime_only={
+    "finished": "the model's one decode step waits for the router's Finalize; the runtime's engine "
+                "frees the pages with the last token and the router sends no Finalize after a success"})
+def finished(phase: Phase | None) -> JobStep:
+    """The engine's last output for a decoding request: its pages are gone."""
+    if phase is Phase.COMMITTED:  # one output can be the first and the last
+        phase = advance(DECODE, phase, Event.DECODE_STEP, runtime=True)
+    return JobStep(advance(DECODE, phase, Event.FINISHED, runtime=True), outcome="finished")

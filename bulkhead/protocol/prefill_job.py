@@ -1,0 +1,96 @@
+"""Prefill's decisions about one request, shared by the checker's prefill
+actor (prefill.py) and the running prefill worker (bulkhead.disagg.prefill_worker).
+
+    function        when                                  effects it may ask for
+    --------------  ------------------------------------  -------------------------------
+    assign          a verified ticket arrived             -
+    pages_granted   decode's grant arrived                -
+    prefilled       the prompt's KV is computed           -
+    start_transfer  KV and grant are both here            POST_WRITES
+    finalize        the router's outcome                  STOP_ENGINE
+    quiesced        no write of ours is outstanding       SEND_DRAIN_ACK, RELEASE_LOCAL
+    undrained       runtime only: a write may still land  - (never acked: the lease fences it)
+
+`runtime` picks the lifecycle table (bulkhead.protocol.lifecycle): the
+model's, or the runtime's with its few extra rows.
+"""
+from __future__ import annotations
+
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.transitions import Effect, JobStep, transition
+from bulkhead.protocol.types import Phase
+
+PREFILL = Actor.PREFILL
+_ENDED = (Phase.DRAINING, Phase.DONE)
+
+
+@transition("prefill", outcomes=("new", "duplicate"), model_only={
+    "joins_grant": "the runtime's decode grants pages only after prefill_ready, so no grant precedes a ticket"})
+def assign(phase: Phase | None, has_ticket: bool, *, runtime: bool = False) -> JobStep:
+    """A verified ticket: a new record, or the one a grant that overtook
+    the ticket made. A second ticket, or one after the outcome, is ignored."""
+    if phase is None:
+        return JobStep(advance(PREFILL, None, Event.ASSIGN, runtime=runtime), outcome="new")
+    if has_ticket or phase in _ENDED:
+        return JobStep(phase, outcome="duplicate")
+    return JobStep(phase, outcome="joins_grant")
+
+
+@transition("prefill", outcomes=("kept", "late"), model_only={
+    "early": "the runtime's decode grants pages only after prefill_ready, so no grant precedes a ticket"})
+def pages_granted(phase: Phase | None, has_grant: bool, *, runtime: bool = False) -> JobStep:
+    """Decode's grant is kept (once) until the KV is ready to write. Never
+    after the outcome: no write is posted once the request has ended."""
+    if phase is None:  # the grant overtook the ticket (the model's network reorders)
+        return JobStep(advance(PREFILL, None, Event.PAGES_GRANTED, runtime=runtime), outcome="early")
+    if has_grant or phase in _ENDED:
+        return JobStep(phase, outcome="late")
+    return JobStep(phase, outcome="kept")
+
+
+@transition("prefill", outcomes=("prefilled",), runtime_only={
+    "finalized": "the model's prefill stops at the outcome; the runtime's engine may hand the KV over "
+                 "after it, and the pages go straight back (no write was posted)"})
+def prefilled(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The prompt's KV exists in prefill's own pages."""
+    if phase is Phase.WAITING_POOL:
+        return JobStep(advance(PREFILL, phase, Event.PREFILLED, runtime=runtime), outcome="prefilled")
+    return JobStep(phase, (Effect.RELEASE_LOCAL,), "finalized")
+
+
+@transition("prefill", outcomes=("post", "not_ready"))
+def start_transfer(phase: Phase | None, grant_matches: bool, *, runtime: bool = False) -> JobStep:
+    """Write only once the KV is computed and a grant for this very room,
+    epoch and decode worker is in hand."""
+    if phase is Phase.PREFILLING and grant_matches:
+        return JobStep(advance(PREFILL, phase, Event.PAGES_GRANTED, runtime=runtime), (Effect.POST_WRITES,), "post")
+    return JobStep(phase, outcome="not_ready")
+
+
+@transition("prefill", outcomes=("draining", "repeat"))
+def finalize(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The router's outcome: post nothing more. The drain ack waits until
+    no write is outstanding (quiesced)."""
+    if phase in _ENDED:
+        return JobStep(phase, outcome="repeat")
+    effects = (Effect.STOP_ENGINE,) if phase in (Phase.WAITING_POOL, Phase.PREFILLING) else ()
+    return JobStep(advance(PREFILL, phase, Event.FINALIZE, runtime=runtime), effects, "draining")
+
+
+@transition("prefill", outcomes=("acked",), runtime_only={
+    "moot": "a runtime job that a failed write left DONE (undrained) is never acked"})
+def quiesced(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """No write for the request is outstanding: free the local pages and
+    tell decode it may free its own. The model acks only after the outcome;
+    the runtime also as soon as its writes end (rows in lifecycle.RUNTIME)."""
+    if phase in (None, Phase.DONE) or (phase is not Phase.DRAINING and not runtime):
+        return JobStep(phase, outcome="moot")
+    return JobStep(advance(PREFILL, phase, Event.QUIESCED, runtime=runtime),
+                   (Effect.RELEASE_LOCAL, Effect.SEND_DRAIN_ACK), "acked")
+
+
+@transition("prefill", outcomes=(), runtime_only={
+    "unacked": "the model's writes either land or are lost; a runtime transfer that failed mid-write "
+               "may still land one, so it is never acked and decode's lease fences it"})
+def undrained(phase: Phase | None) -> JobStep:
+    return JobStep(advance(PREFILL, phase, Event.UNDRAINED, runtime=True), outcome="unacked")

@@ -1,0 +1,63 @@
+"""The router's decisions about one request, shared by the checker's
+router actor (router.py) and the running router (bulkhead.disagg.router).
+
+    function   when                                   effects it may ask for
+    ---------  -------------------------------------  ---------------------------------
+    submit     admission decided (fits, or not)       RESPOND (a rejection)
+    bootstrap  a room and a pair are free             ASSIGN_BOTH
+    decide     an outcome: a report, abort, deadline,  FINALIZE_WORKERS, RESPOND
+               or a lost worker; the first one wins
+    finished   runtime only: decode's last output      RESPOND
+
+`runtime` picks the lifecycle table (bulkhead.protocol.lifecycle).
+"""
+from __future__ import annotations
+
+from bulkhead.protocol.lifecycle import Actor, Event, advance
+from bulkhead.protocol.transitions import Effect, JobStep, transition
+from bulkhead.protocol.types import Phase
+
+ROUTER = Actor.ROUTER
+
+
+@transition("router", outcomes=("admitted",), model_only={
+    "rejected": "the runtime's API rejects before the router (engine/admission.py admit(), one decision "
+                "against the pair's smallest limit): a rejection never reaches it"})
+def submit(rejection: str, *, runtime: bool = False) -> JobStep:
+    """rejection: '' if the request fits the smallest limit of its pair,
+    else why not; a rejection is the client's answer and nothing else."""
+    if rejection:
+        return JobStep(advance(ROUTER, None, Event.REJECT, runtime=runtime), (Effect.RESPOND,), "rejected",
+                       rejection)
+    return JobStep(advance(ROUTER, None, Event.ADMIT, runtime=runtime), outcome="admitted")
+
+
+@transition("router", outcomes=("bootstrapped",))
+def bootstrap(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    return JobStep(advance(ROUTER, phase, Event.BOOTSTRAP, runtime=runtime), (Effect.ASSIGN_BOTH,), "bootstrapped")
+
+
+@transition("router", outcomes=("finalized", "repeat"), model_only={
+    "unassigned": "the runtime's router bootstraps at admission (its rooms never run out), so no request "
+                  "waits for a room"})
+def decide(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The request's one outcome. The first decision wins; a later report,
+    abort or deadline changes nothing. Workers of a bootstrapped request
+    hear the outcome before the client does."""
+    if phase in (None, Phase.DONE):
+        return JobStep(phase, outcome="repeat")
+    after = advance(ROUTER, phase, Event.FINALIZE, runtime=runtime)
+    if phase is Phase.BOOTSTRAPPED:
+        return JobStep(after, (Effect.FINALIZE_WORKERS, Effect.RESPOND), "finalized")
+    return JobStep(after, (Effect.RESPOND,), "unassigned")
+
+
+@transition("router", outcomes=(), runtime_only={
+    "finished": "the model's router finalizes a success to both workers; the runtime's workers end a "
+                "success on their own (decode frees at the last token, prefill acks as its writes end)",
+    "repeat": "the same step after a decision: the error output of a failure the router answered first"})
+def finished(phase: Phase | None) -> JobStep:
+    """Decode's last output (its tokens, or its typed error) is the outcome."""
+    if phase in (None, Phase.DONE):
+        return JobStep(phase, outcome="repeat")
+    return JobStep(advance(ROUTER, phase, Event.FINALIZE, runtime=True), (Effect.RESPOND,), "finished")
