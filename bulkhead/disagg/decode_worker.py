@@ -117,7 +117,7 @@ class DecodeWorker(WorkerBase):
 
     def _grant_pending(self) -> None:
         with self.lock:
-            waiting = list(self.pending)
+            waiting = self._fair_order(self.pending)
         for rid in waiting:
             job = self.jobs.get(rid)
             if not decode_job.wants_pages(job.phase if job else None).does(Effect.RESERVE_PAGES):
@@ -129,6 +129,15 @@ class DecodeWorker(WorkerBase):
             future.add_done_callback(lambda f, rid=rid: self._granted(rid, f))
             with self.lock:
                 self.pending.remove(rid)
+
+    def _fair_order(self, rids: list[str]) -> list[str]:
+        """Pages go first to the tenant the engine's fair queue has served
+        least (its virtual counter, weighted by the ticket's share), in
+        arrival order within a tenant: under a full pool a heavy tenant's
+        backlog of grants does not hold a light tenant's first one back."""
+        counters = self.engine.scheduler.waiting.counters  # read-only from this thread: single lookups
+        tenant_of = {rid: job.ticket.tenant for rid in rids if (job := self.jobs.get(rid)) is not None}
+        return sorted(rids, key=lambda rid: counters.get(tenant_of.get(rid, ""), 0.0))
 
     def _write_allowed(self, page: int, generation: int, request_id: str) -> bool:
         # Only while the request still waits for its KV, even at an unchanged

@@ -29,7 +29,7 @@ from bulkhead.disagg import messages as m
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
-from bulkhead.disagg.router_metrics import RouterCollector, router_info
+from bulkhead.disagg.router_metrics import RouterCollector, router_info, sum_tenant_stats
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
@@ -77,6 +77,10 @@ class DisaggBackend(Backend):
         self.routes: dict[str, Route] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()  # finished rid -> (prefill, decode)
         self._rooms = itertools.count(1)
+        # The tenant table's weight and KV share, read at each admission and
+        # signed into the ticket (server/app.py sets them from keys.toml).
+        self._weight_of: Callable[[str], float] = lambda _t: 1.0
+        self._kv_share_of: Callable[[str], float | None] = lambda _t: None
         self.counters = {"assigned": 0, "transfer_failed": 0, "prefill_failed": 0, "peer_lost": 0,
                          "unexpected_sender": 0,
                          "client_aborts": 0, "registrations": 0}
@@ -97,6 +101,16 @@ class DisaggBackend(Backend):
     def limits(self) -> Limits:
         return self.registry.limits()
 
+    def set_tenant_shares(self, weight, kv_share) -> None:
+        """The router schedules nothing itself: each ticket carries its
+        tenant's share to the workers, whose queues and pools are fair."""
+        self._weight_of, self._kv_share_of = weight, kv_share
+
+    def tenant_stats(self) -> dict[str, dict]:
+        """Each tenant's service, queue and pages summed over the workers,
+        as their last heartbeats reported them."""
+        return sum_tenant_stats(w.info.get("tenants", {}) for w in self.registry.workers.values())
+
     # -- the route table (under the registry's lock) ---------------------------------
     def _routes_of(self, worker: str) -> list[str]:
         with self.lock:
@@ -112,7 +126,8 @@ class DisaggBackend(Backend):
         routes = []
         prefill, decode = self._pair()
         for i, t in enumerate(tickets):
-            signed = SignedTicket(t, next(self._rooms), 1).signed(self.key)
+            signed = SignedTicket(t, next(self._rooms), 1, weight=self._weight_of(t.tenant),
+                                  kv_share=self._kv_share_of(t.tenant)).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             route.take(router_job.submit("", runtime=True))  # admit() has decided, against the pair's smallest limit
             route.take(router_job.bootstrap(route.phase, runtime=True))  # the room is the ticket's; never short

@@ -37,6 +37,21 @@ def router_info(router: DisaggBackend) -> dict:
     }
 
 
+def sum_tenant_stats(per_worker) -> dict[str, dict]:
+    """One row per tenant over every worker's scheduler (its tenant_stats):
+    counts and pages add up; a KV quota is None where no worker set one."""
+    out: dict[str, dict] = {}
+    for stats in per_worker:
+        for tenant, row in stats.items():
+            into = out.setdefault(tenant, {})
+            for name, value in row.items():
+                if value is None:
+                    into.setdefault(name, None)
+                else:
+                    into[name] = round((into.get(name) or 0) + value, 1)
+    return out
+
+
 class RouterCollector:
     def __init__(self, router: DisaggBackend):
         self.router = router

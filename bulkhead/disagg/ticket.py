@@ -7,6 +7,11 @@ under the cluster key: the decision crosses the process boundary as itself
 verify the signature and that the ticket is consistent with their own live
 limits (a re-check: a mismatch means the pairing gate failed, and the request
 fails closed); they never decide admission again.
+
+It also carries the tenant's share as the router's tenant table had it at
+admission (weight, KV share): the workers schedule by it (fair queue, KV
+quotas) without a copy of keys.toml, and a reload reaches them with the
+next request. Signed, so a worker can trust it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class SignedTicket:
     room: int
     epoch: int
     mac: str = ""
+    weight: float = 1.0             # the tenant's fair-share weight (> 0)
+    kv_share: float | None = None   # its KV pool fraction; None = the fair share of active tenants
 
     @property
     def request_id(self) -> str:
@@ -82,10 +89,13 @@ class SignedTicket:
         a = self.admitted
         return {"request_id": a.request_id, "tenant": a.tenant, "room": self.room, "epoch": self.epoch,
                 "prompt_token_ids": list(a.prompt_token_ids), "params": params_to_dict(a.params),
-                "context_length": a.context_length, "cache_salt": a.cache_salt, "mac": self.mac}
+                "context_length": a.context_length, "cache_salt": a.cache_salt, "mac": self.mac,
+                "weight": self.weight, "kv_share": self.kv_share}
 
     @classmethod
     def from_dict(cls, d: dict) -> SignedTicket:
         admitted = Admitted(d["request_id"], d["tenant"], tuple(int(t) for t in d["prompt_token_ids"]),
                             params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"])
-        return cls(admitted, int(d["room"]), int(d["epoch"]), d["mac"])
+        share = d["kv_share"]
+        return cls(admitted, int(d["room"]), int(d["epoch"]), d["mac"], float(d["weight"]),
+                   None if share is None else float(share))

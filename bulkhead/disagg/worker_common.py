@@ -12,6 +12,7 @@ from bulkhead.disagg.signing import Signer
 from bulkhead.disagg import messages as m
 from bulkhead.disagg.ticket import SignedTicket, TicketError
 from bulkhead.engine.builder import BuiltEngine
+from bulkhead.engine.scheduler import TenantShares
 from bulkhead.protocol.lifecycle import IllegalTransition
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.serving.info import engine_info
@@ -42,6 +43,11 @@ class WorkerBase:
         self.registered = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
+        # Each tenant's (weight, KV share) from the last verified ticket: the
+        # router's tenant table, as the fair queue and KV quotas read it.
+        self.tenant_shares: dict[str, tuple[float, float | None]] = {}
+        self.engine.scheduler.shares = TenantShares(weight=lambda t: self.tenant_shares.get(t, (1.0, None))[0],
+                                                    kv_share=lambda t: self.tenant_shares.get(t, (1.0, None))[1])
 
     def send(self, message) -> None:
         """One typed message to the router (bulkhead/disagg/messages.py)."""
@@ -57,6 +63,7 @@ class WorkerBase:
             self.count("tickets_refused")
             self.send(refusal(ticket.request_id, str(e)))
             return False
+        self.tenant_shares[ticket.tenant] = (ticket.weight, ticket.kv_share)
         return True
 
     @contextmanager
@@ -83,7 +90,10 @@ class WorkerBase:
         self.counters[name] = self.counters.get(name, 0) + n
 
     def info(self) -> dict:
-        return engine_info(self.built, self.model_id, self.role) | {"name": self.name}
+        """Its /server_info body, sent with every heartbeat; `tenants` is the
+        scheduler's per-tenant service, queue and pages (operators only)."""
+        return engine_info(self.built, self.model_id, self.role) | {
+            "name": self.name, "tenants": self.engine.scheduler.tenant_stats()}
 
     def transfer_endpoint(self) -> dict | None:
         """Where writers reach this worker's pool (decode), sent with Register."""

@@ -48,8 +48,8 @@ class Backend(ABC):
         pass
 
     def tenant_stats(self) -> dict[str, dict]:
-        """Per-tenant fair-share state where this process schedules (colocated);
-        a router schedules nothing yet (fair dispatch waits for the protocol rewrite)."""
+        """Per-tenant fair-share state: the engine's (colocated), or summed over
+        the workers (a router, which queues nothing itself)."""
         return {}
 
     def set_tenant_shares(self, weight, kv_share) -> None:
