@@ -7,6 +7,7 @@ import re
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.request import SamplingParams
 from bulkhead.errors import InvalidRequest
+from bulkhead.server.field_policy import refuse_unknown_fields
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 MAX_STOP_STRINGS = 16
@@ -30,6 +31,7 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 
 
 def _unsupported(body: _SamplingFields) -> None:
+    refuse_unknown_fields(body)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
         if value not in (None, 0, 0.0):
@@ -45,6 +47,9 @@ def _unsupported(body: _SamplingFields) -> None:
     if isinstance(body, ChatCompletionRequest):
         if body.tools:
             raise _bad("tools are not supported", "tools", code="unsupported_parameter")
+        if body.tool_choice not in (None, "none"):  # "none" without tools asks for what is served anyway
+            raise _bad("tool_choice is not supported (only 'none'): tools are not served", "tool_choice",
+                       code="unsupported_parameter")
         if body.response_format and body.response_format.get("type", "text") != "text":
             raise _bad("only response_format type 'text' is supported", "response_format",
                        code="unsupported_parameter")

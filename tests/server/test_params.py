@@ -115,3 +115,28 @@ def test_values_the_engine_could_not_use_are_refused_at_the_edge(body, param):
 def test_a_vanishing_temperature_samples_greedily():
     assert sampling_params(completion(temperature=1e-300), 3, LIMITS, 0).temperature == 0.0
     assert sampling_params(completion(temperature=0.01), 3, LIMITS, 0).temperature == 0.01
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+@pytest.mark.parametrize("field", ["foo_bar", "reasoning_effort", "repetition_penalty", "guided_json"])
+def test_a_field_bulkhead_does_not_serve_is_refused_by_name(make, field):
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(make(**{field: "high"}), LIMITS)
+    err = e.value.to_dict()["error"]
+    assert err["code"] == "unsupported_parameter" and err["type"] == "invalid_request_error"
+    assert err["param"] == field and field in err["message"]
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+def test_openai_fields_that_cannot_change_the_answer_are_accepted_and_ignored(make):
+    body = make(user="u-1", store=False, metadata={"k": "v"}, service_tier="auto", parallel_tool_calls=True)
+    validate_common(body, LIMITS)
+    plain = sampling_params(make(), 3, LIMITS, 0)
+    assert sampling_params(body, 3, LIMITS, 0) == plain
+
+
+def test_tool_choice_none_without_tools_is_accepted_and_anything_else_refused():
+    validate_common(chat(tool_choice="none"), LIMITS)
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(chat(tool_choice="auto"), LIMITS)
+    assert e.value.param == "tool_choice" and e.value.code == "unsupported_parameter"
