@@ -27,7 +27,7 @@ from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import Metrics
 from bulkhead.server.params import (
-    chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
+    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
 )
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
@@ -44,6 +44,8 @@ class ServerState:
     backend: Backend
     keys: KeyStore | None
     seams: Seams = PRODUCTION  # the admission function and extra counters a test harness may swap in
+    # max_tokens of a request that names none; 0 = the rest of the context (params.DEFAULT_MAX_TOKENS says why not)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
@@ -167,7 +169,8 @@ def create_app(state: ServerState) -> FastAPI:
         # answered in full or refused in full.
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
-                params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults)
+                params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults,
+                                         state.default_max_tokens)
                 decision = state.seams.admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits,
                                              cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection):

@@ -18,6 +18,7 @@ from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
+from bulkhead.server.params import DEFAULT_MAX_TOKENS
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.local_backend import LocalBackend
 
@@ -42,6 +43,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-keys", type=Path, default=None,
                    help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
+                        "as vLLM does, which lets a looping model run for minutes)")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
     p.add_argument("--step-tokens", type=int, default=0,
@@ -142,7 +146,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id), seams=seams), model_id, auth)
     else:
         backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
-    app = create_app(ServerState(backend, keys, seams))
+    app = create_app(ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens))
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:

@@ -16,6 +16,13 @@ MAX_STOP_STRINGS = 16
 SEED_RANGE = (-(2**63), 2**63 - 1)
 # Below this a temperature divides logits into infinities; like vLLM, sample greedily instead.
 GREEDY_BELOW = 1e-5
+# max_tokens for a request that names none (`serve --default-max-tokens`).
+# Not "the rest of the context" (vLLM's choice): a small model that falls
+# into a loop then runs for minutes (issue 16 saw 7,458 tokens in 5 minutes
+# for the README's own example), which a client's timeout and retries turn
+# into a server that looks hung. 512 tokens is an answer in seconds here;
+# finish_reason "length" says when it cut one short.
+DEFAULT_MAX_TOKENS = 512
 
 
 def _bad(message: str, param: str, *, limit=None, value=None, code: str = "invalid_value") -> InvalidRequest:
@@ -142,14 +149,17 @@ def _logprobs_k(body: _SamplingFields) -> int | None:
 
 
 def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int,
-                    defaults: dict | None = None) -> SamplingParams:
-    """Params for one choice of one prompt. max_tokens=None means 'the rest of
-    the context'; unnamed temperature/top_p/top_k come from the model's
-    generation_config.json (`defaults`), else OpenAI's."""
+                    defaults: dict | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+    """Params for one choice of one prompt. A request without max_tokens gets
+    `default_max_tokens` (at least its min_tokens), or the rest of the context
+    where that is less or the default is 0; unnamed temperature/top_p/top_k
+    come from the model's generation_config.json (`defaults`), else OpenAI's."""
     defaults = defaults or {}
     max_tokens = requested_max_tokens(body)
     if max_tokens is None:
         max_tokens = max(1, limits.effective_context - prompt_len)
+        if default_max_tokens > 0:
+            max_tokens = min(max_tokens, max(default_max_tokens, body.min_tokens))
     temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
     if temperature < GREEDY_BELOW:
         temperature = 0.0
