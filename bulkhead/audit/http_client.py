@@ -34,7 +34,8 @@ class EngineClient:
     def _fetch(self, path: str) -> httpx.Response | EndpointMissing:
         response = get_or_unreachable(self._client, self.base_url, path)
         if response.status_code in (401, 403):
-            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key")
+            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key "
+                                   "(bulkhead with keys on: an operator key, keys.toml [operators])")
         if response.status_code in (404, 405):
             return EndpointMissing(path)
         if response.status_code >= 400:

@@ -25,7 +25,7 @@ from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
-from bulkhead.server.metrics import Metrics
+from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.params import (
     DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
 )
@@ -51,6 +51,8 @@ class ServerState:
         self.model_id = self.backend.model_id
         self.client = self.backend
         self.metrics = Metrics(self.backend.collector())
+        if self.keys is not None:
+            self.metrics.registry.register(KeyStoreCollector(self.keys))
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
         self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
         policy_of = self.keys.policy if self.keys is not None else (lambda _t: DEFAULT_POLICY)
@@ -59,13 +61,14 @@ class ServerState:
         self.backend.set_tenant_shares(lambda t: policy_of(t).weight, lambda t: policy_of(t).kv_share)
 
     def tenants_info(self) -> dict:
-        """/server_info's view of the tenant table and each tenant's share (issue 16: operator-only)."""
+        """/server_info's view of the tenant table and each tenant's share (operator key only)."""
         keys = self.keys
         body: dict = {"table": {}, "reload_error": None, "live": self.backend.tenant_stats()}
         if keys is not None:
             keys.maybe_reload()
             body["table"] = {t: {k: v for k, v in vars(p).items() if v is not None} for t, p in keys.policies.items()}
             body["reload_error"] = keys.reload_error
+            body["reload_failures"] = keys.reload_failures
         throttled: dict[str, dict[str, int]] = {}
         for (tenant, limit), n in sorted(self.limiter.throttled.items()):
             throttled.setdefault(tenant, {})[limit] = n
@@ -110,8 +113,15 @@ def create_app(state: ServerState) -> FastAPI:
     async def health():
         return {"status": "ok"}
 
+    def operator_only(request: Request) -> None:
+        """With keys on, /metrics and /server_info name every tenant and its
+        figures: an operator key opens them, a tenant's key gets a 403."""
+        if state.keys is not None:
+            state.keys.operator_for(request.headers.get("authorization"))
+
     @app.get("/server_info")
-    async def info():
+    async def info(request: Request):
+        operator_only(request)
         body = backend.info()
         body["tenants"] = state.tenants_info()
         if extra := state.seams.counters():  # a test harness's own counts (never in production)
@@ -119,7 +129,8 @@ def create_app(state: ServerState) -> FastAPI:
         return body
 
     @app.get("/metrics")
-    async def prom():
+    async def prom(request: Request):
+        operator_only(request)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

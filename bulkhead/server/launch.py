@@ -41,7 +41,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrub-mode", choices=("zero", "poison"), default="zero",
                    help="how freed KV pages are scrubbed; poison (NaN) makes stale reads visible in tests")
     p.add_argument("--api-keys", type=Path, default=None,
-                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS)")
+                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS) and an "
+                        "[operators] table of key = \"name\" for /metrics and /server_info (or set "
+                        "BULKHEAD_OPERATOR_KEYS)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
@@ -150,7 +152,11 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
-        log.info("API keys loaded for %d tenants (%d in the tenant table)", len(keys.tenants), len(keys.policies))
+        log.info("API keys loaded for %d tenants (%d in the tenant table), %d operator keys", len(keys.tenants),
+                 len(keys.policies), len(keys.operators))
+        if not keys.operators:
+            log.warning("no operator keys: /metrics and /server_info refuse every request; add an [operators] "
+                        "table to the keys file or set BULKHEAD_OPERATOR_KEYS")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     if args.role == "colocated":
         log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)

@@ -46,7 +46,7 @@ class EngineCollector:
 
 def tenant_metrics(stats: dict[str, dict]):
     """Fair-share state per tenant (bulkhead.engine.scheduler.tenant_stats).
-    Ids and counts only; operator-only views are issue 16's."""
+    Ids and counts only; /metrics needs an operator key when keys are on."""
     service = GaugeMetricFamily("bulkhead_tenant_service", "Fair-queue virtual counter (weighted tokens served)",
                                 labels=["tenant"])
     served = CounterMetricFamily("bulkhead_tenant_tokens_served", "Tokens the engine computed for the tenant",
@@ -67,6 +67,20 @@ def tenant_metrics(stats: dict[str, dict]):
             pages.add_metric([t, "quota"], st["kv_quota"])
         preempted.add_metric([t], st["quota_preemptions"])
     yield from (service, served, waiting, pages, preempted)
+
+
+class KeyStoreCollector:
+    """Whether keys.toml's last reload was refused (the last good keys then still serve)."""
+
+    def __init__(self, keys):
+        self.keys = keys  # bulkhead.server.auth.KeyStore
+
+    def collect(self):
+        yield GaugeMetricFamily("bulkhead_keys_file_valid",
+                                "1 while the keys file in force is the one on disk; 0 while a reload is refused",
+                                0 if self.keys.reload_error else 1)
+        yield CounterMetricFamily("bulkhead_keys_reload_failures", "Keys file reloads refused (a mistake, or no file)",
+                                  self.keys.reload_failures)
 
 
 class Metrics:
