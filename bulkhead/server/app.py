@@ -30,6 +30,7 @@ from bulkhead.server.params import (
     DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
 )
 from bulkhead.server.request_routes import add_request_routes
+from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from bulkhead.server.tenants import DEFAULT_POLICY
@@ -103,11 +104,12 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(err.to_dict(), status_code=e.status_code)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(ResponseCounter, counter=metrics.responses)  # added last: outermost, sees BodyLimit's 413s
 
     def tenant_of(request: Request) -> str:
-        if state.keys is None:
-            return DEFAULT_TENANT
-        return state.keys.tenant_for(request.headers.get("authorization"))
+        tenant = DEFAULT_TENANT if state.keys is None else state.keys.tenant_for(request.headers.get("authorization"))
+        request.state.tenant = tenant  # the key was valid: ResponseCounter may label the response with it
+        return tenant
 
     @app.get("/health")
     async def health():

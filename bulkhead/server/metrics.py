@@ -90,6 +90,10 @@ class Metrics:
         r = self.registry
         self.requests = Counter("bulkhead_requests", "HTTP requests answered", ["tenant", "endpoint", "status"],
                                 registry=r)
+        # Every HTTP response, refusals included (401, 404, 409, 413, 429, malformed JSON, unsupported
+        # parameters); reason = the error's code; tenant only where the key was valid (response_counter.py).
+        self.responses = Counter("bulkhead_http_responses", "HTTP responses by status and reason",
+                                 ["tenant", "endpoint", "status", "reason"], registry=r)
         self.tokens = Counter("bulkhead_tokens", "Tokens processed", ["tenant", "kind"], registry=r)
         self.rejections = Counter("bulkhead_rejections", "Requests refused before admission", ["tenant", "reason"],
                                   registry=r)
