@@ -59,6 +59,14 @@ class AuthenticationFailed(BulkheadError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(BulkheadError):
+    """A valid key that does not open this endpoint (a tenant's key on /metrics)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
 class BodyTooLarge(InvalidRequest):
     status = 413
     code = "body_too_large"

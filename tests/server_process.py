@@ -19,6 +19,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent  # the harness's entry module is importable from here
 FAULTS_ENV = "BULKHEAD_FAULTS_FILE"
 PRODUCTION, HARNESS = "bulkhead.cli", "tests.faults.serve"
+# Every server a test starts takes this operator key (through the
+# environment, whatever keys file the test writes), and info() and metric()
+# send it: with API keys on, /server_info and /metrics need one.
+OPERATOR_KEY = "sk-operator-test"
+OPERATOR_ENV = {"BULKHEAD_OPERATOR_KEYS": f"{OPERATOR_KEY}=test-harness"}
+OPERATOR_HEADERS = {"Authorization": f"Bearer {OPERATOR_KEY}"}
 
 
 def free_port() -> int:
@@ -39,7 +45,7 @@ class ServerProcess:
         entry = HARNESS if (self.env or {}).get(FAULTS_ENV) else PRODUCTION
         cmd = [sys.executable, "-m", entry, "serve", "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(self.env or {})})
+                                     env={**os.environ, **OPERATOR_ENV, **(self.env or {})})
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
@@ -66,11 +72,11 @@ class ServerProcess:
         return self.log_path.read_text()
 
     def info(self) -> dict:
-        return httpx.get(self.url + "/server_info", timeout=5).json()
+        return httpx.get(self.url + "/server_info", headers=OPERATOR_HEADERS, timeout=5).json()
 
     def metric(self, name: str, **labels) -> float:
         """Sum of a Prometheus sample's values over series matching the labels."""
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        text = httpx.get(self.url + "/metrics", headers=OPERATOR_HEADERS, timeout=5).text
         total = 0.0
         for line in text.splitlines():
             if line.startswith("#") or not line.startswith(name):

@@ -34,7 +34,8 @@ example (a disaggregated SGLang pair, and a vLLM worker tagged as decode):
 
 Engines are recognised by their endpoints: bulkhead /server_info, SGLang
 /server_info or /get_server_info plus /v1/models, vLLM /v1/models plus
-/metrics. ROLE=URL names a role the engine cannot state itself (vLLM).
+/metrics, llama.cpp /props and /slots. A trailing /v1 is dropped.
+ROLE=URL names a role the engine cannot state itself (vLLM).
 exit codes: 0 clean, 1 findings, 2 an engine could not be read.
 """
 

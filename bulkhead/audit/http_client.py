@@ -14,7 +14,7 @@ from bulkhead.audit.errors import EngineResponseError, EngineUnreachable
 
 
 class EndpointMissing(Exception):
-    """The engine answered 404/405: this endpoint is not part of its dialect."""
+    """The engine answered 404/405/501: this endpoint is not part of its dialect (or is turned off)."""
 
 
 class EngineClient:
@@ -34,8 +34,9 @@ class EngineClient:
     def _fetch(self, path: str) -> httpx.Response | EndpointMissing:
         response = get_or_unreachable(self._client, self.base_url, path)
         if response.status_code in (401, 403):
-            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key")
-        if response.status_code in (404, 405):
+            raise EngineUnreachable(self.base_url, f"{path} answered {response.status_code}; pass --api-key "
+                                   "(bulkhead with keys on: an operator key, keys.toml [operators])")
+        if response.status_code in (404, 405, 501):  # 501: llama.cpp's answer for a disabled endpoint (/slots)
             return EndpointMissing(path)
         if response.status_code >= 400:
             raise EngineResponseError(self.base_url, f"{path} answered HTTP {response.status_code}")
@@ -59,6 +60,14 @@ class EngineClient:
             return self.get_json(path)
         except EndpointMissing:
             return None
+
+    def try_list(self, path: str) -> list[Any] | None:
+        """A JSON array (llama.cpp's /slots), or None when missing or not an array."""
+        try:
+            body = self._get(path).json()
+        except (EndpointMissing, ValueError):
+            return None
+        return body if isinstance(body, list) else None
 
     def try_text(self, path: str) -> str | None:
         try:

@@ -37,7 +37,7 @@ class EngineLimits:
     """
 
     url: str
-    engine: str  # bulkhead | sglang | vllm
+    engine: str  # bulkhead | sglang | vllm | llama.cpp
     role: str  # one of ROLES
     model: str | None
     context_length: int | None  # what clients are told they may send (prompt + output)

@@ -39,11 +39,18 @@ class EngineTarget:
 
     @classmethod
     def parse(cls, spec: str) -> EngineTarget:
-        """`URL` or `ROLE=URL` (ROLE: prefill, decode, colocated)."""
+        """`URL` or `ROLE=URL` (ROLE: prefill, decode, colocated). A URL that
+        ends in /v1 (the base URL an OpenAI client is given) names the engine
+        above it, whose operator endpoints (/server_info, /metrics, /props) are there."""
         role, sep, rest = spec.partition("=")
         if sep and role in HINTABLE_ROLES and "://" in rest:
-            return cls(url=rest, role_hint=role)
-        return cls(url=spec)
+            return cls(url=_engine_root(rest), role_hint=role)
+        return cls(url=_engine_root(spec))
+
+
+def _engine_root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class ProbeFinding:
 class CheckResult:
     check: str
     sent: int = 0
-    status: str = "ok"  # ok | findings | skipped
+    status: str = "ok"  # ok | clamps (over_length: generation cut at the context, safe) | findings | skipped
     detail: str = ""
 
 
@@ -266,7 +266,7 @@ class Probe:
             over = FILLER_SENTENCE * (math.ceil((context + 1) / per) + 2)
             cases = [("prompt alone over", over, 1)]
             how = "text prompts sized from usage.prompt_tokens"
-        bad_code = 0
+        bad_code, clamped = 0, None
         for name, prompt, n in cases:
             reply = self.client.complete(key, {"model": self.model, "prompt": prompt, "max_tokens": n})
             result.sent += 1
@@ -275,11 +275,21 @@ class Probe:
                 if reply.error_code != "context_length_exceeded":
                     bad_code += 1
                 continue
+            if name == "prompt + max_tokens over" and _clamped(reply, context):
+                # vLLM's way: the prompt fits, generation stops at the context
+                # (finish_reason length, total_tokens <= context). Nothing past
+                # the context was read or written: safe, and said as such.
+                clamped = reply.total_tokens
+                continue
             got = reply.transport_error or f"HTTP {reply.status}"
             result.status = "findings"
             report.findings.append(ProbeFinding(
                 "over_length", f"{name} (context {context:,}, max_tokens {n}) got {got}, not a 4xx"))
         result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
+        if clamped is not None and result.status == "ok":
+            result.status = "clamps"
+            result.detail += (f"; prompt + max_tokens over got HTTP 200, finish_reason length, total_tokens "
+                              f"{clamped:,} <= context: generation clamped at the context (safe)")
         if bad_code and result.status == "ok":
             result.detail += f"; {bad_code} 4xx without code context_length_exceeded"
 
@@ -386,6 +396,12 @@ class Probe:
                 report.findings.append(ProbeFinding(
                     "request_failed", f"{phase}: {len(errors)} within-limit request(s) failed "
                     f"({', '.join(sorted(set(errors)))}); what they would have shown is unchecked"))
+
+
+def _clamped(reply: Reply, context: int) -> bool:
+    """A 200 that stopped at the context: finish_reason length and no token past it."""
+    return (reply.ok and reply.finish_reason == "length" and reply.total_tokens is not None
+            and reply.total_tokens <= context)
 
 
 def _validate(args: argparse.Namespace) -> None:

@@ -46,6 +46,8 @@ class Reply:
     text: str = ""  # the completion text (choices[0].text or message.content)
     tokens: tuple[str, ...] | None = None  # logprobs.tokens when the server returned them
     prompt_tokens: int | None = None  # usage.prompt_tokens
+    total_tokens: int | None = None  # usage.total_tokens
+    finish_reason: str | None = None  # choices[0].finish_reason
     error_code: str | None = None  # error.code of an OpenAI-shaped error body
     transport_error: str | None = None
 
@@ -137,6 +139,8 @@ class ProbeClient:
             text=_choice_text(choice),
             tokens=tuple(tokens) if isinstance(tokens, list) else None,
             prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+            total_tokens=usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None,
+            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
         )
 
     def stream_first_chunk(self, key: str, body: dict[str, Any]) -> Reply:

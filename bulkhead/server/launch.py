@@ -18,6 +18,8 @@ from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
+from bulkhead.server.http_server import BoundServer
+from bulkhead.server.params import DEFAULT_MAX_TOKENS
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.local_backend import LocalBackend
 
@@ -29,7 +31,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="Hugging Face safetensors directory (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--model-id", default=None, help="name served in /v1/models (default: the directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000,
+                   help="HTTP port (default %(default)s); --role local's router also takes the next port for its "
+                        "workers' control socket unless --control-address says otherwise")
     p.add_argument("--kv-memory", default="2GiB",
                    help="KV pool size: bytes (2GiB, 512MB) or a fraction of available RAM (0.25). Default 2GiB")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
@@ -40,8 +44,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrub-mode", choices=("zero", "poison"), default="zero",
                    help="how freed KV pages are scrubbed; poison (NaN) makes stale reads visible in tests")
     p.add_argument("--api-keys", type=Path, default=None,
-                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS) and an "
+                        "[operators] table of key = \"name\" for /metrics and /server_info (or set "
+                        "BULKHEAD_OPERATOR_KEYS)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the weights as loaded, the activations and the KV cache (default %(default)s; "
+                        "--linear-kernel may run matmuls in int4 or bf16 over fp32 weights, /server_info "
+                        "matmul_precision says which)")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
+                        "as vLLM does, which lets a looping model run for minutes)")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
     p.add_argument("--step-tokens", type=int, default=0,
@@ -60,9 +72,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's choice; with --role local, the cores split among the workers)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
-                   help="linear layers: auto = oneDNN fp32 over weights laid out at load where this torch build "
-                        "has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = 4-bit "
-                        "weights for decode, bf16 for prompts (docs/performance.md)")
+                   help="linear layers: auto = int4 for weights already on a 4-bit grid (the bundled Q4_1 "
+                        "SmolLM2), else oneDNN fp32 over weights laid out at load where this torch build has it, "
+                        "else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
+                        f"{linear_kernel.MATMUL_PRECISION['int4']}. With int4 or onednn-bf16 the lm_head takes "
+                        f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention and the KV cache stay fp32 "
+                        "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
                    help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
                         "machine), torch = gather pages and SDPA per request; auto = c where it builds")
@@ -71,7 +86,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "make greedy output depend on which request filled the cache)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="router: seconds before an unanswered request ends with a typed 504 (default 600)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", type=str.lower, choices=("debug", "info", "warning", "error", "critical"),
+                   help="log level of bulkhead and uvicorn (default %(default)s)")
     p.add_argument("--unsafe-no-guards", action="store_true",
                    help="BENCHMARK ONLY, turns off tenant isolation: no scrub on free, no transfer digests, no "
                         "per-step ownership or finite-logit checks; refused with API keys")
@@ -142,22 +158,26 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id), seams=seams), model_id, auth)
     else:
         backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
-    app = create_app(ServerState(backend, keys, seams))
+    app = create_app(ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens))
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
-        log.info("API keys loaded for %d tenants (%d in the tenant table)", len(keys.tenants), len(keys.policies))
+        log.info("API keys loaded for %d tenants (%d in the tenant table), %d operator keys", len(keys.tenants),
+                 len(keys.policies), len(keys.operators))
+        if not keys.operators:
+            log.warning("no operator keys: /metrics and /server_info refuse every request; add an [operators] "
+                        "table to the keys file or set BULKHEAD_OPERATOR_KEYS")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    server = BoundServer(config, lambda: log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role,
+                                                  args.host, args.port))
     if args.role == "colocated":
-        log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)
-        return _serve_colocated(backend, uvicorn.Server(config))
+        return _serve_colocated(backend, server)
     backend.start()
     if workers and not _wait_for_workers(backend, workers):
         backend.stop()
         return 1
-    log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role, args.host, args.port)
     try:
-        uvicorn.Server(config).run()
+        server.run()
     finally:
         backend.stop()
         for proc in workers:

@@ -46,7 +46,7 @@ class EngineCollector:
 
 def tenant_metrics(stats: dict[str, dict]):
     """Fair-share state per tenant (bulkhead.engine.scheduler.tenant_stats).
-    Ids and counts only; operator-only views are issue 16's."""
+    Ids and counts only; /metrics needs an operator key when keys are on."""
     service = GaugeMetricFamily("bulkhead_tenant_service", "Fair-queue virtual counter (weighted tokens served)",
                                 labels=["tenant"])
     served = CounterMetricFamily("bulkhead_tenant_tokens_served", "Tokens the engine computed for the tenant",
@@ -69,6 +69,20 @@ def tenant_metrics(stats: dict[str, dict]):
     yield from (service, served, waiting, pages, preempted)
 
 
+class KeyStoreCollector:
+    """Whether keys.toml's last reload was refused (the last good keys then still serve)."""
+
+    def __init__(self, keys):
+        self.keys = keys  # bulkhead.server.auth.KeyStore
+
+    def collect(self):
+        yield GaugeMetricFamily("bulkhead_keys_file_valid",
+                                "1 while the keys file in force is the one on disk; 0 while a reload is refused",
+                                0 if self.keys.reload_error else 1)
+        yield CounterMetricFamily("bulkhead_keys_reload_failures", "Keys file reloads refused (a mistake, or no file)",
+                                  self.keys.reload_failures)
+
+
 class Metrics:
     def __init__(self, collector):
         """collector: the backend's own prometheus collector (pool, workers)."""
@@ -76,6 +90,10 @@ class Metrics:
         r = self.registry
         self.requests = Counter("bulkhead_requests", "HTTP requests answered", ["tenant", "endpoint", "status"],
                                 registry=r)
+        # Every HTTP response, refusals included (401, 404, 409, 413, 429, malformed JSON, unsupported
+        # parameters); reason = the error's code; tenant only where the key was valid (response_counter.py).
+        self.responses = Counter("bulkhead_http_responses", "HTTP responses by status and reason",
+                                 ["tenant", "endpoint", "status", "reason"], registry=r)
         self.tokens = Counter("bulkhead_tokens", "Tokens processed", ["tenant", "kind"], registry=r)
         self.rejections = Counter("bulkhead_rejections", "Requests refused before admission", ["tenant", "reason"],
                                   registry=r)

@@ -7,6 +7,7 @@ import re
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.request import SamplingParams
 from bulkhead.errors import InvalidRequest
+from bulkhead.server.field_policy import refuse_unknown_fields
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 MAX_STOP_STRINGS = 16
@@ -15,6 +16,13 @@ MAX_STOP_STRINGS = 16
 SEED_RANGE = (-(2**63), 2**63 - 1)
 # Below this a temperature divides logits into infinities; like vLLM, sample greedily instead.
 GREEDY_BELOW = 1e-5
+# max_tokens for a request that names none (`serve --default-max-tokens`).
+# Not "the rest of the context" (vLLM's choice): a small model that falls
+# into a loop then runs for minutes (issue 16 saw 7,458 tokens in 5 minutes
+# for the README's own example), which a client's timeout and retries turn
+# into a server that looks hung. 512 tokens is an answer in seconds here;
+# finish_reason "length" says when it cut one short.
+DEFAULT_MAX_TOKENS = 512
 
 
 def _bad(message: str, param: str, *, limit=None, value=None, code: str = "invalid_value") -> InvalidRequest:
@@ -30,6 +38,7 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 
 
 def _unsupported(body: _SamplingFields) -> None:
+    refuse_unknown_fields(body)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
         if value not in (None, 0, 0.0):
@@ -45,6 +54,9 @@ def _unsupported(body: _SamplingFields) -> None:
     if isinstance(body, ChatCompletionRequest):
         if body.tools:
             raise _bad("tools are not supported", "tools", code="unsupported_parameter")
+        if body.tool_choice not in (None, "none"):  # "none" without tools asks for what is served anyway
+            raise _bad("tool_choice is not supported (only 'none'): tools are not served", "tool_choice",
+                       code="unsupported_parameter")
         if body.response_format and body.response_format.get("type", "text") != "text":
             raise _bad("only response_format type 'text' is supported", "response_format",
                        code="unsupported_parameter")
@@ -137,14 +149,17 @@ def _logprobs_k(body: _SamplingFields) -> int | None:
 
 
 def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int,
-                    defaults: dict | None = None) -> SamplingParams:
-    """Params for one choice of one prompt. max_tokens=None means 'the rest of
-    the context'; unnamed temperature/top_p/top_k come from the model's
-    generation_config.json (`defaults`), else OpenAI's."""
+                    defaults: dict | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+    """Params for one choice of one prompt. A request without max_tokens gets
+    `default_max_tokens` (at least its min_tokens), or the rest of the context
+    where that is less or the default is 0; unnamed temperature/top_p/top_k
+    come from the model's generation_config.json (`defaults`), else OpenAI's."""
     defaults = defaults or {}
     max_tokens = requested_max_tokens(body)
     if max_tokens is None:
         max_tokens = max(1, limits.effective_context - prompt_len)
+        if default_max_tokens > 0:
+            max_tokens = min(max_tokens, max(default_max_tokens, body.min_tokens))
     temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
     if temperature < GREEDY_BELOW:
         temperature = 0.0

@@ -12,9 +12,10 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    # Unknown fields are ignored, as OpenAI's API does; known but unsupported
-    # ones are refused in params.py rather than silently dropped.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept so that params.py can refuse them by name
+    # (bulkhead/server/field_policy.py): a field dropped in silence is a
+    # request answered differently from what its client asked.
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     temperature: float | None = None
@@ -27,7 +28,12 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Accepted and ignored (field_policy.ACCEPTED_IGNORED says why each cannot change the answer).
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
     # vLLM extensions (benchmarks use them)
     top_k: int | None = None
     min_tokens: int = 0
@@ -66,4 +72,5 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     response_format: dict | None = None

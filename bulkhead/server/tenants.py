@@ -63,17 +63,17 @@ def parse_tenant_table(table: object, known_tenants: set[str], source: str, text
     if table is None:
         return {}
     if not isinstance(table, dict):
-        raise TenantTableError(f"{source}:{_line(text, 'tenants')}: [tenants] must be a table of [tenants.NAME] tables")
+        raise TenantTableError(f"{source}:{entry_line(text, 'tenants')}: [tenants] must be a table of [tenants.NAME] tables")
     out = {}
     for tenant, entry in table.items():
-        where = f"{source}:{_line(text, 'tenants', tenant)}: [tenants.{tenant}]"
+        where = f"{source}:{entry_line(text, f'tenants.{tenant}')}: [tenants.{tenant}]"
         if tenant not in known_tenants:
             raise TenantTableError(f"{where}: no API key names tenant {tenant!r} (known: {sorted(known_tenants)})")
         if not isinstance(entry, dict):
             raise TenantTableError(f"{where}: expected a table of limits, got {entry!r}")
         values = {}
         for name, value in entry.items():
-            at = f"{source}:{_line(text, 'tenants', tenant, name)}: [tenants.{tenant}] {name}"
+            at = f"{source}:{entry_line(text, f'tenants.{tenant}', name)}: [tenants.{tenant}] {name}"
             if name not in _RULES:
                 raise TenantTableError(f"{at}: unknown field (known: {', '.join(_RULES)})")
             values[name] = _check(at, name, value)
@@ -97,21 +97,20 @@ def _check(at: str, name: str, value: object) -> float | int:
     return int(value) if whole else float(value)
 
 
-def _line(text: str, *path: str) -> int:
-    """The line of `[tenants.NAME]` (or of `key =` inside it), best effort:
+def entry_line(text: str, section: str, key: str | None = None) -> int:
+    """The line of `[section]` (or of `key =` inside it), best effort:
     tomllib reports no positions for values it parsed."""
-    lines = text.splitlines()
     header = None
-    for i, raw in enumerate(lines):
+    for i, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if line.startswith("["):
             name = line.strip("[]").strip().replace('"', "").replace("'", "")
-            if header is not None and len(path) == 3:
+            if header is not None:
                 break  # left the section without finding the key
-            if name == ".".join(path[:2]):
+            if name == section:
                 header = i
-                if len(path) < 3:
+                if key is None:
                     return i + 1
-        elif header is not None and len(path) == 3 and line.split("=", 1)[0].strip().strip('"\'') == path[2]:
+        elif header is not None and line.split("=", 1)[0].strip().strip('"\'') == key:
             return i + 1
     return header + 1 if header is not None else 1

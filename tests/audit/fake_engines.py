@@ -29,6 +29,9 @@ ENGINES: dict[str, dict[str, str]] = {
     "vllm": {"/v1/models": "vllm.models.json", "/metrics": "vllm.metrics.txt"},
     "bulkhead-colocated": {"/server_info": "bulkhead-colocated.server_info.json"},
     "bulkhead-router": {"/server_info": "bulkhead-router.server_info.json"},
+    "llamacpp": {"/props": "llamacpp.props.json", "/slots": "llamacpp.slots.json", "/v1/models": "llamacpp.models.json"},
+    # llama-server --no-slots: /slots is not served (llama.cpp answers 501; 404 here), /props alone says it.
+    "llamacpp-no-slots": {"/props": "llamacpp.props.json"},
     "not-an-engine": {"/": "vllm.models.json"},
 }
 

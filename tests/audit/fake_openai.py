@@ -42,8 +42,11 @@ def _count(prompt) -> int:
     return len(str(prompt).split())
 
 
-def make_fake_openai(leaky: bool, recall: bool = True) -> FastAPI:
-    """`recall=False`: a model that cannot find the code in a long prompt (coherence fails)."""
+def make_fake_openai(leaky: bool, recall: bool = True, generation: str = "refuse") -> FastAPI:
+    """`recall=False`: a model that cannot find the code in a long prompt (coherence fails).
+    `generation`: what a prompt that fits gets when prompt + max_tokens does not:
+    "refuse" (a 400), "clamp" (vLLM: 200, finish_reason length, total_tokens = the
+    context) or "overrun" (200 with tokens generated past the context)."""
     app = FastAPI()
     recent: deque = deque(maxlen=64)  # (key, prompt), oldest first
     lock = threading.Lock()
@@ -67,8 +70,13 @@ def make_fake_openai(leaky: bool, recall: bool = True) -> FastAPI:
         prompt = body.get("prompt", "")
         max_tokens = int(body.get("max_tokens") or 16)
         n = _count(prompt)
-        if not leaky and n + max_tokens > CONTEXT:
+        if not leaky and n + max_tokens > CONTEXT and (n > CONTEXT or generation == "refuse"):
             return error(400, f"{n} + {max_tokens} tokens exceed the context of {CONTEXT}", "context_length_exceeded")
+        if not leaky and n + max_tokens > CONTEXT:
+            out = CONTEXT - n if generation == "clamp" else max_tokens
+            return {"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+                    "choices": [{"index": 0, "text": " word" * out, "finish_reason": "length", "logprobs": None}],
+                    "usage": {"prompt_tokens": n, "completion_tokens": out, "total_tokens": n + out}}
         text_prompt = prompt if isinstance(prompt, str) else ""
         asked = re.search(r"The secret code is (ZQ-[0-9a-f]{6})", text_prompt)
         if recall and asked and "What is the secret code?" in text_prompt:

@@ -1,4 +1,4 @@
-"""preflight against vLLM and bulkhead response shapes, over real loopback HTTP."""
+"""preflight against vLLM, llama.cpp and bulkhead response shapes, over real loopback HTTP."""
 
 import json
 
@@ -71,3 +71,28 @@ def test_api_key_is_sent_as_a_bearer_token(engines, capsys):
     assert "--api-key" in report["unreadable"][0]["reason"]
     accepted, report = run_json(capsys, "--api-key", "sk-audit-test", keyed)
     assert accepted == 0, report
+
+
+def test_the_openai_base_url_with_v1_names_the_engine_above_it(engines, capsys):
+    # Issue 16: the URL a user just gave the openai client failed with "no known engine dialect".
+    code, report = run_json(capsys, engines.url("vllm") + "/v1/")
+    assert code == 0, report
+    [record] = report["records"]
+    assert record["engine"] == "vllm" and record["url"] == engines.url("vllm")
+
+
+def test_llamacpp_limits_come_from_props_and_slots(engines, capsys):
+    code, report = run_json(capsys, engines.url("llamacpp"))
+    assert code == 0, report
+    [record] = report["records"]
+    assert record["engine"] == "llama.cpp" and record["role"] == "colocated"
+    assert record["model"] == "SmolLM2-135M-Instruct-Q4_1.gguf"
+    assert record["context_length"] == 4096 and record["pool_tokens"] == 4096  # one slot of -c 8192 --parallel 2
+
+
+def test_llamacpp_without_slots_is_read_from_props_alone(engines, capsys):
+    code, report = run_json(capsys, engines.url("llamacpp-no-slots") + "/v1")
+    assert code == 0, report
+    [record] = report["records"]
+    assert record["engine"] == "llama.cpp" and record["context_length"] == 4096
+    assert record["model"] == "SmolLM2-135M-Instruct-Q4_1.gguf"  # from model_path

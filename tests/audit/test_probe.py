@@ -122,3 +122,17 @@ def test_help_has_an_example(capsys):
         main(["probe", "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "example" in out and "bulkhead probe" in out and "exit codes" in out
+
+
+@pytest.mark.parametrize("generation, status, finding", [("clamp", "clamps", False), ("overrun", "findings", True)])
+def test_generation_clamped_at_the_context_is_reported_as_clamps_not_a_finding(keys, capsys, generation, status,
+                                                                             finding):
+    # vLLM answers prompt + max_tokens over the context with a 200 that stops at the context: safe (issue 16).
+    with LoopbackServer(make_fake_openai(leaky=False, generation=generation)) as server:
+        code, report = probe_json(capsys, server.base, "--keys", keys, "--skip-coherence")
+    check = next(c for c in report["checks"] if c["check"] == "over_length")
+    assert check["status"] == status, report
+    over = [f for f in report["findings"] if f["check"] == "over_length"]
+    assert bool(over) is finding and code == (1 if finding else 0), report
+    if not finding:
+        assert f"total_tokens {CONTEXT}" in check["detail"] and "clamped" in check["detail"]

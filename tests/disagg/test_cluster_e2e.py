@@ -13,6 +13,7 @@ import pytest
 
 from tests.disagg.cluster_tools import arm, counters, disarm, fresh_counters, pid_of, total, wait_for, wait_workers_idle
 from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS
+from tests.server_process import OPERATOR_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.e2e
@@ -33,7 +34,7 @@ def test_preflight_flags_the_clamped_workers_of_the_live_cluster(cluster, capsys
     # model's context, prefill's smaller than decode's): preflight must say so.
     from bulkhead.audit.cli import main
 
-    code = main(["preflight", cluster.url, "--api-key", "sk-alpha-test", "--json"])
+    code = main(["preflight", cluster.url, "--api-key", OPERATOR_KEY, "--json"])  # /server_info is an operator's
     report = json.loads(capsys.readouterr().out)
     assert code == 1, report
     assert report["findings"]

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from bulkhead.errors import AuthenticationFailed
+from bulkhead.errors import AuthenticationFailed, PermissionDenied
 from bulkhead.server.auth import KeyStore
 
 
@@ -52,4 +52,79 @@ def test_malformed_key_file_is_refused(tmp_path):
     f = tmp_path / "keys.toml"
     f.write_text('[keys]\n"sk-a" = 3\n')
     with pytest.raises(ValueError, match="keys"):
+        KeyStore(f)
+
+
+def later(path, seconds=2):
+    t = time.time_ns() + seconds * 10**9
+    os.utime(path, ns=(t, t))
+
+
+def reload(store):
+    store._checked = 0.0  # skip the once-a-second stat throttle
+    store.maybe_reload()
+
+
+def test_an_empty_keys_table_revokes_every_key_and_a_file_without_one_revokes_no_one(tmp_path):
+    f = tmp_path / "keys.toml"
+    write_keys(f, {"sk-a": "alpha"})
+    store = KeyStore(f)
+    f.write_text("")  # an editor that truncated the file before writing it
+    later(f)
+    reload(store)
+    assert store.tenant_for("Bearer sk-a") == "alpha"
+    assert "no [keys] table" in store.reload_error and store.reload_failures == 1
+    f.write_text("[keys]\n")
+    later(f, 4)
+    reload(store)
+    assert store.reload_error is None
+    with pytest.raises(AuthenticationFailed):
+        store.tenant_for("Bearer sk-a")
+
+
+def test_a_bad_entry_is_named_with_its_line_and_logged_once(tmp_path, caplog):
+    f = tmp_path / "keys.toml"
+    write_keys(f, {"sk-a": "alpha"})
+    store = KeyStore(f)
+    f.write_text('[keys]\n"sk-a" = "alpha"\n"sk-b" = 3\n')
+    later(f)
+    with caplog.at_level("ERROR"):
+        for _ in range(3):
+            reload(store)
+    assert "keys.toml:3: [keys] the tenant of a key must be a non-empty string, got 3" in store.reload_error
+    assert caplog.text.count("keys file not reloaded") == 1 and store.reload_failures == 1
+
+
+def test_a_vanished_file_keeps_the_keys_and_its_return_clears_the_error(tmp_path):
+    f = tmp_path / "keys.toml"
+    write_keys(f, {"sk-a": "alpha"})
+    store = KeyStore(f)
+    stat = f.stat()
+    f.unlink()
+    reload(store)
+    assert store.tenant_for("Bearer sk-a") == "alpha" and "No such file" in store.reload_error
+    write_keys(f, {"sk-a": "alpha"})
+    os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # back with the same mtime
+    reload(store)
+    assert store.reload_error is None
+
+
+def test_operator_keys_open_operator_endpoints_only(tmp_path):
+    f = tmp_path / "keys.toml"
+    f.write_text('[keys]\n"sk-a" = "alpha"\n\n[operators]\n"sk-ops" = "ops"\n')
+    store = KeyStore(f, operator_env_value="sk-env-ops=pager")
+    assert store.operator_for("Bearer sk-ops") == "ops" and store.operator_for("Bearer sk-env-ops") == "pager"
+    assert store.operators == {"ops", "pager"} and store.tenants == {"alpha"}
+    with pytest.raises(PermissionDenied):
+        store.operator_for("Bearer sk-a")
+    with pytest.raises(PermissionDenied):
+        store.tenant_for("Bearer sk-ops")
+    with pytest.raises(AuthenticationFailed):
+        store.operator_for(None)
+
+
+def test_a_key_cannot_be_both_a_tenants_and_an_operators(tmp_path):
+    f = tmp_path / "keys.toml"
+    f.write_text('[keys]\n"sk-a" = "alpha"\n\n[operators]\n"sk-a" = "ops"\n')
+    with pytest.raises(ValueError, match=r"keys.toml:5: \[operators\] a key is either"):
         KeyStore(f)

@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from tests.server_process import OPERATOR_HEADERS, OPERATOR_KEY
+
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.e2e
 
@@ -191,7 +193,7 @@ def test_server_info_and_models_show_the_live_limits(server, client):
 
 def test_metrics_carry_tenants_and_counts_not_text(server, client):
     ask(client, "The secret word is pineapple.", max_tokens=4)
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=OPERATOR_HEADERS).text
     assert 'tenant="alpha"' in text and "bulkhead_kv_pages" in text
     assert "pineapple" not in text and "pineapple" not in server.log()
 
@@ -199,6 +201,6 @@ def test_metrics_carry_tenants_and_counts_not_text(server, client):
 def test_preflight_reads_the_live_server_and_finds_it_clean(server, capsys):
     from bulkhead.audit.cli import main
 
-    code = main(["preflight", server.url, "--api-key", "sk-alpha-test", "--json"])
+    code = main(["preflight", server.url, "--api-key", OPERATOR_KEY, "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report

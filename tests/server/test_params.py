@@ -2,7 +2,7 @@ import pytest
 
 from bulkhead.engine.admission import Limits
 from bulkhead.errors import InvalidRequest
-from bulkhead.server.params import completion_prompts, sampling_params, validate_common
+from bulkhead.server.params import DEFAULT_MAX_TOKENS, completion_prompts, sampling_params, validate_common
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest
 
 LIMITS = Limits(context_length=100, pool_tokens=1000, page_size=16, vocab_size=500)
@@ -71,9 +71,29 @@ def test_prompt_forms():
 
 def test_defaults_follow_openai():
     p = sampling_params(chat(), prompt_len=30, limits=LIMITS, choice=0)
-    assert p.max_tokens == 70  # chat: the rest of the context
+    assert p.max_tokens == 70  # chat: the rest of a context shorter than the default cap
     assert p.temperature == 1.0 and p.logprobs is None
     assert sampling_params(completion(), 30, LIMITS, 0).max_tokens == 16
+
+
+LONG_LIMITS = Limits(context_length=8192, pool_tokens=100_000, page_size=16, vocab_size=500)
+
+
+def test_a_chat_without_max_tokens_is_capped_so_the_readme_example_cannot_run_for_minutes():
+    # Issue 16: the README's example (no max_tokens) was allowed 8,155 tokens and looped for minutes.
+    assert sampling_params(chat(), 37, LONG_LIMITS, 0).max_tokens == DEFAULT_MAX_TOKENS == 512
+    assert sampling_params(completion(max_tokens=None), 37, LONG_LIMITS, 0).max_tokens == 512
+    assert sampling_params(chat(max_tokens=4000), 37, LONG_LIMITS, 0).max_tokens == 4000  # asked for: served
+    assert sampling_params(chat(min_tokens=600), 37, LONG_LIMITS, 0).max_tokens == 600
+    assert sampling_params(chat(), 37, LONG_LIMITS, 0, default_max_tokens=64).max_tokens == 64
+    assert sampling_params(chat(), 37, LONG_LIMITS, 0, default_max_tokens=0).max_tokens == 8192 - 37  # vLLM's
+
+
+def test_serve_default_max_tokens_flag_shows_its_default():
+    from bulkhead.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).default_max_tokens == DEFAULT_MAX_TOKENS
+    assert build_parser().parse_args(["serve", "--default-max-tokens", "0"]).default_max_tokens == 0
 
 
 def test_seed_differs_per_choice():
@@ -115,3 +135,28 @@ def test_values_the_engine_could_not_use_are_refused_at_the_edge(body, param):
 def test_a_vanishing_temperature_samples_greedily():
     assert sampling_params(completion(temperature=1e-300), 3, LIMITS, 0).temperature == 0.0
     assert sampling_params(completion(temperature=0.01), 3, LIMITS, 0).temperature == 0.01
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+@pytest.mark.parametrize("field", ["foo_bar", "reasoning_effort", "repetition_penalty", "guided_json"])
+def test_a_field_bulkhead_does_not_serve_is_refused_by_name(make, field):
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(make(**{field: "high"}), LIMITS)
+    err = e.value.to_dict()["error"]
+    assert err["code"] == "unsupported_parameter" and err["type"] == "invalid_request_error"
+    assert err["param"] == field and field in err["message"]
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+def test_openai_fields_that_cannot_change_the_answer_are_accepted_and_ignored(make):
+    body = make(user="u-1", store=False, metadata={"k": "v"}, service_tier="auto", parallel_tool_calls=True)
+    validate_common(body, LIMITS)
+    plain = sampling_params(make(), 3, LIMITS, 0)
+    assert sampling_params(body, 3, LIMITS, 0) == plain
+
+
+def test_tool_choice_none_without_tools_is_accepted_and_anything_else_refused():
+    validate_common(chat(tool_choice="none"), LIMITS)
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(chat(tool_choice="auto"), LIMITS)
+    assert e.value.param == "tool_choice" and e.value.code == "unsupported_parameter"

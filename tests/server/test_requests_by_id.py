@@ -81,6 +81,8 @@ def test_a_non_streamed_request_is_cancelled_by_its_client_id(tiny_server):
         dup = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
                          headers={**auth(ALPHA), "X-Request-Id": rid})
         assert dup.status_code == 409 and dup.json()["error"]["code"] == "duplicate_request_id"
+        assert tiny_server.metric("bulkhead_http_responses_total", tenant="alpha", endpoint="/v1/completions",
+                                  status="409", reason="duplicate_request_id") >= 1  # refusals are counted too
         other = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
                            headers={**auth(BETA), "X-Request-Id": rid})
         assert other.status_code == 200 and other.json()["id"] == rid

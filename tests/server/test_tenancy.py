@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import TEST_KEYS
 from tests.server.tiny_server import ALPHA, REVOCABLE_KEY, write_keys
+from tests.server_process import OPERATOR_HEADERS, OPERATOR_KEY
 
 ENDPOINTS = [("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1}),
              ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
@@ -73,7 +74,7 @@ def test_metrics_and_logs_carry_tenants_and_token_counts_never_prompt_text(tiny_
                          "ignore_eos": True, "stop": [canary]})
     assert r.status_code == 200, r.text
     usage, rid = r.json()["usage"], r.json()["id"]
-    metrics, log = httpx.get(tiny_server.url + "/metrics").text, tiny_server.log()
+    metrics, log = httpx.get(tiny_server.url + "/metrics", headers=OPERATOR_HEADERS).text, tiny_server.log()
     for haystack in (metrics, log):
         assert canary not in haystack and "password" not in haystack
     # What they do carry: the tenant and the counts.
@@ -82,3 +83,26 @@ def test_metrics_and_logs_carry_tenants_and_token_counts_never_prompt_text(tiny_
     lines = [line for line in log.splitlines() if rid in line]
     assert any("tenant=alpha" in line and f"prompt_tokens={usage['prompt_tokens']}" in line for line in lines), lines
     assert any(f"completion_tokens={usage['completion_tokens']}" in line for line in lines), lines
+
+
+OPERATOR_ENDPOINTS = ["/metrics", "/server_info"]
+
+
+@pytest.mark.parametrize("path", OPERATOR_ENDPOINTS)
+def test_operator_endpoints_need_an_operator_key_and_a_tenant_key_gets_403(tiny_server, path):
+    # Issue 16: /metrics listed every tenant's names and counts to anyone who could reach the port.
+    assert_401(call(tiny_server, "GET", path, None, {}))
+    assert_401(call(tiny_server, "GET", path, None, {"Authorization": "Bearer sk-wrong"}))
+    r = call(tiny_server, "GET", path, None, {"Authorization": f"Bearer {ALPHA}"})
+    assert r.status_code == 403, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["code"] == "permission_denied"
+    assert "beta" not in r.text
+    assert call(tiny_server, "GET", path, None, OPERATOR_HEADERS).status_code == 200
+
+
+def test_health_stays_open_and_an_operator_key_makes_no_requests(tiny_server):
+    assert httpx.get(tiny_server.url + "/health").status_code == 200
+    r = call(tiny_server, *ENDPOINTS[0], OPERATOR_HEADERS)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied", r.text
+    assert OPERATOR_KEY not in r.text

@@ -62,6 +62,7 @@ def test_over_a_limit_is_a_429_with_retry_after_and_allocates_nothing(limited_se
     info = s.info()["tenants"]
     assert info["throttled"] == {"beta": {"requests_per_minute": 1}}
     assert s.metric("bulkhead_throttled_requests_total", tenant="beta", limit="requests_per_minute") == 1
+    assert s.metric("bulkhead_http_responses_total", tenant="beta", status="429", reason="rate_limit_exceeded") == 1
     assert info["live"]["alpha"]["output_tokens_served"] >= 4 and info["live"]["beta"]["prompt_tokens_served"] > 0
     assert s.metric("bulkhead_tenant_service", tenant="beta") > 0
 
