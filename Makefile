@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench noisy-neighbour reliability clean-venv
+.PHONY: serve test bench noisy-neighbour reliability rolling-restart clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ noisy-neighbour: $(STAMP)
 # Soak, fault matrix, bad input, timing side channel: one table (docs/reliability.md).
 reliability: $(STAMP)
 	$(PY) bench/reliability.py $(ARGS)
+
+# Every worker restarted under load, one at a time: requests failed, pages lost (issue 17).
+rolling-restart: $(STAMP)
+	$(PY) bench/rolling_restart.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bulkhead.sim.cli import add_subcommand as add_sim
 
     add_sim(sub)  # sim: the deterministic simulation of the running system
+    from bulkhead.admin.cli import add_subcommand as add_admin
+
+    add_admin(sub)  # admin: list, drain and resume workers
     return parser
 
 

@@ -38,6 +38,8 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV transfer backend a decode worker exposes (default shm: same host)")
     p.add_argument("--drain-lease", type=float, default=30.0,
                    help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
+    p.add_argument("--drain-deadline", type=float, default=60.0,
+                   help="worker: on SIGTERM, seconds to finish what it holds (no new requests) before exiting")
     p.add_argument("--worker-config", default=None,
                    help="worker: its whole configuration as JSON (what --role local passes the workers it starts)")
 
@@ -50,12 +52,13 @@ def worker_config_from_args(args, engine_config) -> WorkerConfig:
     """A worker started by hand, on its own host: its command line."""
     return WorkerConfig(args.role, args.worker_name or f"{args.role}-{os.getpid()}", args.router or "",
                         args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
-                        args.drain_lease, args.log_level)
+                        args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline)
 
 
 def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
     worker = build_worker(config, seams)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    # SIGTERM drains, then exits (bounded by the deadline); a second one exits now.
+    signal.signal(signal.SIGTERM, lambda *_: worker.leave(config.drain_deadline_s))
     try:
         worker.run()
     finally:
@@ -119,7 +122,7 @@ def spawn_workers(args, control_address: str, key_file: Path, engine_configs: di
         for i in range(count):
             config = WorkerConfig(role, f"{role}-{i}", control_address, key_file,
                                   replace(engine_configs[role], threads=threads), args.transfer, args.drain_lease,
-                                  args.log_level)
+                                  args.log_level, drain_deadline_s=args.drain_deadline)
             cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]
             procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
     return procs

@@ -17,7 +17,10 @@ a link's loop.
     Registered     router -> worker           you passed the pairing gate
     Refused        router -> worker           you did not, and why
     Reregister     router -> worker           I do not know you: end your jobs, register again
-    Heartbeat      worker -> router           live limits, page states and counters
+    Heartbeat      worker -> router           live limits, page states and counters (and whether drained)
+    Leaving        worker -> router           I am shutting down (SIGTERM): drain me
+    Drain          router -> worker           no assignment follows this one: finish what you hold
+    Resume         router -> worker           you may be assigned again
     Assign         router -> both workers     the signed admission ticket
     PrefillReady   prefill -> router -> decode  the prompt's KV exists: grant pages now
     PagesGranted   decode -> router -> prefill  pages and generations to write, and where
@@ -66,6 +69,21 @@ class Refused:
 @dataclass(frozen=True)
 class Reregister:
     kind = "reregister"
+
+
+@dataclass(frozen=True)
+class Leaving:
+    kind = "leaving"
+
+
+@dataclass(frozen=True)
+class Drain:
+    kind = "drain"
+
+
+@dataclass(frozen=True)
+class Resume:
+    kind = "resume"
 
 
 @dataclass(frozen=True)
@@ -152,8 +170,8 @@ class TransferFailed:
     code: str | None = None
 
 
-MESSAGES = (Register, Registered, Refused, Reregister, Heartbeat, Assign, PrefillReady, PagesGranted,
-            TransferDone, DrainAck, Finalize, Output, PrefillFailed, TransferFailed)
+MESSAGES = (Register, Registered, Refused, Reregister, Leaving, Drain, Resume, Heartbeat, Assign, PrefillReady,
+            PagesGranted, TransferDone, DrainAck, Finalize, Output, PrefillFailed, TransferFailed)
 BY_KIND = {cls.kind: cls for cls in MESSAGES}
 Message = typing.Union[MESSAGES]  # noqa: UP007 - a runtime tuple of types
 

@@ -43,6 +43,9 @@ class Worker:
     counters: dict = field(default_factory=dict)
     control: dict = field(default_factory=dict)
     lost: bool = False
+    # Drained by an operator or leaving (SIGTERM): never picked for a new
+    # request; cleared by a resume or by registering again (the gate applies).
+    draining: bool = False
     incarnation: str = ""
     heartbeats: int = 0  # received; lets a reader wait for counters newer than a moment it knows
 
@@ -71,8 +74,9 @@ class WorkerRegistry:
 
     def register(self, name: str, info: dict, transfer: dict | None, incarnation: str) -> tuple[str | None, bool]:
         """Admit a worker through the gate. Returns (why it was refused, or
-        None; whether it replaced another incarnation of itself, which has
-        no state for the requests the old one held)."""
+        None; whether it replaced another incarnation of itself that may
+        have held requests: the new one has no state for them. One that had
+        drained held none)."""
         with self.lock:
             reason = self.gate(info)
             if reason:
@@ -81,7 +85,8 @@ class WorkerRegistry:
             previous = self.workers.get(name)
             self.workers[name] = Worker(name, info["role"], info, transfer, self.clock(), incarnation=incarnation)
             self.refused.pop(name, None)
-        return None, previous is not None and previous.incarnation != incarnation
+        replaced = previous is not None and previous.incarnation != incarnation
+        return None, replaced and state_of(previous) != "drained"
 
     # -- staying ------------------------------------------------------------------
     def heard_from(self, name: str) -> Worker | None:
@@ -127,6 +132,16 @@ class WorkerRegistry:
             worker = self.workers.get(name)
             return worker is not None and not worker.lost
 
+    def is_assignable(self, name: str) -> bool:
+        with self.lock:
+            worker = self.workers.get(name)
+            return worker is not None and not worker.lost and not worker.draining
+
+    def describe_one(self, name: str) -> dict:
+        with self.lock:
+            w = self.workers[name]
+            return {"name": w.name, "role": w.role, "state": state_of(w)}
+
     def limits(self) -> Limits:
         """One admission decision against the smallest limit of every live
         worker that could hold the request's KV; Overloaded without a pair."""
@@ -141,8 +156,9 @@ class WorkerRegistry:
         )
 
     def pick_pair(self, load: Callable[[Worker], int]) -> tuple[Worker, Worker]:
-        """The least loaded live prefill and decode workers; Overloaded without a pair."""
-        live = self.live()
+        """The least loaded live prefill and decode workers that are not
+        draining; Overloaded without a pair."""
+        live = self.assignable()
         prefills = [w for w in live if w.role == "prefill"]
         decodes = [w for w in live if w.role == "decode"]
         if not prefills or not decodes:
@@ -153,5 +169,20 @@ class WorkerRegistry:
     def describe(self) -> list[dict]:
         """Each worker's info with its counters, for the router's /server_info."""
         with self.lock:
-            return [dict(w.info, counters=w.counters, control=w.control, lost=w.lost, heartbeats=w.heartbeats)
-                    for w in self.workers.values()]
+            return [dict(w.info, counters=w.counters, control=w.control, lost=w.lost, heartbeats=w.heartbeats,
+                         state=state_of(w)) for w in self.workers.values()]
+
+    def assignable(self) -> list[Worker]:
+        """Live workers a new request may be given: not lost, not draining."""
+        with self.lock:
+            return [w for w in self.workers.values() if not w.lost and not w.draining]
+
+
+def state_of(worker: Worker) -> str:
+    """live, draining (no new requests; finishing what it holds), drained
+    (draining and holding nothing: it may exit), or lost (no heartbeat)."""
+    if worker.lost:
+        return "lost"
+    if worker.draining:
+        return "drained" if worker.info.get("drained") else "draining"
+    return "live"

@@ -34,7 +34,8 @@ from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
-    BulkheadError, EngineFailure, Overloaded, PeerLostError, RequestTimedOut, TransferFailedError,
+    BulkheadError, Conflict, EngineFailure, NotFound, Overloaded, PeerLostError, RequestTimedOut,
+    TransferFailedError,
 )
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.protocol import router_job
@@ -106,6 +107,48 @@ class DisaggBackend(Backend):
         tenant's share to the workers, whose queues and pools are fair."""
         self._weight_of, self._kv_share_of = weight, kv_share
 
+    # -- drain and resume (the operator API, and a worker's SIGTERM) ---------------
+    def drain(self, name: str, force: bool = False) -> dict:
+        """Assign nothing more to `name`; it finishes what it holds, then
+        reports drained (and, if it is leaving, exits). Refused for the last
+        worker of its role still taking requests, unless forced: every
+        request would then be refused until one comes back."""
+        with self.lock:
+            worker = self.registry.workers.get(name)
+            if worker is None or worker.lost:
+                raise NotFound(f"no live worker named {name!r}", param="worker", code="worker_not_found",
+                               value=name)
+            others = [w for w in self.registry.assignable() if w.role == worker.role and w.name != name]
+            if router_job.drain_worker(worker.draining).outcome == "draining" and not others and not force:
+                raise Conflict(f"{name} is the last {worker.role} worker taking requests: draining it would "
+                               f"refuse every request until one returns (force=true to drain it anyway)",
+                               param="worker", code="last_worker_of_role", value=name)
+            worker.draining = True
+            self.send(name, m.Drain())  # under the lock: no assign can follow it
+        log.info("worker %s draining", name)
+        return self.registry.describe_one(name)
+
+    def resume(self, name: str) -> dict:
+        """Assign to `name` again (a drained worker that has not exited)."""
+        with self.lock:
+            worker = self.registry.workers.get(name)
+            if worker is None or worker.lost:
+                raise NotFound(f"no live worker named {name!r}", param="worker", code="worker_not_found",
+                               value=name)
+            worker.draining = False
+            self.send(name, m.Resume())
+        log.info("worker %s resumed", name)
+        return self.registry.describe_one(name)
+
+    def worker_states(self) -> list[dict]:
+        return [{"name": w["name"], "role": w["role"], "state": w["state"], "routes": len(self._routes_of(w["name"]))}
+                for w in self.registry.describe()]
+
+    def _on_leaving(self, sender: str, worker: Worker, _message: m.Leaving) -> None:
+        """A worker got SIGTERM: drain it (even the last of its role: it is
+        going either way, and this way it finishes what it holds first)."""
+        self.drain(sender, force=True)
+
     def tenant_stats(self) -> dict[str, dict]:
         """Each tenant's service, queue and pages summed over the workers,
         as their last heartbeats reported them."""
@@ -130,20 +173,23 @@ class DisaggBackend(Backend):
                                   kv_share=self._kv_share_of(t.tenant)).signed(self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             route.take(router_job.submit("", runtime=True))  # admit() has decided, against the pair's smallest limit
-            route.take(router_job.bootstrap(route.phase, runtime=True))  # the room is the ticket's; never short
             with self.lock:
-                # The pair may have been declared lost since _pair() chose it;
-                # a route to a lost worker would never be failed.
-                if not (self.registry.is_live(prefill.name) and self.registry.is_live(decode.name)):
+                # The pair may have been declared lost, or drained, since
+                # _pair() chose it; a route to a lost worker would never be
+                # failed. The assign is queued under the lock too: a drain
+                # queues its Drain under it, so a worker never gets an
+                # assign after its Drain (the link keeps order per worker).
+                usable = self.registry.is_assignable(prefill.name) and self.registry.is_assignable(decode.name)
+                if route.take(router_job.bootstrap(route.phase, not usable, runtime=True)).outcome == "held":
                     for r in routes:
                         self.routes.pop(r.request_id, None)
-                    raise Overloaded("the chosen prefill/decode pair was lost; retry")
+                    raise Overloaded("the chosen prefill/decode pair was lost or drained; retry")
                 self.routes[t.request_id] = route
+                assign = m.Assign(t.request_id, signed)
+                self.send(decode.name, assign)
+                self.send(prefill.name, assign)
             routes.append(route)
             self.counters["assigned"] += 1
-            assign = m.Assign(t.request_id, signed)
-            self.send(decode.name, assign)
-            self.send(prefill.name, assign)
         pending = {r.request_id for r in routes}
         deadline = loop.time() + self.request_timeout_s
         try:
@@ -294,7 +340,7 @@ class DisaggBackend(Backend):
     _handlers = {
         m.Heartbeat: _on_heartbeat, m.PagesGranted: _relay_grant, m.PrefillReady: _relay_to_decode,
         m.TransferDone: _relay_to_decode, m.DrainAck: _relay_drain_ack, m.Output: _on_output,
-        m.PrefillFailed: _on_prefill_failed, m.TransferFailed: _on_transfer_failed,
+        m.PrefillFailed: _on_prefill_failed, m.TransferFailed: _on_transfer_failed, m.Leaving: _on_leaving,
     }
 
     def _register(self, sender: str, message: m.Register, incarnation: str) -> None:
@@ -315,6 +361,11 @@ class DisaggBackend(Backend):
 
     def _on_tick(self) -> None:
         for w, silent_s in self.registry.sweep():
+            if w.draining and w.info.get("drained"):
+                # It drained (held nothing) and left: no route needs it any more.
+                log.info("worker %s left after draining", w.name)
+                self.registry.forget(w.name)
+                continue
             log.error("worker %s lost (no heartbeat for %.1fs)", w.name, silent_s)
             for rid in self._routes_of(w.name):
                 self.counters["peer_lost"] += 1

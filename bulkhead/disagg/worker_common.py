@@ -20,6 +20,9 @@ from bulkhead.serving.info import engine_info
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
+# A leaving worker that holds nothing waits this long for the router's Drain
+# (after which no assign can come) before it goes anyway (no router left).
+UNANSWERED_LEAVE_S = 5.0
 
 
 class WorkerBase:
@@ -41,6 +44,12 @@ class WorkerBase:
         self.link = seams.make_link(signer, router_address)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
+        # Draining: the router sends no new request after its Drain. Leaving
+        # (SIGTERM): drain, then stop once nothing is held or at leave_by.
+        self.draining = False
+        self.leave_by: float | None = None
+        self._leave_announced: float | None = None  # when Leaving was sent
+        self._left = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
         # Each tenant's (weight, KV share) from the last verified ticket: the
@@ -93,7 +102,61 @@ class WorkerBase:
         """Its /server_info body, sent with every heartbeat; `tenants` is the
         scheduler's per-tenant service, queue and pages (operators only)."""
         return engine_info(self.built, self.model_id, self.role) | {
-            "name": self.name, "tenants": self.engine.scheduler.tenant_stats()}
+            "name": self.name, "tenants": self.engine.scheduler.tenant_stats(),
+            "draining": self.draining, "drained": self.draining and self.holds_nothing()}
+
+    def holds_nothing(self) -> bool:
+        """No job in any phase: nothing computing, no transfer, no page
+        waiting for an ack or a lease."""
+        with self.lock:
+            return not self.jobs
+
+    # -- drain and leave ----------------------------------------------------------------
+    def leave(self, deadline_s: float) -> None:
+        """SIGTERM: ask the router to drain us, finish what we hold, then
+        stop (at the latest after deadline_s). A second call stops now.
+        Runs in a signal handler: it only sets state; the tick acts."""
+        if self.leave_by is not None:
+            self.stop()
+            return
+        self.leave_by = self.clock() + deadline_s
+
+    def _leave_tick(self, now: float) -> None:
+        if self.leave_by is None or self._left:
+            return
+        if not self.registered:  # no router to drain us: nothing can be assigned
+            log.info("%s leaving (not registered)", self.name)
+            self._go()
+        elif self._leave_announced is None:
+            self._leave_announced = now
+            self.send(m.Leaving())
+        elif self.draining and self.holds_nothing():
+            log.info("%s drained: leaving", self.name)
+            self.send(self.heartbeat())  # the router sees it drained before it goes
+            self._go()
+        elif not self.draining and now - self._leave_announced > UNANSWERED_LEAVE_S and self.holds_nothing():
+            log.warning("%s: the router did not answer Leaving; holding nothing, leaving", self.name)
+            self._go()
+        elif now > self.leave_by:
+            with self.lock:
+                held = len(self.jobs)
+            self.count("drain_deadline_passed")
+            log.error("%s drain deadline passed with %d requests held: leaving anyway", self.name, held)
+            self._go()
+
+    def _go(self) -> None:
+        self._left = True
+        self.stop()
+
+    def _on_drain(self, _: m.Drain) -> None:
+        # The router queued this after its last assign to us: none follows.
+        self.draining = True
+        log.info("%s draining", self.name)
+
+    def _on_resume(self, _: m.Resume) -> None:
+        if self.leave_by is None:  # a leaving worker leaves
+            self.draining = False
+            log.info("%s resumed", self.name)
 
     def transfer_endpoint(self) -> dict | None:
         """Where writers reach this worker's pool (decode), sent with Register."""
@@ -115,6 +178,7 @@ class WorkerBase:
             if not self.registered:
                 self.send(m.Register(self.info(), self.transfer_endpoint()))
             self.send(self.heartbeat())
+        self._leave_tick(now)
 
     def on_message(self, body: dict) -> None:
         """A message from the router (link thread): decoded, then handled by
@@ -134,7 +198,8 @@ class WorkerBase:
 
     def handlers(self) -> dict:
         """This worker's dispatch table: message type -> handler."""
-        return {m.Registered: self._on_registered, m.Refused: self._on_refused, m.Reregister: self._on_reregister}
+        return {m.Registered: self._on_registered, m.Refused: self._on_refused, m.Reregister: self._on_reregister,
+                m.Drain: self._on_drain, m.Resume: self._on_resume}
 
     def _on_registered(self, _: m.Registered) -> None:
         self.registered = True
@@ -151,6 +216,7 @@ class WorkerBase:
         if self.registered:
             self.abandon_jobs()
         self.registered = False
+        self.draining = False  # a new router knows nothing of a drain (a leaving worker stops: not registered)
 
     def abandon_jobs(self) -> None:
         """Finalize every job as the router would have (link thread)."""

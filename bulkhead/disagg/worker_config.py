@@ -31,6 +31,9 @@ class WorkerConfig:
     # request's pages; grants tell writers to start within a third of it.
     drain_lease_s: float = 30.0
     log_level: str = "info"
+    # SIGTERM drains: the router assigns nothing more, what is held
+    # finishes, then the process exits; at the latest after this long.
+    drain_deadline_s: float = 60.0
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -39,6 +42,8 @@ class WorkerConfig:
             raise ValueError(f"--role {self.role} needs --router tcp://HOST:PORT")
         if self.drain_lease_s <= 0:
             raise ValueError(f"--drain-lease must be positive, not {self.drain_lease_s}")
+        if self.drain_deadline_s < 0:
+            raise ValueError(f"--drain-deadline must be >= 0, not {self.drain_deadline_s}")
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -27,6 +27,8 @@ class Handler:
 H = Handler
 RELAY = "relays the message between the pair's workers; the model's network carries it directly"
 REGISTRY_ONLY = "keeps the worker registry (liveness, limits); a lost or restarted worker is the tick's or register's"
+DRAIN = ("drain state: a draining worker is assigned nothing new and finishes what it holds through the "
+         "handlers above")
 
 HANDLERS = (
     # -- router (bulkhead.disagg.router.DisaggBackend) --------------------------------
@@ -34,6 +36,8 @@ HANDLERS = (
     H("router", "request", ("generate", "_finalize", "_finalize_route"),
       ("router.submit", "router.bootstrap", "router.decide")),
     H("router", "heartbeat", ("_on_heartbeat",), why_none=REGISTRY_ONLY),
+    H("router", "leaving", ("_on_leaving", "drain"), ("router.drain_worker",)),
+    H("router", "operator drain", ("drain",), ("router.drain_worker",)),
     H("router", "register", ("_register", "_fail", "_finalize_route", "_deliver"),
       ("router.decide", "router.finished")),
     H("router", "pages_granted", ("_relay_grant",), why_none=RELAY),
@@ -61,6 +65,8 @@ HANDLERS = (
       ("prefill.finalize", "prefill.quiesced")),
     H("prefill", "registered", ("_on_registered",), why_none=REGISTRY_ONLY),
     H("prefill", "refused", ("_on_refused",), why_none=REGISTRY_ONLY),
+    H("prefill", "drain", ("_on_drain",), why_none=DRAIN),
+    H("prefill", "resume", ("_on_resume",), why_none=DRAIN),
     # -- decode (bulkhead.disagg.decode_worker.DecodeWorker) --------------------------
     H("decode", "assign", ("_on_assign",), ("decode.assign",)),
     H("decode", "prefill_ready", ("_on_prefill_ready", "_grant_pending"), ("decode.wants_pages",)),
@@ -78,6 +84,8 @@ HANDLERS = (
       ("decode.finalize",)),
     H("decode", "registered", ("_on_registered",), why_none=REGISTRY_ONLY),
     H("decode", "refused", ("_on_refused",), why_none=REGISTRY_ONLY),
+    H("decode", "drain", ("_on_drain",), why_none=DRAIN),
+    H("decode", "resume", ("_on_resume",), why_none=DRAIN),
 )
 
 

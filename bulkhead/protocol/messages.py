@@ -146,6 +146,13 @@ class Submit:
 
 
 @dataclass(frozen=True)
+class DrainWorker:
+    """The operator drains a worker (or it is leaving): the router assigns
+    it nothing more; what it holds finishes through the protocol as ever."""
+    worker: Addr
+
+
+@dataclass(frozen=True)
 class ClientAbort:
     rid: int
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import router_job
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.messages import (
-    Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, Finalize, PeerLost,
+    Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, DrainWorker, Finalize, PeerLost,
     PrefillRejected, Step, Submit, TransferFailed,
 )
 from bulkhead.protocol.types import cached_hash
@@ -48,6 +48,7 @@ class RouterState:
     requests: tuple[RouterRequest, ...] = ()
     # worker address -> last incarnation the router heard of
     known_incarnations: tuple[tuple[tuple, int], ...] = ()
+    draining: tuple[tuple, ...] = ()  # worker addresses assigned nothing more (sorted)
 
     def rooms_in_use(self) -> tuple[int, ...]:
         return tuple(r.room for r in self.requests if r.phase is Phase.BOOTSTRAPPED)
@@ -73,6 +74,11 @@ def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
         return Step(state)
     if isinstance(event, PeerLost):
         return _peer_lost(config, state, event)
+    if isinstance(event, DrainWorker):
+        step = router_job.drain_worker(event.worker in state.draining)
+        if step.outcome == "repeat":
+            return Step(state)
+        return Step(replace(state, draining=tuple(sorted(state.draining + (event.worker,)))))
     raise TypeError(f"router cannot handle {type(event).__name__}")
 
 
@@ -109,7 +115,11 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
         if not free:
             break
         spec = record.spec
-        record = replace(record, phase=router_job.bootstrap(record.phase).phase, room=free[0])
+        pair_draining = bool({prefill_addr(spec.prefill), decode_addr(spec.decode)} & set(state.draining))
+        step = router_job.bootstrap(record.phase, pair_draining)
+        if not step.does(Effect.ASSIGN_BOTH):
+            continue  # held: it waits (its deadline ends it) rather than go to a draining worker
+        record = replace(record, phase=step.phase, room=free[0])
         state = replace(state, requests=upsert(state.requests, record))
         known = dict(state.known_incarnations)
         ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages,

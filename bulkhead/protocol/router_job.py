@@ -4,7 +4,8 @@ router actor (router.py) and the running router (bulkhead.disagg.router).
     function   when                                   effects it may ask for
     ---------  -------------------------------------  ---------------------------------
     submit     admission decided (fits, or not)       RESPOND (a rejection)
-    bootstrap  a room and a pair are free             ASSIGN_BOTH
+    bootstrap  a room is free; the pair takes requests ASSIGN_BOTH (or held: a draining pair)
+    drain_worker  the operator drains a worker        - (no request is assigned to it again)
     decide     an outcome: a report, abort, deadline,  FINALIZE_WORKERS, RESPOND
                or a lost worker; the first one wins
     finished   runtime only: decode's last output      RESPOND
@@ -32,9 +33,21 @@ def submit(rejection: str, *, runtime: bool = False) -> JobStep:
     return JobStep(advance(ROUTER, None, Event.ADMIT, runtime=runtime), outcome="admitted")
 
 
-@transition("router", outcomes=("bootstrapped",))
-def bootstrap(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+@transition("router", outcomes=("bootstrapped", "held"))
+def bootstrap(phase: Phase | None, pair_draining: bool = False, *, runtime: bool = False) -> JobStep:
+    """Assign the request to its pair, unless a worker of the pair is
+    draining: then it is held (the model's request waits for its deadline;
+    the runtime's router answers 503 for the client to retry, as for a pair
+    lost since it was chosen)."""
+    if pair_draining:
+        return JobStep(phase, outcome="held")
     return JobStep(advance(ROUTER, phase, Event.BOOTSTRAP, runtime=runtime), (Effect.ASSIGN_BOTH,), "bootstrapped")
+
+
+@transition("router", outcomes=("draining", "repeat"))
+def drain_worker(already_draining: bool) -> JobStep:
+    """Not a request's step: the worker leaves the set bootstrap assigns to."""
+    return JobStep(None, outcome="repeat" if already_draining else "draining")
 
 
 @transition("router", outcomes=("finalized", "repeat"), model_only={

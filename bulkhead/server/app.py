@@ -20,6 +20,7 @@ from bulkhead.engine.admission import Admitted, Rejection
 from bulkhead.errors import BulkheadError, InvalidRequest, NotFound, RateLimited
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.seams import PRODUCTION, Seams
+from bulkhead.server.admin_routes import add_admin_routes
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
@@ -120,6 +121,8 @@ def create_app(state: ServerState) -> FastAPI:
         figures: an operator key opens them, a tenant's key gets a 403."""
         if state.keys is not None:
             state.keys.operator_for(request.headers.get("authorization"))
+
+    add_admin_routes(app, backend, operator_only)  # /admin/workers: drain and resume
 
     @app.get("/server_info")
     async def info(request: Request):

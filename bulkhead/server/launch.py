@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import signal
+import subprocess
 import threading
 
 import uvicorn
@@ -177,13 +178,19 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         backend.stop()
         return 1
     try:
-        server.run()
+        server.run()  # SIGTERM: stops accepting, lets in-flight requests finish
     finally:
-        backend.stop()
+        # Workers drain on SIGTERM: while the router still listens they are
+        # told at once that nothing more is coming, and exit.
         for proc in workers:
             proc.terminate()
         for proc in workers:
-            proc.wait(timeout=20)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.error("worker pid %d did not exit: killing it", proc.pid)
+                proc.kill()
+        backend.stop()
     return 0
 
 

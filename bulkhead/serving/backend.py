@@ -52,5 +52,22 @@ class Backend(ABC):
         the workers (a router, which queues nothing itself)."""
         return {}
 
+    # -- workers (the operator API; a disaggregated router has them) ----------------
+    def worker_states(self) -> list[dict]:
+        raise _no_workers()
+
+    def drain(self, name: str, force: bool = False) -> dict:
+        raise _no_workers()
+
+    def resume(self, name: str) -> dict:
+        raise _no_workers()
+
     def set_tenant_shares(self, weight, kv_share) -> None:
         """Give the engine's scheduler the tenant table's weights and KV shares."""
+
+
+def _no_workers():
+    from bulkhead.errors import InvalidRequest
+
+    return InvalidRequest("this server runs colocated: it has no workers to list, drain or resume",
+                          code="no_workers")

@@ -75,7 +75,7 @@ def explore(world: World, config: ProtocolConfig, *, goal: Goal | None = None,
         state = states[here]
         for move in successors(world, config, state):
             result.transitions += 1
-            found = check_transition(world, state, move.state, move.notes)
+            found = check_transition(world, state, move.state, move.notes, move.sent)
             there = index.get(move.state)
             if there is None:
                 there = len(states)

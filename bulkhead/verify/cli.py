@@ -21,7 +21,7 @@ from bulkhead.protocol import Guards, Variant, transitions
 from bulkhead.verify.checker import Result, Violation, explore
 from bulkhead.verify.coverage import format_coverage, handler_coverage, summary
 from bulkhead.verify.scenarios import LEGACY_GOALS, legacy_search
-from bulkhead.verify.world import WORLDS
+from bulkhead.verify.world import WORLDS, drain_world
 
 
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
@@ -55,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol == "real":
         world = WORLDS[args.bound]()
         transitions.calls.clear()
-        result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
-        rows = [("real", result)]
-        _report_real(result)
+        rows = []
+        for name, w in (("real", world), ("real:drain", drain_world())):
+            result = explore(w, w.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
+            rows.append((name, result))
+            _report_real(result)
         coverage = handler_coverage(transitions.explored())
         print(format_coverage(coverage) if args.coverage else summary(coverage))
-        ok = result.ok
+        ok = all(result.ok for _, result in rows)
     else:
         rows, ok = [], True
         for name in LEGACY_GOALS:
@@ -96,8 +98,9 @@ def format_stats(rows) -> str:
     table = [header]
     for name, result in rows:
         world = result.world
-        bounds = f"{world.name}: {len(world.requests)} req, faults {world.faults}"
-        if name == "real":
+        bounds = f"{world.name}: {len(world.requests)} req, faults {world.faults}" + \
+            (f", drains {world.drains}" if world.drains else "")
+        if name.startswith("real"):
             verdict = "0 violations" if result.ok else f"{len(result.violations)} kinds violated"
             if result.liveness_checked and result.stuck_states:
                 verdict += f", {result.stuck_states} stuck"

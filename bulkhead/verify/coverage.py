@@ -51,6 +51,7 @@ def handler_coverage(explored: set[tuple[str, str]]) -> list[HandlerCoverage]:
 
 
 def summary(rows: list[HandlerCoverage]) -> str:
+    """One line: how many of the runtime's handlers the searches covered."""
     stateful = [r for r in rows if r.handler.transitions]
     covered = [r for r in stateful if not r.missing]
     plus = [r for r in covered if r.runtime_only]

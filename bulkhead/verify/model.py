@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bulkhead.protocol import (
-    GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck,
+    GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
     Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
     Quiesced, RouterState, Submit, Ticket, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
@@ -33,6 +33,7 @@ class WorldState:
     decodes: tuple[DecodeState, ...]
     network: Network
     faults_left: int
+    drains_left: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Transition:
 def initial_state(world: World, config: ProtocolConfig) -> WorldState:
     return WorldState(RouterState(), tuple(PrefillState(i) for i in range(len(world.prefill_pools))),
                       tuple(decode_initial(config, i) for i in range(len(world.decode_pools))),
-                      frozenset(), world.faults)
+                      frozenset(), world.faults, world.drains)
 
 
 def in_flight(state: WorldState):
@@ -146,7 +147,18 @@ def successors(world: World, config: ProtocolConfig, state: WorldState) -> list[
     timers = _timers_and_scheduler(config, state, _moving(state))
     out += timers
     out += _faults(world, config, state)
+    out += _drains(config, state)
     return out
+
+
+def _drains(config: ProtocolConfig, state: WorldState) -> list[Transition]:
+    """The operator drains any worker not yet draining (one budget)."""
+    if not state.drains_left:
+        return []
+    spent = replace(state, drains_left=state.drains_left - 1)
+    workers = [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]
+    return [apply_event(config, spent, ROUTER, DrainWorker(w), f"operator drains {w[0]}{w[1]}")
+            for w in workers if w not in state.router.draining]
 
 
 def _moving(state: WorldState) -> set:

@@ -14,19 +14,21 @@ Kinds, most severe first:
   outcome_disagreement router, prefill and decode record different outcomes
   outcome_changed      a recorded outcome changed
   free_page_dirty      a free page still holds someone's KV (data at rest)
+  assigned_to_draining the router assigned a request to a worker it had drained
 """
 from __future__ import annotations
 
 from bulkhead.protocol import (
-    ZERO, Committed, Landing, Outcome, PageRead, PageWrite, Phase, WriteLanded, kv_origin,
+    ZERO, Assign, Committed, Landing, Outcome, PageRead, PageWrite, Phase, WriteLanded, kv_origin,
 )
 from bulkhead.verify.model import WorldState, in_flight
 from bulkhead.verify.world import World
 
 
-def check_transition(world: World, before: WorldState, after: WorldState, notes) -> list:
+def check_transition(world: World, before: WorldState, after: WorldState, notes, sent=()) -> list:
     tenants = {r.rid: r.tenant for r in world.requests}
-    found = []
+    found = [("assigned_to_draining", f"r{m.ticket.rid} assigned to draining {m.dst[0]}{m.dst[1]}")
+             for m in sent if isinstance(m, Assign) and m.dst in after.router.draining]
     for note in notes:
         if isinstance(note, PageRead):
             found += _read(note, tenants)

@@ -25,6 +25,9 @@ class World:
     # forged control message. Reordering, delay and deadlines are free.
     faults: int = 1
     fault_kinds: frozenset = frozenset({"abort", "crash", "duplicate", "lose", "corrupt", "forge"})
+    # Workers the operator may drain in one run (any worker, at any moment;
+    # the last of its role too: the runtime refuses that only unless forced).
+    drains: int = 0
 
     def protocol(self, guards: Guards = Guards(), variant: Variant = Variant.REAL) -> ProtocolConfig:
         return ProtocolConfig(self.prefill_pools, self.decode_pools, self.context_pages,
@@ -35,7 +38,7 @@ class World:
                          f"P{r.prefill}->D{r.decode}" for r in self.requests)
         return (f"{self.name}: [{reqs}] prefill pools {self.prefill_pools} decode pools "
                 f"{self.decode_pools} context {self.context_pages} rooms {self.rooms} "
-                f"faults {self.faults}")
+                f"faults {self.faults}" + (f" drains {self.drains}" if self.drains else ""))
 
 
 # r0 (tenant A) and r1 (tenant B) share decode pool D0: every reuse hazard
@@ -62,6 +65,12 @@ def small_world() -> World:
 def large_world() -> World:
     """Four requests over both decode pools and two faults: minutes, not CI."""
     return World("large", (_R0, _R1, _R2, _R3), **POOLS, faults=2)
+
+
+def drain_world() -> World:
+    """The small world with one drain of any worker at any moment, and no
+    other fault: assignments to it stop, what it holds finishes (seconds)."""
+    return World("drain", (_R0, _R1), **POOLS, faults=0, drains=1)
 
 
 WORLDS = {"default": default_world, "small": small_world, "large": large_world}

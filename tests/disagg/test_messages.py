@@ -23,7 +23,7 @@ OUTPUT = RequestOutput("r1", (7, 8), "hi", (TokenLogprobs(7, -0.5, ((7, -0.5),))
 
 EXAMPLES = [
     m.Register({"role": "decode"}, {"backend": "shm", "descriptor": {"path": "/x"}}), m.Register({"role": "prefill"}),
-    m.Registered(), m.Refused("model differs"), m.Reregister(),
+    m.Registered(), m.Refused("model differs"), m.Reregister(), m.Leaving(), m.Drain(), m.Resume(),
     m.Heartbeat({"free_pages": 3}, {"commits": 1}, {"sent": 2}),
     m.Assign("r1", TICKET), m.PrefillReady("r1"),
     m.PagesGranted("r1", 3, 1, (5, 6), (2, 2), {"backend": "shm", "descriptor": {}}, 1.0),

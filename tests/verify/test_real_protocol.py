@@ -3,7 +3,7 @@ and the searches cover every handler of the running system."""
 from bulkhead.protocol import Guards, Variant, transitions
 from bulkhead.verify.checker import explore
 from bulkhead.verify.coverage import handler_coverage
-from bulkhead.verify.world import small_world
+from bulkhead.verify.world import drain_world, small_world
 from tests.disagg.test_lifecycle import EVERY_ROW
 
 
@@ -20,6 +20,8 @@ def test_real_protocol_has_no_violation_and_always_terminates():
     explored = transitions.explored()
     transitions.calls.clear()
     assert explore(EVERY_ROW, EVERY_ROW.protocol(Guards(), Variant.REAL), liveness=False).ok
+    drain = drain_world()  # the operator drains a worker: requests to it are held
+    assert explore(drain, drain.protocol(Guards(), Variant.REAL), liveness=False).ok
     coverage = handler_coverage(explored | transitions.explored())
     not_covered = {f"{c.handler.actor} {c.handler.on}": c.missing for c in coverage if c.missing}
     assert not_covered == {}

@@ -1,0 +1,1 @@
+"""`bulkhead admin`: the operator API's command-line client."""

@@ -1,0 +1,56 @@
+"""The operator API for workers: list them, drain one, resume one.
+
+    GET  /admin/workers                 every worker: name, role, state, routes in flight
+    POST /admin/workers/{name}/drain    body {"force": false}: assign it nothing more;
+                                        what it holds finishes; it reports drained
+    POST /admin/workers/{name}/resume   assign to it again
+
+With keys on, an operator key only (a tenant's key gets a 403). Errors are
+typed: an unknown worker is a 404 (worker_not_found), draining the last
+worker of a role without force a 409 (last_worker_of_role), a colocated
+server a 400 (no_workers). `bulkhead admin` is the command-line client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+
+from bulkhead.errors import InvalidRequest
+from bulkhead.serving.backend import Backend
+
+
+def add_admin_routes(app: FastAPI, backend: Backend, operator_only: Callable[[Request], None]) -> None:
+    @app.get("/admin/workers")
+    async def workers(request: Request):
+        operator_only(request)
+        return {"workers": backend.worker_states()}
+
+    @app.post("/admin/workers/{name}/drain")
+    async def drain(name: str, request: Request):
+        operator_only(request)
+        force = (await _body(request)).get("force", False)
+        if not isinstance(force, bool):
+            raise InvalidRequest(f"force must be true or false, not {force!r}", param="force", value=str(force))
+        return backend.drain(name, force=force)
+
+    @app.post("/admin/workers/{name}/resume")
+    async def resume(name: str, request: Request):
+        operator_only(request)
+        return backend.resume(name)
+
+
+async def _body(request: Request) -> dict:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        import json
+
+        body = json.loads(raw)
+    except ValueError as e:
+        raise InvalidRequest(f"the body is not JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body is a JSON object", code="invalid_json")
+    return body
