@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.workload import make_prompts, percentile  # noqa: E402
-from bulkhead.server.process import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess  # noqa: E402
 
 DEPLOYMENTS = {
     "colocated-vtc": ["--role", "colocated"],
