@@ -36,6 +36,12 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                    help="hex HMAC key shared by router and workers (default: generated under ~/.cache/bulkhead)")
     p.add_argument("--transfer", choices=("shm", "tcp", "mooncake"), default="shm",
                    help="KV transfer backend a decode worker exposes (default shm: same host)")
+    p.add_argument("--transfer-host", default="127.0.0.1",
+                   help="decode: the address its tcp/mooncake KV receiver listens on and gives prefill workers "
+                        "(default 127.0.0.1: same host only; a multi-host deployment names this host's address)")
+    p.add_argument("--transfer-port", type=int, default=0,
+                   help="decode: the port its tcp/mooncake KV receiver listens on (default 0: any free port, "
+                        "sent to prefill workers over the control plane; fix one for a firewall)")
     p.add_argument("--drain-lease", type=float, default=30.0,
                    help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
     p.add_argument("--drain-deadline", type=float, default=60.0,
@@ -52,7 +58,8 @@ def worker_config_from_args(args, engine_config) -> WorkerConfig:
     """A worker started by hand, on its own host: its command line."""
     return WorkerConfig(args.role, args.worker_name or f"{args.role}-{os.getpid()}", args.router or "",
                         args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
-                        args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline)
+                        args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline,
+                        transfer_host=args.transfer_host, transfer_port=args.transfer_port)
 
 
 def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
@@ -85,7 +92,10 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
                 log.info("removed stale KV pool file %s", path)
 
         def pool_factory(layout, num_pages, scrub_mode):
-            holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode)
+            opts = {} if config.transfer == "shm" else {"host": config.transfer_host}
+            if config.transfer == "tcp":
+                opts["port"] = config.transfer_port
+            holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode, **opts)
             return holder["target"].pool
 
         built = build_engine(config.engine, pool_factory=pool_factory, seams=seams)

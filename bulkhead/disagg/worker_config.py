@@ -34,6 +34,11 @@ class WorkerConfig:
     # SIGTERM drains: the router assigns nothing more, what is held
     # finishes, then the process exits; at the latest after this long.
     drain_deadline_s: float = 60.0
+    # decode: the address its tcp or mooncake receiver listens on and tells
+    # writers; loopback unless the operator names one (another host's
+    # prefill must reach it: this host's address on their shared network).
+    transfer_host: str = "127.0.0.1"
+    transfer_port: int = 0  # decode: its receiver's port (0: any free one, told to writers)
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -30,14 +30,19 @@ class Source(TransferSource):
         super().__init__()
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self._conns: dict[tuple[str, int], socket.socket] = {}
+        # One connection per receiver instance: (host, port, token). A decode
+        # restarted on the same port has a new token, so its writers connect
+        # again rather than write into the old process's dead socket.
+        self._conns: dict[tuple[str, int, str], socket.socket] = {}
         self._stats["refused"] = 0
 
-    def _connect(self, addr: tuple[str, int]) -> socket.socket:
+    def _connect(self, addr: tuple[str, int, str]) -> socket.socket:
         conn = self._conns.get(addr)
         if conn is None:
+            for stale in [a for a in self._conns if a[:2] == addr[:2]]:  # an earlier process on that port
+                self._drop(stale)
             try:
-                conn = socket.create_connection(addr, timeout=self.connect_timeout_s)
+                conn = socket.create_connection(addr[:2], timeout=self.connect_timeout_s)
             except OSError as e:
                 raise TransferError(f"cannot reach decode's receiver at {addr[0]}:{addr[1]}: {e}", drained=True) from e
             conn.settimeout(self.timeout_s)
@@ -45,7 +50,7 @@ class Source(TransferSource):
             self._conns[addr] = conn
         return conn
 
-    def _drop(self, addr: tuple[str, int]) -> None:
+    def _drop(self, addr: tuple[str, int, str]) -> None:
         conn = self._conns.pop(addr, None)
         if conn is not None:
             conn.close()
@@ -57,7 +62,7 @@ class Source(TransferSource):
         check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, descriptor["shape"][0])
         if not dst_pages:
             return
-        addr = (descriptor["host"], int(descriptor["port"]))
+        addr = (descriptor["host"], int(descriptor["port"]), descriptor["token"])
         conn = self._connect(addr)
         page_bytes = src.data[0].numel() * src.data.element_size()
         header = wire.BatchHeader(descriptor["token"], request_id, page_bytes,

@@ -118,3 +118,23 @@ def test_sweep_removes_only_files_of_dead_processes(tmp_path):
         (tmp_path / n).write_bytes(b"x")
     assert sweep_stale_files(str(tmp_path)) == [str(tmp_path / names[0])]
     assert sorted(os.listdir(tmp_path)) == sorted(names[1:])
+
+
+def test_tcp_a_receiver_restarted_on_the_same_port_gets_a_fresh_connection():
+    # A decode worker restarted with a fixed --transfer-port: the writer's
+    # pooled connection went to the old process; the new one's token differs,
+    # so the writer connects again instead of writing into a dead socket
+    # (found by tests/disagg/test_multihost.py: a BrokenPipe and a 500).
+    source = make_source("tcp", timeout_s=5)
+    first = make_target("tcp", LAYOUT, 8)
+    port = first.descriptor()["port"]
+    src = _src()
+    source.write_pages(first.descriptor(), "r1", src, [0], [1], [1])
+    first.close()
+    second = make_target("tcp", LAYOUT, 8, port=port)
+    try:
+        source.write_pages(second.descriptor(), "r2", src, [2], [3], [1])
+        assert torch.equal(second.pool.data[3], src.data[2])
+    finally:
+        second.close()
+        source.close()
