@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bulkhead.sim.cli import add_subcommand as add_sim
 
     add_sim(sub)  # sim: the deterministic simulation of the running system
+    from bulkhead.lineage.cli import add_subcommand as add_lineage
+
+    add_lineage(sub)  # lineage: verify and query the page-lineage log
     return parser
 
 

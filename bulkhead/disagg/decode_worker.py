@@ -155,6 +155,8 @@ class DecodeWorker(WorkerBase):
                 # A backstop only: the router's lost-worker detection and deadline act first.
                 job.grant_deadline = self.clock() + 4 * self.drain_lease_s
             self.count("pages_granted", len(pages))
+            if self.lineage.enabled:
+                self.lineage.granted(rid, t.tenant, t.room, t.epoch, pages, gens)
             # write_within_s: prefill starts no write for this grant after it, so a
             # writer that never acks is done writing long before the lease ends.
             self.send(m.PagesGranted(rid, t.room, t.epoch, tuple(pages), tuple(gens), self.transfer_endpoint(),
@@ -184,6 +186,8 @@ class DecodeWorker(WorkerBase):
         except Exception as e:  # fail closed on a check that could not run
             problems = [f"verification failed: {e!r}"]
         if problems:
+            if self.lineage.enabled:
+                self.lineage.refused(rid, job.ticket.tenant, "; ".join(problems), done.manifest.digest())
             self.count("coverage_failures")
             log.warning("refusing KV for %s: %s", rid, "; ".join(problems))
             self._fail(rid, "kv_transfer_failed", "the transferred KV did not verify: " + "; ".join(problems))
@@ -194,6 +198,9 @@ class DecodeWorker(WorkerBase):
                     return
                 job.advance(Event.MANIFEST_VERIFIED)  # a second check of one grant is refused here
             self.count("commits")
+            if self.lineage.enabled:
+                self.lineage.committed(rid, job.ticket.tenant, job.alloc.pages, job.alloc.generations,
+                                       done.manifest.digest())
             lp = done.first_logprobs
             self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
                                          done.sampler_state, self._on_output)

@@ -31,6 +31,12 @@ class WorkerConfig:
     # request's pages; grants tell writers to start within a third of it.
     drain_lease_s: float = 30.0
     log_level: str = "info"
+    # The forensic page-lineage log (bulkhead.lineage): the deployment's
+    # --lineage-log PATH; this worker writes its own file, its name before
+    # PATH's suffix (chain.worker_log_path). None = no log.
+    lineage_log: str | None = None
+    lineage_key_file: str | None = None  # the lineage's own HMAC key, never the cluster key
+    lineage_max_bytes: int = 64 * 2**20  # a segment this big is rotated; the chain continues
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -39,6 +45,8 @@ class WorkerConfig:
             raise ValueError(f"--role {self.role} needs --router tcp://HOST:PORT")
         if self.drain_lease_s <= 0:
             raise ValueError(f"--drain-lease must be positive, not {self.drain_lease_s}")
+        if self.lineage_log and not self.lineage_key_file:
+            raise ValueError("--lineage-log needs --lineage-key FILE")
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -106,7 +106,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        body = backend.health()
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/server_info")
     async def info():
