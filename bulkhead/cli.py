@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bulkhead.admin.cli import add_subcommand as add_admin
 
     add_admin(sub)  # admin: list, drain and resume workers
+
+    from bulkhead.lineage.cli import add_subcommand as add_lineage
+
+    add_lineage(sub)  # lineage: verify and query the page-lineage log
     return parser
 
 

@@ -182,6 +182,8 @@ class DecodeWorker(WorkerBase):
                 # A backstop only: the router's lost-worker detection and deadline act first.
                 job.grant_deadline = self.clock() + 4 * self.drain_lease_s
             self.count("pages_granted", len(pages))
+            if self.lineage.enabled:
+                self.lineage.granted(rid, t.tenant, t.room, t.epoch, pages, gens)
             # write_within_s: prefill starts no write for this grant after it, so a
             # writer that never acks is done writing long before the lease ends.
             self.send(m.PagesGranted(rid, t.room, t.epoch, tuple(pages), tuple(gens), self.transfer_endpoint(),
@@ -214,6 +216,8 @@ class DecodeWorker(WorkerBase):
         except Exception as e:  # fail closed on a check that could not run
             problems = [f"verification failed: {e!r}"]
         if problems:
+            if self.lineage.enabled:
+                self.lineage.refused(rid, job.ticket.tenant, "; ".join(problems), done.manifest.digest())
             self.count("coverage_failures")
             log.warning("refusing KV for %s: %s", rid, "; ".join(problems))
             self._fail(rid, "kv_transfer_failed", "the transferred KV did not verify: " + "; ".join(problems))
@@ -225,6 +229,9 @@ class DecodeWorker(WorkerBase):
                     return
                 job.take(step)
             self.count("commits")
+            if self.lineage.enabled:
+                self.lineage.committed(rid, job.ticket.tenant, job.alloc.pages, job.alloc.generations,
+                                       done.manifest.digest())
             lp = done.first_logprobs
             self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
                                          done.sampler_state, self._on_output)

@@ -46,6 +46,14 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
     p.add_argument("--drain-deadline", type=float, default=60.0,
                    help="worker: on SIGTERM, seconds to finish what it holds (no new requests) before exiting")
+    p.add_argument("--lineage-log", type=Path, default=None,
+                   help="write the forensic page-lineage log (hash-chained JSON lines) here; each worker writes "
+                        "its own file, its name before the suffix (lineage.jsonl -> lineage.decode-0.jsonl)")
+    p.add_argument("--lineage-key", type=Path, default=None,
+                   help="the lineage log's own HMAC key file (hex; created, mode 0600, if missing); "
+                        "`bulkhead lineage verify` needs it")
+    p.add_argument("--lineage-max-bytes", type=int, default=64 * 2**20,
+                   help="rotate a lineage log segment at this size (default 64 MiB); the chain continues")
     p.add_argument("--worker-config", default=None,
                    help="worker: its whole configuration as JSON (what --role local passes the workers it starts)")
 
@@ -59,7 +67,24 @@ def worker_config_from_args(args, engine_config) -> WorkerConfig:
     return WorkerConfig(args.role, args.worker_name or f"{args.role}-{os.getpid()}", args.router or "",
                         args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
                         args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline,
-                        transfer_host=args.transfer_host, transfer_port=args.transfer_port)
+                        transfer_host=args.transfer_host, transfer_port=args.transfer_port,
+                        **lineage_settings(args))
+
+
+def lineage_settings(args) -> dict:
+    """The lineage flags as WorkerConfig fields."""
+    return {"lineage_log": str(args.lineage_log) if args.lineage_log else None,
+            "lineage_key_file": str(args.lineage_key) if args.lineage_key else None,
+            "lineage_max_bytes": args.lineage_max_bytes}
+
+
+def worker_lineage(config: WorkerConfig):
+    """This worker's own lineage log (or the no-op sink)."""
+    from bulkhead.lineage.chain import worker_log_path
+    from bulkhead.lineage.writer import open_lineage
+
+    path = worker_log_path(Path(config.lineage_log), config.name) if config.lineage_log else None
+    return open_lineage(path, config.lineage_key_file, config.lineage_max_bytes, config.name)
 
 
 def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
@@ -71,6 +96,7 @@ def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
     finally:
         if config.role == "decode":
             worker.target.close()
+        worker.lineage.close()
     return 0
 
 
@@ -81,6 +107,7 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
     from bulkhead.disagg.prefill_worker import PrefillWorker
 
     signer = Signer(load_or_create_key(config.cluster_key_file), config.name)
+    lineage = worker_lineage(config)
     if config.role == "decode":
         from bulkhead.disagg.transfer import make_target
 
@@ -98,10 +125,10 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
             holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode, **opts)
             return holder["target"].pool
 
-        built = build_engine(config.engine, pool_factory=pool_factory, seams=seams)
+        built = build_engine(config.engine, pool_factory=pool_factory, seams=seams, lineage=lineage)
         return DecodeWorker(built, config.engine.model_id, signer, config.router, target=holder["target"],
                             drain_lease_s=config.drain_lease_s, seams=seams)
-    built = build_engine(config.engine, prefill_only=True, seams=seams)
+    built = build_engine(config.engine, prefill_only=True, seams=seams, lineage=lineage)
     return PrefillWorker(built, config.engine.model_id, signer, config.router, seams=seams)
 
 
@@ -132,7 +159,8 @@ def spawn_workers(args, control_address: str, key_file: Path, engine_configs: di
         for i in range(count):
             config = WorkerConfig(role, f"{role}-{i}", control_address, key_file,
                                   replace(engine_configs[role], threads=threads), args.transfer, args.drain_lease,
-                                  args.log_level, drain_deadline_s=args.drain_deadline)
+                                  args.log_level, drain_deadline_s=args.drain_deadline,
+                                  **lineage_settings(args))
             cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]
             procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
     return procs

@@ -144,6 +144,8 @@ class PrefillWorker(WorkerBase):
             self.count("transfers")
             self.count("pages_sent", len(dst_pages))
             self.send(m.TransferDone(rid, manifest, out.token_ids[0], out.logprobs, out.sampler_state))
+            if self.lineage.enabled:
+                self.lineage.transferred(rid, t.tenant, src_pages, dst_pages, dst_gens, manifest.digest())
         except Exception as e:  # fail closed on anything, and say why
             drained = getattr(e, "drained", not isinstance(e, TransferError))
             self.count("transfers_failed")

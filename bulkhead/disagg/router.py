@@ -33,6 +33,7 @@ from bulkhead.disagg.router_metrics import RouterCollector, router_info, sum_ten
 from bulkhead.disagg.ticket import SignedTicket
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
+from bulkhead.lineage import health as lineage_health
 from bulkhead.errors import (
     BulkheadError, Conflict, EngineFailure, NotFound, Overloaded, PeerLostError, RequestTimedOut,
     TransferFailedError,
@@ -375,6 +376,12 @@ class DisaggBackend(Backend):
     # -- observability ------------------------------------------------------------
     def info(self) -> dict:
         return router_info(self)
+
+    def health(self) -> dict:
+        """Degraded while any live worker's lineage log cannot be written or lost records."""
+        problems = {w.name: why for w in self.registry.all()
+                    if (why := lineage_health.problem(w.info.get("lineage"))) is not None}
+        return lineage_health.health(problems)
 
     def collector(self):
         return RouterCollector(self)

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from bulkhead import __version__
 from bulkhead.errors import Overloaded
+from bulkhead.lineage import health as lineage_health
 
 if TYPE_CHECKING:
     from bulkhead.disagg.router import DisaggBackend
@@ -69,6 +70,12 @@ class RouterCollector:
                 counters.add_metric([w.name, f"control_{event}"], n)
         yield pages
         yield counters
+        ok = GaugeMetricFamily("bulkhead_lineage_ok", "1 while the worker's lineage log is written and whole, else 0",
+                               labels=["worker"])
+        for w in workers:
+            if w.info.get("lineage"):
+                ok.add_metric([w.name], 0 if lineage_health.problem(w.info["lineage"]) else 1)
+        yield ok
         router = CounterMetricFamily("bulkhead_router_events", "Router event counts", labels=["event"])
         for event, n in self.router.counters.items():
             router.add_metric([event], n)

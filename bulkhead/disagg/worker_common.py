@@ -35,6 +35,7 @@ class WorkerBase:
         (the simulator's network, the fault matrix's wrappers)."""
         self.built = built
         self.engine = built.engine
+        self.lineage = built.engine.ledger.lineage  # grants, transfers and commits go where the ledger's go
         self.model_id = model_id
         self.signer = signer
         self.key = signer.key
@@ -168,6 +169,9 @@ class WorkerBase:
         if cache is not None:
             counters |= {"prefix_cache_hit_pages": cache.hits, "prefix_cache_miss_pages": cache.misses,
                          "prefix_cache_pages": cache.num_pages}
+        lineage = self.lineage.stats()
+        if lineage is not None:
+            counters |= {f"lineage_{k}": v for k, v in lineage.items() if isinstance(v, int)}
         counters |= self.seams.counters()
         return m.Heartbeat(self.info(), counters, vars(self.signer.stats).copy())
 

@@ -39,6 +39,12 @@ class WorkerConfig:
     # prefill must reach it: this host's address on their shared network).
     transfer_host: str = "127.0.0.1"
     transfer_port: int = 0  # decode: its receiver's port (0: any free one, told to writers)
+    # The forensic page-lineage log (bulkhead.lineage): the deployment's
+    # --lineage-log PATH; this worker writes its own file, its name before
+    # PATH's suffix (chain.worker_log_path). None = no log.
+    lineage_log: str | None = None
+    lineage_key_file: str | None = None  # the lineage's own HMAC key, never the cluster key
+    lineage_max_bytes: int = 64 * 2**20  # a segment this big is rotated; the chain continues
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -49,6 +55,8 @@ class WorkerConfig:
             raise ValueError(f"--drain-lease must be positive, not {self.drain_lease_s}")
         if self.drain_deadline_s < 0:
             raise ValueError(f"--drain-deadline must be >= 0, not {self.drain_deadline_s}")
+        if self.lineage_log and not self.lineage_key_file:
+            raise ValueError("--lineage-log needs --lineage-key FILE")
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -19,6 +19,7 @@ from bulkhead.kv.capacity import gate_context_length
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
+from bulkhead.lineage.sink import NULL_SINK, LineageSink
 from bulkhead.model import decode_kernel, linear_kernel
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
@@ -107,10 +108,12 @@ PoolFactory = Callable[[KVLayout, int, str], KVPool]
 
 
 def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False,
-                 seams: Seams = PRODUCTION) -> BuiltEngine:
+                 seams: Seams = PRODUCTION, lineage: LineageSink = NULL_SINK) -> BuiltEngine:
     """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
     transfer backend shares with the prefill worker (decode role). seams:
-    the scrub, scheduler and engine a test harness may wrap (bulkhead/seams.py)."""
+    the scrub, scheduler and engine a test harness may wrap (bulkhead/seams.py).
+    lineage: where the ledger, the scrub, the prefix cache and the engine
+    record what touches tenant KV (bulkhead.lineage; default: nowhere)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
@@ -133,7 +136,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
             f"max_position_embeddings {mc.max_position_embeddings}"
         )
     pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
-    ledger = PageLedger(num_pages)
+    ledger = PageLedger(num_pages, lineage)
+    pool.lineage = lineage
     tokenizer = Tokenizer(cfg.model_dir)
     limits = Limits(
         context_length=decision.context_length,

@@ -55,6 +55,7 @@ class Engine:
         self.sampler = sampler
         self.pool = pool
         self.ledger = scheduler.ledger
+        self.lineage = self.ledger.lineage  # request ends go to the ledger's lineage sink
         self.tokenizer = tokenizer
         self.prefill_only = prefill_only
         self.stats = EngineStats()
@@ -294,6 +295,8 @@ class Engine:
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer
+        if self.lineage.enabled:
+            self.lineage.request_end(rid, req.tenant, "prefilled")
         sink = self._sinks.pop(rid, None)
         self._trackers.pop(rid, None)
         self.sampler.forget(rid)
@@ -309,6 +312,8 @@ class Engine:
         self.sampler.forget(request_id)
         if req is None:
             return
+        if self.lineage.enabled:
+            self.lineage.request_end(request_id, req.tenant, reason.value)
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         if notify and sink is not None:
             out = RequestOutput(request_id, (), "", (), True, reason.value, len(req.prompt_token_ids),

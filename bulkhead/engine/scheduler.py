@@ -265,7 +265,7 @@ class Scheduler:
         """The next chunk of req, if it fits the budget (None: no limit) and
         its pages can be had."""
         if not running and self.cache is not None and req.num_computed == 0:
-            req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes)
+            req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes, req.request_id)
             req.num_computed = len(req.shared_pages) * self.config.page_size
         end = min(req.prefill_target, req.num_computed + self.config.prefill_chunk)
         if (budget is not None and end - req.num_computed > budget) or end == req.num_computed:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bulkhead.lineage.sink import NULL_SINK, LineageSink
+
 
 class LedgerError(RuntimeError):
     """A violation of the ledger's rules: always a bug, never a user error."""
@@ -38,7 +40,9 @@ class PageRecord:
 
 
 class PageLedger:
-    def __init__(self, num_pages: int):
+    def __init__(self, num_pages: int, lineage: LineageSink = NULL_SINK):
+        """lineage: told of every transition (bulkhead.lineage); the default
+        sink records nothing and decides nothing."""
         if num_pages <= 0:
             raise ValueError(f"num_pages must be positive, got {num_pages}")
         self.num_pages = num_pages
@@ -52,6 +56,7 @@ class PageLedger:
         # Pages handed out since start: a request refused before admission
         # must leave this unchanged (tests read it from /metrics and /server_info).
         self.pages_allocated = 0
+        self.lineage = lineage
 
     # -- queries ---------------------------------------------------------
     @property
@@ -103,6 +108,8 @@ class PageLedger:
         self._pages_of.setdefault(request_id, []).extend(pages)
         self._tenant_of[request_id] = tenant
         self.pages_allocated += count
+        if self.lineage.enabled:
+            self.lineage.allocated(request_id, tenant, pages, [self._generation[p] for p in pages])
         return pages
 
     def release(self, request_id: str) -> list[int]:
@@ -111,6 +118,9 @@ class PageLedger:
         if pages is None:
             raise LedgerError(f"release of {request_id}, which holds no pages (double free?)")
         del self._tenant_of[request_id]
+        if self.lineage.enabled:
+            self.lineage.freed(request_id, pages, [self._generation[p] for p in pages],
+                               [self._tenant[p] for p in pages])
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
@@ -133,6 +143,8 @@ class PageLedger:
             del self._tenant_of[request_id]
         self._pages_of.setdefault(new_owner, []).append(page)
         self._owner[page] = new_owner  # _tenant[page] stays: the KV is still that tenant's
+        if self.lineage.enabled:
+            self.lineage.donated(request_id, page, self._generation[page], new_owner)
 
     def release_pages(self, owner: str, pages: list[int]) -> None:
         """Release some of owner's pages (prefix-cache eviction) to be scrubbed."""
@@ -144,6 +156,8 @@ class PageLedger:
         self._pages_of[owner] = [p for p in held if p not in drop]
         if not self._pages_of[owner]:
             del self._pages_of[owner]
+        if self.lineage.enabled:
+            self.lineage.freed(owner, pages, [self._generation[p] for p in pages], [self._tenant[p] for p in pages])
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
@@ -160,6 +174,8 @@ class PageLedger:
         done = set(pages)
         self._dirty = [p for p in self._dirty if p not in done]
         self._free.extend(pages)
+        if self.lineage.enabled:
+            self.lineage.reusable(pages)
 
     # -- guards ------------------------------------------------------------
     def check_owned(self, request_id: str, pages: list[int], generations: list[int] | None = None) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
+from bulkhead.lineage.sink import NULL_SINK
 
 SCRUB_MODES = ("zero", "poison")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,6 +59,9 @@ class KVPool:
         if scrub_mode == "poison":
             self.data.fill_(float("nan"))  # never-used pages are as unreadable as freed ones
         self.pages_scrubbed = 0
+        # Told of every scrub, the one record that a page's bytes are gone
+        # (bulkhead.lineage); the builder gives it the ledger's sink.
+        self.lineage = NULL_SINK
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +81,8 @@ class KVPool:
         value = float("nan") if self.scrub_mode == "poison" else 0.0
         self.data.index_fill_(0, torch.tensor(pages, dtype=torch.long), value)
         self.pages_scrubbed += len(pages)
+        if self.lineage.enabled:
+            self.lineage.scrubbed(pages, self.scrub_mode)
 
     def page_bytes(self, page: int) -> torch.Tensor:
         """A copy of one page across all layers (tests and digests)."""

@@ -70,8 +70,9 @@ class PrefixCache:
     def pins(self) -> dict[int, int]:
         return dict(self._pins)
 
-    def lookup(self, tenant: str, hashes: list[int]) -> list[int]:
-        """Pages of the longest cached prefix, pinned for the caller."""
+    def lookup(self, tenant: str, hashes: list[int], reader: str | None = None) -> list[int]:
+        """Pages of the longest cached prefix, pinned for the caller (request
+        `reader`, named in the lineage log as having been handed them)."""
         pages = []
         for h in hashes:
             page = self._page_of.get(h)
@@ -81,6 +82,10 @@ class PrefixCache:
         self.hits += len(pages)
         self.misses += len(hashes) - len(pages)
         self.pin(pages)
+        lineage = self.ledger.lineage
+        if pages and lineage.enabled:
+            records = [self.ledger.record(p) for p in pages]
+            lineage.cache_hit(reader, tenant, pages, [r.generation for r in records], [r.tenant for r in records])
         return pages
 
     def pin(self, pages: list[int]) -> None:

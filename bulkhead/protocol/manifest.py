@@ -11,6 +11,8 @@ generations per write instead) and the model's wait for in-flight landings.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 
 
@@ -43,6 +45,12 @@ class Manifest:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def digest(self) -> str:
+        """SHA-256 of the manifest's fields (canonical JSON), the same on both
+        sides: the lineage logs of prefill and decode join on it."""
+        body = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(body).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:

@@ -114,7 +114,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        body = backend.health()
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     def operator_only(request: Request) -> None:
         """With keys on, /metrics and /server_info name every tenant and its

@@ -131,6 +131,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if args.role in ("prefill", "decode"):
         from bulkhead.disagg.launch import serve_worker, worker_config_from_args
         from bulkhead.disagg.worker_config import WorkerConfig
+        from bulkhead.lineage.writer import LineageLogError
 
         try:
             config = (WorkerConfig.from_json(args.worker_config) if args.worker_config
@@ -139,7 +140,14 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
             log.error("%s", e)
             return 2
         logging.getLogger().setLevel(config.log_level.upper())
-        return serve_worker(config, seams)
+        try:
+            return serve_worker(config, seams)
+        except LineageLogError as e:
+            log.error("refusing to start: %s", e)
+            return 2
+    if (problem := _check_lineage_flags(args)) is not None:
+        log.error("refusing to start: %s", problem)
+        return 2
     try:
         keys = KeyStore.from_sources(args.api_keys)
     except (OSError, ValueError) as e:  # a mistake in keys.toml names its line: refuse to start
@@ -156,7 +164,15 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     auth = "api_keys" if keys else "single_tenant_loopback"
     workers = []
     if args.role == "colocated":
-        backend = LocalBackend(build_engine(_engine_config(args, model_dir, model_id), seams=seams), model_id, auth)
+        from bulkhead.lineage.writer import LineageLogError, open_lineage
+
+        try:
+            lineage = open_lineage(args.lineage_log, args.lineage_key, args.lineage_max_bytes, "colocated")
+        except LineageLogError as e:
+            log.error("refusing to start: %s", e)
+            return 2
+        built = build_engine(_engine_config(args, model_dir, model_id), seams=seams, lineage=lineage)
+        backend = LocalBackend(built, model_id, auth)
     else:
         backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
     app = create_app(ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens))
@@ -172,7 +188,10 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     server = BoundServer(config, lambda: log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role,
                                                   args.host, args.port))
     if args.role == "colocated":
-        return _serve_colocated(backend, server)
+        try:
+            return _serve_colocated(backend, server)
+        finally:
+            backend.built.engine.lineage.close()
     backend.start()
     if workers and not _wait_for_workers(backend, workers):
         backend.stop()
@@ -192,6 +211,28 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
                 proc.kill()
         backend.stop()
     return 0
+
+
+def _check_lineage_flags(args) -> str | None:
+    """The lineage key, made once here before any worker starts (so two
+    workers never race to create it); it must be a key of its own."""
+    if args.lineage_log is None:
+        return None
+    if args.lineage_key is None:
+        return "--lineage-log needs --lineage-key FILE (hex; created, mode 0600, if missing)"
+    from bulkhead.lineage.chain import LineageKeyError, load_key
+
+    try:
+        key = load_key(args.lineage_key, create=True)
+    except (OSError, LineageKeyError) as e:
+        return str(e)
+    if args.cluster_key_file is not None and Path(args.cluster_key_file).exists() and \
+            Path(args.cluster_key_file).resolve() == Path(args.lineage_key).resolve():
+        return "--lineage-key must be a key of its own, not the cluster key"
+    del key
+    if args.role == "router":
+        log.warning("--lineage-log on a router alone records nothing: it holds no KV pages (pass it to the workers)")
+    return None
 
 
 def _serve_colocated(backend, server: uvicorn.Server) -> int:

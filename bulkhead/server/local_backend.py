@@ -10,6 +10,7 @@ from __future__ import annotations
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.scheduler import TenantShares
+from bulkhead.lineage import health as lineage_health
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
@@ -49,6 +50,10 @@ class LocalBackend(Backend):
 
     def stop(self) -> None:
         self.built.engine.stop()
+
+    def health(self) -> dict:
+        why = lineage_health.problem(self.built.engine.lineage.stats())
+        return lineage_health.health({"colocated": why} if why else {})
 
     def info(self) -> dict:
         return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}

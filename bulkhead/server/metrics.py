@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from bulkhead.lineage import health as lineage_health
+
 if TYPE_CHECKING:  # the HTTP layer runs in the router process too, which loads no torch
     from bulkhead.engine.engine import Engine
 
@@ -37,6 +39,8 @@ class EngineCollector:
         yield CounterMetricFamily("bulkhead_preemptions", "Requests preempted for pages", sched.num_preemptions)
         yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed", self.engine.stats.failures)
         yield from tenant_metrics(sched.tenant_stats())
+        for name, (doc, value) in lineage_health.metric_samples(self.engine.lineage.stats()).items():
+            yield GaugeMetricFamily(name, doc, value)
         cache = sched.cache
         if cache is not None:
             yield CounterMetricFamily("bulkhead_prefix_cache_hit_pages", "Prompt pages served from the cache",

@@ -47,6 +47,11 @@ class Backend(ABC):
     def stop(self) -> None:
         pass
 
+    def health(self) -> dict:
+        """The /health body; a "status" other than "ok" answers 503 (a
+        lineage log that cannot be written, bulkhead.lineage.health)."""
+        return {"status": "ok"}
+
     def tenant_stats(self) -> dict[str, dict]:
         """Per-tenant fair-share state: the engine's (colocated), or summed over
         the workers (a router, which queues nothing itself)."""

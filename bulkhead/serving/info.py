@@ -60,4 +60,5 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "max_n": limits.max_n,
         "sampling_defaults": load_sampling_defaults(cfg.model_dir),
         "engine_failures": built.engine.stats.failures,
+        "lineage": built.engine.lineage.stats(),  # None: no --lineage-log
     }

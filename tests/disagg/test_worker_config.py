@@ -39,3 +39,26 @@ def test_bad_configs_are_refused(change, why):
     body = {**json.loads(CONFIG.to_json()), **change}
     with pytest.raises(ValueError, match=why):
         WorkerConfig.from_json(json.dumps(body))
+
+
+def test_the_lineage_log_reaches_a_worker_as_a_file_of_its_own(tmp_path):
+    from dataclasses import replace
+
+    from bulkhead.disagg.launch import worker_lineage
+    from bulkhead.lineage.chain import worker_log_path
+    from bulkhead.lineage.writer import LineageLog
+
+    key = tmp_path / "lineage.key"
+    config = replace(CONFIG, lineage_log=str(tmp_path / "lineage.jsonl"), lineage_key_file=str(key),
+                     lineage_max_bytes=2**20)
+    assert WorkerConfig.from_json(config.to_json()) == config
+    sink = worker_lineage(config)
+    try:
+        assert isinstance(sink, LineageLog) and sink.path == tmp_path / "lineage.decode-0.jsonl"
+        assert key.exists()  # made, mode 0600, when missing
+    finally:
+        sink.close()
+    assert worker_log_path(Path("/x/lin"), "prefill-1") == Path("/x/lin.prefill-1")
+    assert not worker_lineage(CONFIG).enabled  # no flag: the no-op sink
+    with pytest.raises(ValueError, match="--lineage-key"):
+        replace(CONFIG, lineage_log="/x/lineage.jsonl")
