@@ -152,13 +152,13 @@ def successors(world: World, config: ProtocolConfig, state: WorldState) -> list[
 
 
 def _drains(config: ProtocolConfig, state: WorldState) -> list[Transition]:
-    """The operator drains any worker not yet draining (one budget)."""
+    """The operator drains any worker (again, too: a repeat changes nothing)."""
     if not state.drains_left:
         return []
     spent = replace(state, drains_left=state.drains_left - 1)
     workers = [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]
     return [apply_event(config, spent, ROUTER, DrainWorker(w), f"operator drains {w[0]}{w[1]}")
-            for w in workers if w not in state.router.draining]
+            for w in workers]
 
 
 def _moving(state: WorldState) -> set:

@@ -68,9 +68,10 @@ def large_world() -> World:
 
 
 def drain_world() -> World:
-    """The small world with one drain of any worker at any moment, and no
-    other fault: assignments to it stop, what it holds finishes (seconds)."""
-    return World("drain", (_R0, _R1), **POOLS, faults=0, drains=1)
+    """The small world with two drains (of any worker, at any moment, the
+    same one twice too) and no other fault: assignments to a draining worker
+    stop, what it holds finishes (seconds)."""
+    return World("drain", (_R0, _R1), **POOLS, faults=0, drains=2)
 
 
 WORLDS = {"default": default_world, "small": small_world, "large": large_world}
