@@ -19,6 +19,17 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; k >= 0 = sampled token plus top k
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's: subtracted from a token's logit once it appears in the output
+    # (presence) and per time it appears (frequency); each in [-2, 2].
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's: a token seen in the prompt or the output has its logit divided
+    # by this when positive, multiplied when negative; 1 = off.
+    repetition_penalty: float = 1.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -41,7 +41,8 @@ class Sampler:
         logprobs: list[TokenLogprobs | None] = []
         if not requests:
             return tokens, logprobs  # a prefill chunk that does not end its prompt
-        plain_greedy = all(r.params.greedy and not r.params.logit_bias and not self._suppressed(r) for r in requests)
+        plain_greedy = all(r.params.greedy and not r.params.logit_bias and not r.params.penalized
+                           and not self._suppressed(r) for r in requests)
         if plain_greedy:
             tokens = logits.argmax(dim=-1).tolist()
         for i, req in enumerate(requests):
@@ -63,6 +64,8 @@ class Sampler:
         row = row.clone()
         for token_id, bias in p.logit_bias:
             row[token_id] += bias
+        if p.penalized:
+            apply_penalties(row, p, req.prompt_token_ids, req.output_token_ids)
         banned = self._suppressed(req)
         if banned:
             row[list(banned)] = float("-inf")
@@ -91,3 +94,19 @@ class Sampler:
             values, ids = torch.topk(lp, k)
             top = tuple(zip(ids.tolist(), values.tolist()))
         return TokenLogprobs(token_id, float(lp[token_id]), top)
+
+
+def apply_penalties(row: torch.Tensor, params, prompt_ids, output_ids) -> None:
+    """In place, on one request's logits ([V]): its own tokens only, so a
+    row never depends on its batch-mates (batch invariance holds). The
+    output includes the first token, which prefill sampled and decode was
+    handed, so the penalties read the same history in either deployment."""
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long)
+        if len(seen):
+            logits = row[seen]
+            row[seen] = torch.where(logits > 0, logits / params.repetition_penalty,
+                                    logits * params.repetition_penalty)
+    if output_ids and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.long), return_counts=True)
+        row[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(row.dtype)

@@ -23,6 +23,9 @@ GREEDY_BELOW = 1e-5
 # into a server that looks hung. 512 tokens is an answer in seconds here;
 # finish_reason "length" says when it cut one short.
 DEFAULT_MAX_TOKENS = 512
+# vLLM takes any positive repetition_penalty; past this a logit is scaled by
+# more than two orders of magnitude, which no sampling setting needs.
+MAX_REPETITION_PENALTY = 100.0
 
 
 def _bad(message: str, param: str, *, limit=None, value=None, code: str = "invalid_value") -> InvalidRequest:
@@ -39,10 +42,6 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 
 def _unsupported(body: _SamplingFields) -> None:
     refuse_unknown_fields(body)
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0):
-            raise _bad(f"{name} is not supported (only 0)", name, value=value, code="unsupported_parameter")
     if isinstance(body, CompletionRequest):
         if body.echo:
             raise _bad("echo is not supported", "echo", code="unsupported_parameter")
@@ -127,6 +126,13 @@ def validate_common(body: _SamplingFields, limits: Limits) -> None:
         _check_token_id(token_id, limits, "logit_bias")
         if not -100 <= bias <= 100:
             raise _bad(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias", limit=100, value=bias)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise _bad(f"{name} must be in [-2, 2], got {value}", name, limit=2.0, value=value)
+    if body.repetition_penalty is not None and not 0.0 < body.repetition_penalty <= MAX_REPETITION_PENALTY:
+        raise _bad(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {body.repetition_penalty}",
+                   "repetition_penalty", limit=MAX_REPETITION_PENALTY, value=body.repetition_penalty)
     k = _logprobs_k(body)
     if k is not None and not 0 <= k <= limits.max_logprobs:
         param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
@@ -177,6 +183,9 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
         ignore_eos=body.ignore_eos,
         logprobs=_logprobs_k(body),
         logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
+        presence_penalty=float(body.presence_penalty or 0.0),
+        frequency_penalty=float(body.frequency_penalty or 0.0),
+        repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
     )
 
 

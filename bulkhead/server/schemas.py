@@ -36,6 +36,7 @@ class _SamplingFields(BaseModel):
     parallel_tool_calls: bool | None = None
     # vLLM extensions (benchmarks use them)
     top_k: int | None = None
+    repetition_penalty: float | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None

@@ -40,7 +40,10 @@ def chat(**kw):
         (completion(logprobs=21), "logprobs"),
         (completion(echo=True), "echo"),
         (completion(best_of=3), "best_of"),
-        (completion(presence_penalty=0.5), "presence_penalty"),
+        (completion(presence_penalty=2.5), "presence_penalty"),
+        (chat(frequency_penalty=-3), "frequency_penalty"),
+        (completion(repetition_penalty=0), "repetition_penalty"),
+        (chat(repetition_penalty=1000), "repetition_penalty"),
         (chat(top_logprobs=3), "top_logprobs"),
         (chat(logprobs=True, top_logprobs=50), "top_logprobs"),
         (chat(max_completion_tokens=0), "max_tokens"),
@@ -132,13 +135,19 @@ def test_values_the_engine_could_not_use_are_refused_at_the_edge(body, param):
     assert e.value.param == param
 
 
+def test_penalties_reach_the_sampling_params():
+    p = sampling_params(chat(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.3), 3, LIMITS, 0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -1.0, 1.3) and p.penalized
+    assert not sampling_params(chat(), 3, LIMITS, 0).penalized
+
+
 def test_a_vanishing_temperature_samples_greedily():
     assert sampling_params(completion(temperature=1e-300), 3, LIMITS, 0).temperature == 0.0
     assert sampling_params(completion(temperature=0.01), 3, LIMITS, 0).temperature == 0.01
 
 
 @pytest.mark.parametrize("make", [completion, chat])
-@pytest.mark.parametrize("field", ["foo_bar", "reasoning_effort", "repetition_penalty", "guided_json"])
+@pytest.mark.parametrize("field", ["foo_bar", "reasoning_effort", "guided_json"])
 def test_a_field_bulkhead_does_not_serve_is_refused_by_name(make, field):
     with pytest.raises(InvalidRequest) as e:
         validate_common(make(**{field: "high"}), LIMITS)
