@@ -8,7 +8,7 @@ bends writes, a scrub that does not scrub, an admission function that lets
 a rejected request through. Each seam is a component the system has anyway.
 
     make_link(signer, router_address)   a worker's control-plane link
-    make_source(backend_name)           prefill's transfer source (writes pages)
+    make_source(backend_name, **opts)   prefill's transfer source (writes pages)
     make_transfer_executor()            the thread that runs prefill's transfers
     wrap_engine(engine)                 the engine workers and the server talk to
     scrub(pool, ledger)                 release of freed pages (scrub, then reuse)
@@ -37,10 +37,10 @@ def _default_link(signer, router_address: str):
     return WorkerLink(signer, router_address)
 
 
-def _default_source(name: str):
+def _default_source(name: str, **opts):
     from bulkhead.disagg.transfer import make_source
 
-    return make_source(name)
+    return make_source(name, **opts)
 
 
 def _default_scrub(pool, ledger) -> int:

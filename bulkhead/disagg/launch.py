@@ -42,6 +42,9 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transfer-port", type=int, default=0,
                    help="decode: the port its tcp/mooncake KV receiver listens on (default 0: any free port, "
                         "sent to prefill workers over the control plane; fix one for a firewall)")
+    p.add_argument("--transfer-all-interfaces", action="store_true",
+                   help="mooncake: start although this host has interfaces other than lo (Mooncake listens on "
+                        "every interface, whatever --transfer-host says); the multi-host recipe needs it")
     p.add_argument("--drain-lease", type=float, default=30.0,
                    help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
     p.add_argument("--drain-deadline", type=float, default=60.0,
@@ -68,6 +71,7 @@ def worker_config_from_args(args, engine_config) -> WorkerConfig:
                         args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
                         args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline,
                         transfer_host=args.transfer_host, transfer_port=args.transfer_port,
+                        transfer_all_interfaces=args.transfer_all_interfaces,
                         **lineage_settings(args))
 
 
@@ -122,6 +126,8 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
             opts = {} if config.transfer == "shm" else {"host": config.transfer_host}
             if config.transfer == "tcp":
                 opts["port"] = config.transfer_port
+            if config.transfer == "mooncake":
+                opts["allow_all_interfaces"] = config.transfer_all_interfaces
             holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode, **opts)
             return holder["target"].pool
 
@@ -129,7 +135,9 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
         return DecodeWorker(built, config.engine.model_id, signer, config.router, target=holder["target"],
                             drain_lease_s=config.drain_lease_s, seams=seams)
     built = build_engine(config.engine, prefill_only=True, seams=seams, lineage=lineage)
-    return PrefillWorker(built, config.engine.model_id, signer, config.router, seams=seams)
+    mooncake = {"host": config.transfer_host, "allow_all_interfaces": config.transfer_all_interfaces}
+    return PrefillWorker(built, config.engine.model_id, signer, config.router, seams=seams,
+                         source_options={"mooncake": mooncake})
 
 
 def _die_with_parent() -> None:

@@ -46,8 +46,12 @@ class PrefillJob(Phased):
 class PrefillWorker(WorkerBase):
     role = "prefill"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, source_options: dict | None = None, **kwargs):
+        """source_options: per transfer backend, how to build its source
+        (mooncake: this host's address, and whether it may listen on more
+        than loopback); a backend not named gets its defaults."""
         super().__init__(*args, **kwargs)
+        self.source_options = source_options or {}
         self.jobs: dict[str, PrefillJob] = {}
         self.sources: dict[str, object] = {}  # transfer backend name -> TransferSource
         self.transfers = self.seams.make_transfer_executor()
@@ -161,7 +165,7 @@ class PrefillWorker(WorkerBase):
     def _source(self, transfer: dict):
         name = transfer["backend"]
         if name not in self.sources:
-            self.sources[name] = self.seams.make_source(name)
+            self.sources[name] = self.seams.make_source(name, **self.source_options.get(name, {}))
         return self.sources[name]
 
     def _finalize(self, rid: str) -> None:

@@ -39,6 +39,10 @@ class WorkerConfig:
     # prefill must reach it: this host's address on their shared network).
     transfer_host: str = "127.0.0.1"
     transfer_port: int = 0  # decode: its receiver's port (0: any free one, told to writers)
+    # mooncake: start although this host has interfaces other than lo.
+    # Mooncake listens on every interface whatever it is told; across hosts
+    # that is the data network, so the operator says so explicitly.
+    transfer_all_interfaces: bool = False
     # The forensic page-lineage log (bulkhead.lineage): the deployment's
     # --lineage-log PATH; this worker writes its own file, its name before
     # PATH's suffix (chain.worker_log_path). None = no log.

@@ -106,7 +106,7 @@ class Cluster:
         # where production has ZeroMQ, a transfer backend and a thread.
         seams = Seams(make_link=lambda signer, address: SimWorkerLink(self.network, lambda: self.kick(node), signer,
                                                                       address),
-                      make_source=lambda _name: SimSource(ctx, self.plane),
+                      make_source=lambda _name, **_opts: SimSource(ctx, self.plane),
                       make_transfer_executor=lambda: _Executor(self, node))
         common = dict(clock=ctx.now, seams=seams)
         if name.startswith("decode"):

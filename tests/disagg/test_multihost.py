@@ -1,7 +1,9 @@
 """Router, prefill and decode on three hosts: three network namespaces, each
 with its own address on a bridge (in a fourth namespace) that they reach
-through veth pairs, and no route to anything else. KV moves over the tcp
-backend between the prefill and decode hosts; the official openai client
+through veth pairs, and no route to anything else. KV moves between the
+prefill and decode hosts over tcp, and over Mooncake where it is installed
+(it listens on every interface: here that is the host's one veth and lo,
+and --transfer-all-interfaces says the operator accepts it); the official openai client
 talks to the router's address; the decode worker is restarted (SIGTERM:
 drain, exit) and the deployment keeps serving.
 
@@ -14,6 +16,7 @@ is the recipe it follows.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -104,8 +107,8 @@ def hosts():
 
 
 class Deployment:
-    def __init__(self, hosts: dict, directory: Path):
-        self.hosts, self.dir = hosts, directory
+    def __init__(self, hosts: dict, directory: Path, transfer: str):
+        self.hosts, self.dir, self.transfer = hosts, directory, transfer
         self.keys = directory / "keys.toml"
         self.keys.write_text(f'[keys]\n"{TENANT_KEY}" = "alpha"\n[operators]\n"{OPERATOR_KEY}" = "ops"\n')
         self.cluster_key = directory / "cluster.key"
@@ -128,8 +131,12 @@ class Deployment:
                    "--api-keys", str(self.keys), "--cluster-key-file", str(self.cluster_key))
 
     def start_worker(self, role: str) -> None:
-        extra = ["--transfer", "tcp", "--transfer-host", self.hosts["decode"][1], "--transfer-port", "8002"] \
-            if role == "decode" else []
+        extra = ["--transfer-host", self.hosts[role][1]]
+        if role == "decode":
+            extra += ["--transfer", self.transfer]
+            extra += ["--transfer-port", "8002"] if self.transfer == "tcp" else []
+        if self.transfer == "mooncake":
+            extra.append("--transfer-all-interfaces")
         self.start(role, "--router", self.control, "--cluster-key-file", str(self.cluster_key),
                    "--worker-name", f"{role}-0", "--kv-memory", "128MiB", "--context-length", "1024",
                    "--threads", "1", *extra)
@@ -157,9 +164,18 @@ class Deployment:
             log.close()
 
 
-@pytest.fixture(scope="module")
-def deployment(hosts, tmp_path_factory, smollm2_dir):
-    d = Deployment(hosts, tmp_path_factory.mktemp("multihost"))
+def _mooncake_missing() -> str | None:
+    if importlib.util.find_spec("mooncake") is None:
+        return "mooncake-transfer-engine-non-cuda is not installed (pip install -e '.[mooncake]')"
+    probe = subprocess.run([sys.executable, "-c", "import mooncake.engine"], capture_output=True, text=True)
+    return f"mooncake.engine does not load: {probe.stderr.strip()[-300:]}" if probe.returncode else None
+
+
+@pytest.fixture(scope="module", params=["tcp", "mooncake"])
+def deployment(request, hosts, tmp_path_factory, smollm2_dir):
+    if request.param == "mooncake" and (why := _mooncake_missing()):
+        pytest.skip(why)
+    d = Deployment(hosts, tmp_path_factory.mktemp(f"multihost-{request.param}"), request.param)
     try:
         d.start_router()
         d.start_worker("prefill")
@@ -169,7 +185,7 @@ def deployment(hosts, tmp_path_factory, smollm2_dir):
         d.stop()
 
 
-def test_three_hosts_serve_the_openai_client_with_kv_over_tcp_between_them(deployment):
+def test_three_hosts_serve_the_openai_client_with_kv_moved_between_them(deployment):
     first = deployment.ask()
     assert first["live"] == ["decode-0", "prefill-0"], deployment.tail()
     assert "Paris" in first["answer"]

@@ -141,7 +141,7 @@ class Injector:
     def seams(self) -> Seams:
         return Seams(
             make_link=lambda signer, address: FaultyLink(self, signer, address),
-            make_source=lambda name: FaultySource(self, PRODUCTION.make_source(name)),
+            make_source=lambda name, **opts: FaultySource(self, PRODUCTION.make_source(name, **opts)),
             make_transfer_executor=lambda: LateExecutor(self, PRODUCTION.make_transfer_executor()),
             wrap_engine=self._remember_engine,
             scrub=self._scrub,
