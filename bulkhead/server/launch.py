@@ -196,9 +196,16 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if workers and not _wait_for_workers(backend, workers):
         backend.stop()
         return 1
+    # uvicorn handles SIGTERM/SIGINT itself (stop accepting, let in-flight
+    # requests finish) and afterwards raises the signal again into whatever
+    # handler was there before; the default one would kill this process
+    # before it stops its workers below, so a no-op is there instead.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()  # SIGTERM: stops accepting, lets in-flight requests finish
+        server.run()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         # Workers drain on SIGTERM: while the router still listens they are
         # told at once that nothing more is coming, and exit.
         for proc in workers:
