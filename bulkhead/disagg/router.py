@@ -148,7 +148,10 @@ class DisaggBackend(Backend):
     def _on_leaving(self, sender: str, worker: Worker, _message: m.Leaving) -> None:
         """A worker got SIGTERM: drain it (even the last of its role: it is
         going either way, and this way it finishes what it holds first)."""
-        self.drain(sender, force=True)
+        try:
+            self.drain(sender, force=True)
+        except NotFound:  # declared lost meanwhile: its routes are failed, nothing is assigned to it
+            log.info("worker %s is leaving after it was declared lost", sender)
 
     def tenant_stats(self) -> dict[str, dict]:
         """Each tenant's service, queue and pages summed over the workers,
