@@ -142,8 +142,8 @@ class DisaggBackend(Backend):
         return self.registry.describe_one(name)
 
     def worker_states(self) -> list[dict]:
-        return [{"name": w["name"], "role": w["role"], "state": w["state"], "routes": len(self._routes_of(w["name"]))}
-                for w in self.registry.describe()]
+        return [self.registry.describe_one(w.name) | {"routes": len(self._routes_of(w.name))}
+                for w in self.registry.all()]
 
     def _on_leaving(self, sender: str, worker: Worker, _message: m.Leaving) -> None:
         """A worker got SIGTERM: drain it (even the last of its role: it is

@@ -72,16 +72,8 @@ def _remove(network: Network, message) -> Network:
 def apply_event(config: ProtocolConfig, state: WorldState, dst, event, label: str,
                 network: Network | None = None) -> Transition:
     """Run the destination actor's step function and put its sends in flight."""
-    kind, index = dst
-    if kind == "router":
-        step = router_step(config, state.router, event)
-        state = replace(state, router=step.state)
-    elif kind == "prefill":
-        step = prefill_step(config, state.prefills[index], event)
-        state = replace(state, prefills=_set(state.prefills, index, step.state))
-    else:
-        step = decode_step(config, state.decodes[index], event)
-        state = replace(state, decodes=_set(state.decodes, index, step.state))
+    _, step = _actor_step(config, state, dst, event)
+    state = _with_actor(state, dst, step.state)
     base = state.network if network is None else network
     state = replace(state, network=_add(base, step.send))
     return Transition(label, _collect_garbage(config, state), step.notes, step.send)
@@ -110,16 +102,26 @@ def _collect_garbage(config: ProtocolConfig, state: WorldState) -> WorldState:
     return replace(state, network=kept)
 
 
-_STEPS = {"router": lambda config, s, dst, m: router_step(config, s.router, m),
-          "prefill": lambda config, s, dst, m: prefill_step(config, s.prefills[dst[1]], m),
-          "decode": lambda config, s, dst, m: decode_step(config, s.decodes[dst[1]], m)}
-_ACTOR_STATE = {"router": lambda s, dst: s.router, "prefill": lambda s, dst: s.prefills[dst[1]],
-                "decode": lambda s, dst: s.decodes[dst[1]]}
+_STEP_FUNCTIONS = {"router": router_step, "prefill": prefill_step, "decode": decode_step}
+
+
+def _actor_step(config: ProtocolConfig, state: WorldState, dst, event):
+    """The destination actor's state, and its step on event."""
+    actor = _actor(state, dst)
+    return actor, _STEP_FUNCTIONS[dst[0]](config, actor, event)
+
+
+def _with_actor(state: WorldState, dst, actor) -> WorldState:
+    kind, index = dst
+    if kind == "router":
+        return replace(state, router=actor)
+    if kind == "prefill":
+        return replace(state, prefills=_set(state.prefills, index, actor))
+    return replace(state, decodes=_set(state.decodes, index, actor))
 
 
 def _check_no_op(config: ProtocolConfig, state: WorldState, message) -> None:
-    before = _ACTOR_STATE[message.dst[0]](state, message.dst)
-    step = _STEPS[message.dst[0]](config, state, message.dst, message)
+    before, step = _actor_step(config, state, message.dst, message)
     if step.state != before or step.send or step.notes:
         raise AssertionError(f"unsound reduction: {_show(message)} to a DONE record changed its actor")
 
@@ -210,6 +212,8 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
 
 
 def _actor(state: WorldState, addr):
+    if addr[0] == "router":
+        return state.router
     return (state.prefills if addr[0] == "prefill" else state.decodes)[addr[1]]
 
 

@@ -16,7 +16,6 @@ is the recipe it follows.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.disagg.mooncake_check import mooncake_unavailable
 
 pytestmark = pytest.mark.e2e
 
@@ -164,16 +165,9 @@ class Deployment:
             log.close()
 
 
-def _mooncake_missing() -> str | None:
-    if importlib.util.find_spec("mooncake") is None:
-        return "mooncake-transfer-engine-non-cuda is not installed (pip install -e '.[mooncake]')"
-    probe = subprocess.run([sys.executable, "-c", "import mooncake.engine"], capture_output=True, text=True)
-    return f"mooncake.engine does not load: {probe.stderr.strip()[-300:]}" if probe.returncode else None
-
-
 @pytest.fixture(scope="module", params=["tcp", "mooncake"])
 def deployment(request, hosts, tmp_path_factory, smollm2_dir):
-    if request.param == "mooncake" and (why := _mooncake_missing()):
+    if request.param == "mooncake" and (why := mooncake_unavailable()):
         pytest.skip(why)
     d = Deployment(hosts, tmp_path_factory.mktemp(f"multihost-{request.param}"), request.param)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.disagg.mooncake_check import mooncake_unavailable
 from tests.disagg.transfer import scenario
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,11 +33,8 @@ def test_dead_decode_raises_instead_of_hanging(backend):
 
 @functools.cache
 def _mooncake_skip_reason() -> str | None:
-    if importlib.util.find_spec("mooncake") is None:
-        return "mooncake-transfer-engine-non-cuda is not installed (pip install -e '.[mooncake]')"
-    probe = subprocess.run([sys.executable, "-c", "import mooncake.engine"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"mooncake.engine does not load (apt-get install -y libibverbs1?): {probe.stderr.strip()[-300:]}"
+    if why := mooncake_unavailable():
+        return why
     netns = subprocess.run(["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
     if netns.returncode != 0:
         return f"cannot make a private network namespace (unshare -n needs root): {netns.stderr.strip()}"
