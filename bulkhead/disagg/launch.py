@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+import typing
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,7 +93,7 @@ def worker_lineage(config: WorkerConfig):
     return open_lineage(path, config.lineage_key_file, config.lineage_max_bytes, config.name)
 
 
-def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
+def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> typing.NoReturn:
     worker = build_worker(config, seams)
     # SIGTERM drains, then exits (bounded by the deadline); a second one exits now.
     signal.signal(signal.SIGTERM, lambda *_: worker.leave(config.drain_deadline_s))
@@ -101,7 +103,15 @@ def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> int:
         if config.role == "decode":
             worker.target.close()
         worker.lineage.close()
-    return 0
+    # Everything the worker owns is closed. Exit here, not through the
+    # interpreter's teardown: there ZeroMQ's and torch's native threads met
+    # static destructors once and aborted a drained worker (SIGABRT,
+    # "terminate called without an active exception"), turning a clean drain
+    # into exit status -6 (tests/disagg/test_multihost.py, once in a fresh clone).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
