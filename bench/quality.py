@@ -57,6 +57,8 @@ VARIANTS = {
     "int4 decode, fp32 lm_head": ("int4", "fp32"),
     "fp32 layers, bf16w lm_head": ("onednn", "bf16w"),
     "int4 decode, bf16w lm_head": ("int4", "bf16w"),
+    "q4 decode, fp32 lm_head": ("q4", "fp32"),
+    "q4 decode, bf16w lm_head": ("q4", "bf16w"),
 }
 
 

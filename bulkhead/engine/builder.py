@@ -60,7 +60,7 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
-    # "auto": int4 decode over weights that are 4-bit already (the bundled
+    # "auto": q4 decode over weights exactly on a 4-bit grid (the bundled
     # Q4_1 SmolLM2), else oneDNN fp32 where this torch build runs it, else
     # F.linear (bulkhead.model.linear_kernel).
     linear_kernel: str = "auto"

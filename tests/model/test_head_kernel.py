@@ -81,7 +81,7 @@ def _weights(n=96, k=64):
 @pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="no oneDNN bf16")
 def test_reduced_precision_kernels_take_bf16w_and_the_exact_kernels_keep_fp32():
     w = _weights()
-    assert choose_head("int4", w.lm_head) == choose_head("onednn-bf16", w.lm_head) == "bf16w"
+    assert choose_head("int4", w.lm_head) == choose_head("onednn-bf16", w.lm_head) == choose_head("q4", w.lm_head) == "bf16w"
     assert choose_head("onednn", w.lm_head) == choose_head("aten", w.lm_head) == "fp32"
     assert isinstance(prepare(w, "onednn-bf16").lm_head, BF16WeightLinear)
     assert isinstance(prepare(w, "onednn").lm_head, OneDNNLinear)  # --linear-kernel onednn: the exact model

@@ -24,14 +24,15 @@ from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
 from bulkhead.model import decode_kernel
+from bulkhead.model import q4_kernel
 from bulkhead.model.linear_kernel import int4_usable, onednn_usable
 from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
 
 
-def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch"):
+def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_kernel=None):
     """Logits at each chunk end (prefill) and at each of the last 3 tokens (decode)."""
-    model = load_model(model_dir, linear_kernel=kernel, decode_attention=decode_attention)
+    model = load_model(model_dir, linear_kernel=kernel, decode_attention=decode_attention, head_kernel=head_kernel)
     c = model.config
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "float32")
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
@@ -95,6 +96,10 @@ def test_tiny_models_match_transformers(tmp_path, smollm2_dir, model_type, overr
     assert_parity(model_dir, IDS, chunk=16, atol=1e-4)
 
 
+def q4_usable_here() -> bool:
+    return q4_kernel.load() is not None and onednn_usable(torch.float32)
+
+
 needs_c = pytest.mark.skipif(decode_kernel.load(64, 3, 16) is None, reason="no C compiler for the decode kernel")
 
 
@@ -102,6 +107,18 @@ needs_c = pytest.mark.skipif(decode_kernel.load(64, 3, 16) is None, reason="no C
 @pytest.mark.parametrize("decode_attention", ["torch", pytest.param("c", marks=needs_c)])
 def test_smollm2_matches_transformers(smollm2_dir, kernel, decode_attention):
     assert_parity(smollm2_dir, IDS, chunk=13, atol=1e-3, kernel=kernel, decode_attention=decode_attention)
+
+
+@pytest.mark.skipif(not q4_usable_here(), reason="the 4-bit kernel cannot be built here")
+@pytest.mark.parametrize("decode_attention", ["torch", pytest.param("c", marks=needs_c)])
+def test_smollm2_through_the_4_bit_kernel_is_the_exact_model(smollm2_dir, decode_attention):
+    # q4 rebuilds the Q4_1 weights bit for bit and sums in fp32: with the fp32
+    # lm_head its decode rows are the exact model's, to the same tolerance.
+    ours = paged_logits(smollm2_dir, IDS, 13, "q4", decode_attention, head_kernel="fp32")
+    ref = reference_logits(smollm2_dir, IDS)
+    for pos, logits in ours.items():
+        assert (logits - ref[pos]).abs().max().item() < 1e-3, pos
+        assert logits.argmax() == ref[pos].argmax(), pos
 
 
 @pytest.mark.parametrize("kernel,max_kl", [

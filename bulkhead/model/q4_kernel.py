@@ -1,0 +1,128 @@
+"""Decode linear layers over 4-bit grid weights with fp32 inputs, sums and
+outputs (csrc/linear_q4.c), compiled and loaded as the lm_head's kernel is
+(bulkhead.model.head_kernel).
+
+Why: the bundled SmolLM2 ships as Q4_1, so each group of 32 inputs of an
+output holds w = q * d + m with q in 0..15. Packed that way a decode step
+reads 4 bits a weight, as torch's int4 kernel does, but nothing else is
+rounded: `pack` refuses a weight it cannot rebuild bit for bit, and the
+kernel keeps the inputs and every sum in fp32. So the decode rows compute
+the exact model's numbers (up to the order of a sum), not torch's int4
+kernel's bf16 inputs and bf16-rounded scales.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import subprocess
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import decode_kernel
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "linear_q4.c"
+BLOCK = 32  # the C file's NB: outputs per packed block
+GROUP = 32  # the C file's G: inputs per scale/offset pair
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The library, built with -fopenmp where torch runs on libgomp; None
+    where it cannot be built (no compiler, or no OpenMP: one thread of it
+    would lose to torch's int4 kernel on two)."""
+    cc = decode_kernel._compiler()
+    if cc is None or not decode_kernel.torch_uses_libgomp():
+        return None
+    try:
+        lib = ctypes.CDLL(str(decode_kernel._build(cc, [*decode_kernel.FLAGS, "-fopenmp"], SOURCE)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not build the 4-bit decode kernel (%s)", str(getattr(e, "stderr", "") or e).strip()[:500])
+        return None
+    lib.linear_q4.restype = ctypes.c_int
+    lib.linear_q4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    assert lib.block_outputs() == BLOCK and lib.group_inputs() == GROUP
+    return lib
+
+
+def fits(w: torch.Tensor) -> bool:
+    return w.dim() == 2 and w.shape[0] % BLOCK == 0 and w.shape[1] % GROUP == 0 and w.numel() > 0
+
+
+def _candidates(lo: torch.Tensor, hi: torch.Tensor) -> list[torch.Tensor]:
+    """Scales to try per group: the fp16 value of the step (a GGUF block
+    stores its scale in fp16), the fp16 values either side of it, and the
+    fp32 step itself (a grid of fp32 scales)."""
+    step = (hi - lo) / 15
+    half = step.half()
+    down = torch.nextafter(half, torch.zeros_like(half)).float()
+    up = torch.nextafter(half, torch.full_like(half, float("inf"))).float()
+    return [half.float(), down, up, step]
+
+
+def grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """w [N, K] as (q [N, K/G, G] in 0..15, d [N, K/G, 1], m [N, K/G, 1])
+    with q * d + m == w bit for bit, or None if some group is not on such a
+    grid. The group's minimum is m (its q is 0, as GGUF's Q4_1 quantizer
+    makes it); d is the first candidate scale that rebuilds every element."""
+    if w.dtype != torch.float32 or not fits(w) or not bool(torch.isfinite(w).all()):
+        return None
+    groups = w.reshape(-1, GROUP)
+    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    d = torch.zeros_like(lo)
+    q = torch.zeros_like(groups)
+    todo = (hi != lo).squeeze(-1).nonzero().squeeze(-1)  # a constant group keeps d = 0, q = 0
+    for cand in _candidates(lo[todo], hi[todo]):
+        g, m = groups[todo], lo[todo]
+        cq = torch.round((g - m) / cand.clamp_min(torch.finfo(torch.float32).tiny)).clamp_(0, 15)
+        # The kernel rebuilds a weight as fma(q, d, m): one rounding. So q * d
+        # must be exact in fp32 (true of an fp16 d), and then q * d + m here,
+        # two roundings of which the first is none, is the kernel's weight.
+        exact_product = (cq.double() * cand.double()) == (cq * cand).double()
+        exact = ((cq * cand + m) == g).all(-1) & exact_product.all(-1) & (cand.squeeze(-1) > 0)
+        d[todo[exact]], q[todo[exact]] = cand[exact], cq[exact]
+        todo = todo[~exact]
+        if todo.numel() == 0:
+            break
+    if todo.numel():
+        return None
+    shape = (w.shape[0], -1)
+    return q.reshape(*shape, GROUP).to(torch.uint8), d.reshape(*shape, 1), lo.reshape(*shape, 1)
+
+
+def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [N, K] laid out for the kernel: (qs uint8 [N/NB, K, NB/2], dm fp32
+    [N/NB, K/G, 2, NB]), or None if w is not exactly on a 4-bit grid."""
+    found = grid(w)
+    if found is None:
+        return None
+    q, d, m = found
+    n, k = w.shape
+    q = q.reshape(n // BLOCK, BLOCK, k).transpose(1, 2)  # [blocks, K, NB]
+    qs = (q[..., : BLOCK // 2] | (q[..., BLOCK // 2:] << 4)).contiguous()
+    dm = torch.stack([d.reshape(n // BLOCK, BLOCK, -1), m.reshape(n // BLOCK, BLOCK, -1)], 1)  # [blocks, 2, NB, K/G]
+    return qs, dm.permute(0, 3, 1, 2).contiguous()
+
+
+def linear_q4(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack(w)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the 4-bit decode kernel is not available")
+    qs, dm = packed
+    blocks, k, _ = qs.shape
+    x = x.contiguous()
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
+    y = torch.empty(x.shape[0], blocks * BLOCK)
+    if x.shape[0] == 0:
+        return y
+    rc = lib.linear_q4(x.data_ptr(), qs.data_ptr(), dm.data_ptr(), y.data_ptr(), x.shape[0], blocks * BLOCK, k,
+                       torch.get_num_threads())
+    if rc:
+        raise ValueError(f"linear_q4 refused shapes x {tuple(x.shape)}, w [{blocks * BLOCK}, {k}]")
+    return y
