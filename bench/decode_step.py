@@ -37,13 +37,13 @@ from bulkhead.model.llama import LlamaModel  # noqa: E402
 from bulkhead.model.loader import load_weights  # noqa: E402
 
 
-def build(kernel: str, head_kernel: str | None, max_requests: int, context: int):
+def build(kernel: str, head_kernel: str | None, max_requests: int, context: int, kv_dtype: str = "float32"):
     mc, weights = load_weights(default_model_dir(), torch.float32)
     chosen = linear_kernel.choose(kernel, torch.float32, weights)
-    attention = decode_kernel.choose("auto", "float32", mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
+    attention = decode_kernel.choose("auto", kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
     prepared = linear_kernel.prepare(weights, chosen, head_kernel)
     model = LlamaModel(mc, prepared, attention)
-    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, "float32")
+    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, kv_dtype)
     pages_each = -(-(context + 8) // 16)
     pool, ledger = KVPool(layout, pages_each * max_requests + 1), PageLedger(pages_each * max_requests + 1)
     pool.data.normal_(0, 1)
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=320, help="KV positions per request")
     ap.add_argument("--linear-kernel", default="auto", help="comma list: variants to run interleaved")
     ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32 or bf16w ('' = the kernel's default)")
+    ap.add_argument("--kv-dtype", default="", help="comma list, one per variant: the KV cache's dtype "
+                                                   "('' = float32)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
@@ -76,10 +78,11 @@ def main(argv=None) -> int:
     sizes = [int(x) for x in args.requests.split(",")]
     kernels = args.linear_kernel.split(",")
     heads = (args.head_kernel.split(",") + [""] * len(kernels))[: len(kernels)]
+    kv_dtypes = (args.kv_dtype.split(",") + [""] * len(kernels))[: len(kernels)]
     variants = {}
-    for k, h in zip(kernels, heads):
-        runner, pages, chosen = build(k, h or None, max(sizes), args.context)
-        variants[f"{chosen}" + (f"/head={h}" if h else "")] = (runner, pages)
+    for k, h, kv in zip(kernels, heads, kv_dtypes):
+        runner, pages, chosen = build(k, h or None, max(sizes), args.context, kv or "float32")
+        variants[f"{chosen}" + (f"/head={h}" if h else "") + (f"/kv={kv}" if kv else "")] = (runner, pages)
     times = {(v, n): [] for v in variants for n in sizes}
     for n in sizes:
         for runner, pages in variants.values():

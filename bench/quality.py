@@ -51,7 +51,7 @@ PROMPTS = (
     ("def fibonacci(n):", False),
     ("In 1969, the first humans to walk on the Moon were", False),
 )
-# name -> (linear kernel, lm_head kernel); the first is the reference.
+# name -> (linear kernel, lm_head kernel[, KV cache dtype]); the first is the reference.
 VARIANTS = {
     "exact fp32 (onednn)": ("onednn", "fp32"),
     "int4 decode, fp32 lm_head": ("int4", "fp32"),
@@ -59,16 +59,18 @@ VARIANTS = {
     "int4 decode, bf16w lm_head": ("int4", "bf16w"),
     "q4 decode, fp32 lm_head": ("q4", "fp32"),
     "q4 decode, bf16w lm_head": ("q4", "bf16w"),
+    "q4 decode, bf16w lm_head, bf16 KV": ("q4", "bf16w", "bfloat16"),
+    "q4 decode, fp32 lm_head, bf16 KV": ("q4", "fp32", "bfloat16"),
 }
 
 
 class Runner:
     """One variant's model, pool and runner, as the engine builds them."""
 
-    def __init__(self, config, weights, kernel: str, head: str, max_tokens: int):
-        attention = decode_kernel.choose("auto", "float32", config.num_heads, config.num_kv_heads, config.head_dim, 16)
+    def __init__(self, config, weights, max_tokens: int, kernel: str, head: str, kv_dtype: str = "float32"):
+        attention = decode_kernel.choose("auto", kv_dtype, config.num_heads, config.num_kv_heads, config.head_dim, 16)
         model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention)
-        self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, "float32")
+        self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, kv_dtype)
         pages = self.layout.pages_for_tokens(max_tokens)
         self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)
         # Decode rows padded to 2, the multiple the engine measures for oneDNN fp32
@@ -131,12 +133,12 @@ def measure(tokens: int, variants: dict = VARIANTS) -> tuple[dict, dict]:
     # One variant's model in memory at a time: four copies of the weights
     # and their pools do not fit beside a busy machine's other work.
     names = list(variants)
-    ref = Runner(config, weights, *variants[names[0]], longest)
+    ref = Runner(config, weights, longest, *variants[names[0]])
     teacher = [ref.greedy(p, tokens, ()) for p in prompts]  # the exact model's own continuation
     ref_logits = [ref.logits(p, t[:-1]) for p, t in zip(prompts, teacher)]
     totals, answers = {}, {}
     for name in names:
-        runner = ref if name == names[0] else Runner(config, weights, *variants[name], longest)
+        runner = ref if name == names[0] else Runner(config, weights, longest, *variants[name])
         per = [compare(rl, runner.logits(p, t[:-1])) for p, t, rl in zip(prompts, teacher, ref_logits)]
         totals[name] = {"positions": sum(x["positions"] for x in per), "top1": sum(x["top1"] for x in per),
                         "kl_mean": sum(x["kl_mean"] * x["positions"] for x in per) / sum(x["positions"] for x in per),

@@ -16,7 +16,7 @@ from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import SchedulerConfig
 from bulkhead.kv.capacity import gate_context_length
-from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
@@ -80,8 +80,14 @@ class EngineConfig:
     # and finite-logit checks — so their cost can be measured. Never False
     # with more than one tenant (serve refuses it with API keys).
     guards: bool = True
+    # The KV cache's element type: "auto" (KV_DTYPE_AUTO below), "float32",
+    # "bfloat16" or "float16". Prefill and decode workers must agree (the
+    # router's pairing gate compares kv_dtype).
+    kv_dtype: str = "auto"
 
     def __post_init__(self):
+        if self.kv_dtype != "auto" and self.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"kv_dtype must be auto or one of {sorted(DTYPE_BYTES)}, not {self.kv_dtype!r}")
         if self.linear_kernel not in linear_kernel.KERNELS:
             raise ValueError(f"linear_kernel must be one of {linear_kernel.KERNELS}, not {self.linear_kernel!r}")
         if self.decode_attention not in decode_kernel.CHOICES:
@@ -120,11 +126,12 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     mc, weights = load_weights(cfg.model_dir, dtype)
     kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights)
     head = linear_kernel.choose_head(kernel, weights.lm_head)
-    attention = decode_kernel.choose(cfg.decode_attention, cfg.dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
+    kv_dtype = resolve_kv_dtype(cfg)
+    attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
     model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention)
     del weights  # the laid-out copies replace them
-    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, cfg.dtype)
+    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
     # The gate runs before the pool is allocated: a misconfigured worker fails fast.
     decision = gate_context_length(
@@ -167,13 +174,18 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
         "lm_head %s; decode attention %s", num_pages, cfg.page_size, pool.num_tokens,
-        num_pages * layout.bytes_per_page / 2**20, cfg.dtype, cfg.scrub_mode, decision.context_length, kernel, head,
+        num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode, decision.context_length, kernel, head,
         attention,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
     return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
                        head)
+
+
+def resolve_kv_dtype(cfg: EngineConfig) -> str:
+    """The KV cache's element type: as asked, or for "auto" the model's dtype."""
+    return cfg.dtype if cfg.kv_dtype == "auto" else cfg.kv_dtype
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:

@@ -38,8 +38,10 @@ def paged_attention(
     num_real = batch.write_slots.shape[0]
     page_size = v_pages.shape[1]
     pages, offsets = slots if slots is not None else (batch.write_slots // page_size, batch.write_slots % page_size)
-    k_pages[pages, :, :, offsets] = k[:num_real]  # [N, KVH, hd] into each row's (page, offset)
-    v_pages[pages, offsets] = v[:num_real]  # [N, KVH, hd]; the pool's pages are strided, not one flat row list
+    # Into each row's (page, offset), [N, KVH, hd], rounded to the pool's dtype
+    # (a 2-byte KV cache); the pool's pages are strided, not one flat row list.
+    k_pages[pages, :, :, offsets] = k[:num_real].to(k_pages.dtype)
+    v_pages[pages, offsets] = v[:num_real].to(v_pages.dtype)
     if c_kernel and batch.decode:
         return _decode_attention(q, k_pages, v_pages, batch)
     return _per_sequence_attention(q, k, v, k_pages, v_pages, batch)
@@ -49,8 +51,8 @@ def _decode_attention(q, k_pages, v_pages, batch: PagedBatch) -> torch.Tensor:
     """One kernel call for every decode row; rows past the real ones
     (padding to a batch-invariant row count) attend to nothing and stay 0."""
     num_seqs = batch.decode_kv_len.shape[0]
-    attn = paged_decode_attention(q[:num_seqs], k_pages, v_pages, batch.pages, batch.decode_page_offset,
-                                  batch.decode_kv_len, q.shape[2] ** -0.5)  # [S, H, hd]
+    attn = paged_decode_attention(q[:num_seqs].float(), k_pages, v_pages, batch.pages, batch.decode_page_offset,
+                                  batch.decode_kv_len, q.shape[2] ** -0.5).to(q.dtype)  # [S, H, hd], fp32 inside
     if num_seqs == q.shape[0]:
         return attn.view(num_seqs, -1)
     out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
@@ -69,9 +71,9 @@ def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch) -> tor
             k_seq, v_seq = k[rows], v[rows]  # [L, KVH, hd]
             mask, causal = None, seq.num_queries > 1
         else:
-            if gathered is None:
-                gathered = (_gather_k_pages(k_pages, batch.pages, q.shape[1] // kvh),
-                            _gather_pages(v_pages, batch.pages, kvh, hd))
+            if gathered is None:  # widened from the pool's dtype for SDPA
+                gathered = (_gather_k_pages(k_pages, batch.pages, q.shape[1] // kvh).to(q.dtype),
+                            _gather_pages(v_pages, batch.pages, kvh, hd).to(q.dtype))
             start = seq.page_offset * v_pages.shape[1]
             # Only positions below the written watermark kv_len are read.
             k_seq = gathered[0][start : start + seq.kv_len]

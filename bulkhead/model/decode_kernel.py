@@ -37,6 +37,11 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-pthread")
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _f32p = ctypes.POINTER(ctypes.c_float)
+# The KV element types the kernel reads: the -D flag that builds it for each,
+# and the torch dtype of the pool it takes (a 2-byte cache halves the bytes
+# decode attention reads; each element is widened to fp32 as it is loaded).
+KV_DTYPES = {"float32": ((), torch.float32), "bfloat16": (("-DKV_BF16",), torch.bfloat16),
+             "float16": (("-DKV_F16",), torch.float16)}
 
 
 class KernelError(RuntimeError):
@@ -89,13 +94,15 @@ def _build(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
 
 
 @functools.cache
-def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
-    """The kernel built for this geometry (group = query heads per KV head), or None."""
+def load(head_dim: int, group: int, page_size: int, kv_dtype: str = "float32") -> ctypes.CDLL | None:
+    """The kernel built for this geometry (group = query heads per KV head)
+    and KV element type, or None."""
     cc = _compiler()
     if cc is None:
         log.warning("no C compiler: decode attention runs through torch (slower)")
         return None
-    flags = [*FLAGS, f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DPAGE_SIZE={page_size}"]
+    flags = [*FLAGS, f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}", f"-DPAGE_SIZE={page_size}",
+             *KV_DTYPES[kv_dtype][0]]
     # In torch's OpenMP team where it has one, else (or where -fopenmp does
     # not build) the kernel's own pthread pool; both compute the same numbers.
     tries = [[*flags, "-fopenmp"], flags] if torch_uses_libgomp() else [flags]
@@ -114,12 +121,13 @@ def load(head_dim: int, group: int, page_size: int) -> ctypes.CDLL | None:
     lib.uses_openmp.restype = ctypes.c_int
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int64
-    fn.argtypes = [_f32p, _f32p, _f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p, _i64p, _f32p,
+    fn.argtypes = [_f32p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _i64p,
+                   _i64p, _f32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
     gather = lib.gather_k_position_major
     gather.restype = ctypes.c_int64
-    gather.argtypes = [_f32p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, _f32p, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int]
+    gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, ctypes.c_int64, ctypes.c_void_p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -134,8 +142,8 @@ CHOICES = ("auto", "c", "torch")
 def fits(kv_dtype: str, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> str | None:
     """Why the kernel cannot serve this model's KV, or None when it can
     (the limits are the C file's MAX_* constants)."""
-    if kv_dtype != "float32":
-        return f"KV dtype {kv_dtype} (the kernel reads float32)"
+    if kv_dtype not in KV_DTYPES:
+        return f"KV dtype {kv_dtype} (the kernel reads {', '.join(KV_DTYPES)})"
     if head_dim > 256 or page_size > 256:
         return f"head_dim {head_dim} or page size {page_size} over 256"
     if num_heads % num_kv_heads or num_heads // num_kv_heads > 16:
@@ -151,7 +159,7 @@ def choose(choice: str, kv_dtype: str, num_heads: int, num_kv_heads: int, head_d
     if choice == "torch":
         return "torch"
     why = fits(kv_dtype, num_heads, num_kv_heads, head_dim, page_size)
-    if why is None and load(head_dim, num_heads // num_kv_heads, page_size) is None:
+    if why is None and load(head_dim, num_heads // num_kv_heads, page_size, kv_dtype) is None:
         why = "it could not be compiled here (see the log)"
     if why is None:
         return "c"
@@ -159,6 +167,10 @@ def choose(choice: str, kv_dtype: str, num_heads: int, num_kv_heads: int, head_d
         raise RuntimeError(f"--decode-attention c: the C kernel cannot run: {why}")
     log.info("decode attention through torch: the C kernel cannot run: %s", why)
     return "torch"
+
+
+def _kv_name(dtype: torch.dtype) -> str | None:
+    return next((name for name, (_, t) in KV_DTYPES.items() if t == dtype), None)
 
 
 def _pages_contiguous(*views: torch.Tensor) -> bool:
@@ -180,11 +192,13 @@ def paged_decode_attention(
 ) -> torch.Tensor:  # [B, H, hd]
     b, h, hd = q.shape
     kvh, page_size = v_pages.shape[2], v_pages.shape[1]
-    lib = load(hd, h // kvh, page_size)
+    kv_dtype = _kv_name(k_pages.dtype)
+    lib = load(hd, h // kvh, page_size, kv_dtype) if kv_dtype else None
     if lib is None:
-        raise KernelError("the C decode-attention kernel is not available")
-    if not (_pages_contiguous(k_pages, v_pages) and q.dtype == k_pages.dtype == torch.float32):
-        raise KernelError("the kernel reads float32 pool views whose pages are contiguous, one stride apart")
+        raise KernelError(f"the C decode-attention kernel is not available for a {k_pages.dtype} pool")
+    if not (_pages_contiguous(k_pages, v_pages) and q.dtype == torch.float32 and v_pages.dtype == k_pages.dtype):
+        raise KernelError("the kernel reads float32 queries and pool views of one dtype whose pages are contiguous, "
+                          "one stride apart")
     if any(t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1 for t in (pages, page_offset, kv_len)):
         raise KernelError("pages, page_offset and kv_len must be contiguous 1-D int64 tensors")
     if page_offset.shape[0] != b or kv_len.shape[0] != b:
@@ -193,7 +207,7 @@ def paged_decode_attention(
     out = torch.empty_like(q)
     ptr = lambda t, kind: ctypes.cast(t.data_ptr(), kind)  # noqa: E731
     rc = lib.paged_decode_attention(
-        ptr(q, _f32p), ptr(k_pages, _f32p), ptr(v_pages, _f32p), k_pages.shape[0], k_pages.stride(0),
+        ptr(q, _f32p), k_pages.data_ptr(), v_pages.data_ptr(), k_pages.shape[0], k_pages.stride(0),
         ptr(pages, _i64p), pages.shape[0], ptr(page_offset, _i64p), ptr(kv_len, _i64p), ptr(out, _f32p),
         b, h, kvh, hd, page_size, scale, torch.get_num_threads())
     if rc > 0:
@@ -205,19 +219,20 @@ def paged_decode_attention(
 
 
 def gather_k_position_major(k_pages: torch.Tensor, which: torch.Tensor, group: int) -> torch.Tensor | None:
-    """The listed pages' K as [len(which) * page_size, KVH, hd] (the pool keeps
-    it [KVH, hd, page_size] per page), or None where the library cannot be
-    built (the caller permutes in torch then). group: query heads per KV head,
-    part of the library's geometry."""
+    """The listed pages' K as [len(which) * page_size, KVH, hd] in the pool's
+    dtype (the pool keeps it [KVH, hd, page_size] per page), or None where
+    the library cannot be built (the caller permutes in torch then). group:
+    query heads per KV head, part of the library's geometry."""
     kvh, hd, page_size = k_pages.shape[1:]
-    lib = load(hd, group, page_size)
-    if lib is None or not _pages_contiguous(k_pages) or k_pages.dtype != torch.float32:
+    kv_dtype = _kv_name(k_pages.dtype)
+    lib = load(hd, group, page_size, kv_dtype) if kv_dtype else None
+    if lib is None or not _pages_contiguous(k_pages):
         return None
     which = which.contiguous()
-    out = torch.empty(which.shape[0] * page_size, kvh, hd)
-    rc = lib.gather_k_position_major(ctypes.cast(k_pages.data_ptr(), _f32p), k_pages.shape[0], k_pages.stride(0),
-                                     ctypes.cast(which.data_ptr(), _i64p), which.shape[0],
-                                     ctypes.cast(out.data_ptr(), _f32p), kvh, hd, page_size)
+    out = torch.empty(which.shape[0] * page_size, kvh, hd, dtype=k_pages.dtype)
+    rc = lib.gather_k_position_major(k_pages.data_ptr(), k_pages.shape[0], k_pages.stride(0),
+                                     ctypes.cast(which.data_ptr(), _i64p), which.shape[0], out.data_ptr(), kvh, hd,
+                                     page_size)
     if rc < 0:
         raise KernelError(f"pool page stride {k_pages.stride(0)} is shorter than a page")
     if rc:

@@ -52,6 +52,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="dtype of the weights as loaded, the activations and the KV cache (default %(default)s; "
                         "--linear-kernel may run matmuls in int4 or bf16 over fp32 weights, /server_info "
                         "matmul_precision says which)")
+    p.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="element type of the KV cache (default %(default)s: the model's dtype); a 2-byte type "
+                        "halves the bytes decode attention reads and doubles the tokens a KV budget holds; "
+                        "attention still computes in fp32 (docs/performance.md has its measured agreement)")
     p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
                         "as vLLM does, which lets a looping model run for minutes)")
@@ -117,7 +121,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
         decode_attention=args.decode_attention,
-        guards=not args.unsafe_no_guards,
+        guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),
     )

@@ -36,7 +36,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "prefix_cache": cfg.prefix_cache,
         "dirty_pages": ledger.num_dirty,
         "pages_allocated_total": ledger.pages_allocated,
-        "kv_dtype": cfg.dtype,
+        "kv_dtype": built.layout.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
                       "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER,
                       "pool_order": POOL_ORDER},

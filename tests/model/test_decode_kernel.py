@@ -14,9 +14,9 @@ KVH, HD, PS, H = 3, 64, 16, 9
 pytestmark = pytest.mark.skipif(decode_kernel.load(HD, H // KVH, PS) is None, reason="no C compiler here")
 
 
-def make_case(lengths, num_pages=256, seed=0, scrub="zero"):
+def make_case(lengths, num_pages=256, seed=0, scrub="zero", kv_dtype="float32"):
     gen = torch.Generator().manual_seed(seed)
-    pool = KVPool(KVLayout(1, KVH, HD, PS, "float32"), num_pages, scrub)
+    pool = KVPool(KVLayout(1, KVH, HD, PS, kv_dtype), num_pages, scrub)
     pool.data.copy_(torch.randn(pool.data.shape, generator=gen))
     order = torch.randperm(num_pages, generator=gen).tolist()
     pages, offsets = [], []
@@ -37,8 +37,8 @@ def sdpa_reference(pool, q, pages, offsets, lengths):
     out = []
     for b, n in enumerate(lengths.tolist()):
         own = pages[offsets[b] : offsets[b] + -(-n // PS)]
-        k_b = k[own].permute(0, 3, 1, 2).reshape(-1, KVH, HD)[:n]  # position-major
-        v_b = v[own].reshape(-1, KVH, HD)[:n]
+        k_b = k[own].permute(0, 3, 1, 2).reshape(-1, KVH, HD)[:n].float()  # position-major, widened
+        v_b = v[own].reshape(-1, KVH, HD)[:n].float()
         o = F.scaled_dot_product_attention(q[b : b + 1].unsqueeze(2), k_b.transpose(0, 1).unsqueeze(0),
                                            v_b.transpose(0, 1).unsqueeze(0), enable_gqa=True)
         out.append(o[0, :, 0])
@@ -51,6 +51,29 @@ LENGTHS = [1, 5, 16, 17, 100, 257, 384]  # one token, partial and whole pages
 def test_it_computes_what_sdpa_computes():
     case = make_case(LENGTHS)
     torch.testing.assert_close(run(*case), sdpa_reference(*case), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
+def test_a_two_byte_pool_is_read_exactly_widened_to_fp32(kv_dtype):
+    # The kernel widens each stored element (exact) and computes in fp32: the
+    # same as SDPA over the widened pool, and batch-invariant as in fp32.
+    case = make_case(LENGTHS, kv_dtype=kv_dtype)
+    assert case[0].data.dtype == getattr(torch, kv_dtype)
+    got = run(*case)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, sdpa_reference(*case), rtol=1e-5, atol=1e-5)
+    pool, q, pages, offsets, lengths = case
+    alone = run(pool, q[3:4], pages, offsets[3:4], lengths[3:4])
+    assert torch.equal(alone[0], got[3])
+
+
+def test_a_two_byte_pool_gathers_k_in_its_own_dtype():
+    pool, _, _, _, _ = make_case([32], kv_dtype="bfloat16")
+    k, _ = pool.layer_views()[0]
+    which = torch.tensor([5, 2])
+    got = decode_kernel.gather_k_position_major(k, which, H // KVH)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, k[which].permute(0, 3, 1, 2).reshape(-1, KVH, HD))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -127,9 +150,11 @@ def test_a_page_outside_the_pool_is_refused_before_anything_is_read():
 def test_c_is_refused_where_it_cannot_run_and_auto_falls_back():
     assert choose("auto", "float32", H, KVH, HD, PS) == "c"
     assert choose("torch", "float32", H, KVH, HD, PS) == "torch"
-    assert choose("auto", "bfloat16", H, KVH, HD, PS) == "torch"
-    with pytest.raises(RuntimeError, match="KV dtype bfloat16"):
-        choose("c", "bfloat16", H, KVH, HD, PS)
+    assert choose("auto", "bfloat16", H, KVH, HD, PS) == "c"  # 2-byte pools too
+    assert choose("auto", "float64", H, KVH, HD, PS) == "torch"
+    with pytest.raises(RuntimeError, match="KV dtype float64"):
+        choose("c", "float64", H, KVH, HD, PS)
+    assert choose("auto", "float32", 9, 3, 512, PS) == "torch"  # head_dim over the C file's limit
     with pytest.raises(ValueError, match="decode attention must be one of"):
         choose("cuda", "float32", H, KVH, HD, PS)
 

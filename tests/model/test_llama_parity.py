@@ -30,11 +30,11 @@ from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
 
 
-def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_kernel=None):
+def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_kernel=None, kv_dtype="float32"):
     """Logits at each chunk end (prefill) and at each of the last 3 tokens (decode)."""
     model = load_model(model_dir, linear_kernel=kernel, decode_attention=decode_attention, head_kernel=head_kernel)
     c = model.config
-    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "float32")
+    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, kv_dtype)
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
     # As the engine builds it: oneDNN pads prefill rows to a bucket.
     runner = ModelRunner(model, pool, ledger, RunnerConfig(prefill_row_bucket=0 if kernel == "aten"
@@ -119,6 +119,19 @@ def test_smollm2_through_the_4_bit_kernel_is_the_exact_model(smollm2_dir, decode
     for pos, logits in ours.items():
         assert (logits - ref[pos]).abs().max().item() < 1e-3, pos
         assert logits.argmax() == ref[pos].argmax(), pos
+
+
+@pytest.mark.parametrize("decode_attention", ["torch", pytest.param("c", marks=needs_c)])
+def test_smollm2_on_a_bf16_kv_cache_keeps_the_distribution(smollm2_dir, decode_attention):
+    # K and V rounded to bf16 as they are stored; chunks after the first and
+    # decode rows read them back widened (both attention paths).
+    ours = paged_logits(smollm2_dir, IDS, 13, "aten", decode_attention, kv_dtype="bfloat16")
+    ref = reference_logits(smollm2_dir, IDS)
+    for pos, logits in ours.items():
+        kl = F.kl_div(logits.log_softmax(-1), ref[pos].log_softmax(-1), log_target=True, reduction="sum").item()
+        assert kl < 0.01, f"position {pos}: KL {kl:.4f}"
+        assert logits.argmax() == ref[pos].argmax(), pos
+    assert not torch.equal(ours[len(IDS) - 1], paged_logits_fp32(smollm2_dir)[len(IDS) - 1])  # it really rounded
 
 
 @pytest.mark.parametrize("kernel,max_kl", [

@@ -25,7 +25,12 @@
  * or corrupted KV) yields non-finite output, which the runner's finite check
  * turns into a failed request. No -ffast-math, for that reason.
  *
- * Layouts (float32; bulkhead.kv.pool.KVPool):
+ * KV element type: float32, or bfloat16 / float16 when built with -DKV_BF16 /
+ * -DKV_F16 (a 2-byte cache: decode attention reads half the bytes, and that
+ * read is most of its time at 16 requests). Every element is widened to
+ * fp32 as it is loaded; q, the scores, the sums and out stay fp32.
+ *
+ * Layouts (bulkhead.kv.pool.KVPool):
  *   q, out        [B, H, hd], contiguous
  *   k_pool        [num_pages, KVH, hd, page_size]   (one layer's view)
  *   v_pool        [num_pages, page_size, KVH, hd]
@@ -45,13 +50,30 @@
 #include <omp.h>
 #endif
 
+#if defined(KV_BF16)
+typedef uint16_t kv_t;
+static inline float kv_f(kv_t h) { /* bf16 is fp32's top half: widening is exact */
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#elif defined(KV_F16)
+typedef _Float16 kv_t;
+static inline float kv_f(kv_t h) { return (float)h; }  /* exact; vcvtph2ps with -march=native */
+#else
+typedef float kv_t;
+static inline float kv_f(kv_t x) { return x; }
+#endif
+
 #define LANES 16
 #define MAX_GROUP 16   /* query heads per kv head */
 #define MAX_HEAD_DIM 256
 #define MAX_PAGE 256
 
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const kv_t *k, *v;
     const int64_t *pages, *page_offset, *kv_len;
     float *out;
     int64_t num_pool_pages, table_len, pool_page_stride;
@@ -92,7 +114,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
 #endif
     const int64_t len = a->kv_len[b], stride = len + 1;      /* a score row, and its 1 / sum */
     const int64_t row_stride = (int64_t)a->KVH * hd;         /* V: floats per position */
-    const int64_t page_stride = a->pool_page_stride;          /* floats from one page to the next */
+    const int64_t page_stride = a->pool_page_stride;          /* elements from one page to the next */
     const float *q = a->q + ((int64_t)b * a->H + (int64_t)kvh * G) * hd;
     const int64_t *pages = a->pages + a->page_offset[b];
     const int64_t used = (len + ps - 1) / ps;
@@ -102,7 +124,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
      * vector FMA adds q[d] * k[d] to ps scores at once, in the order d = 0,
      * 1, ... for every score (a fixed order, whatever the batch). */
     for (int64_t pi = 0; pi < used; pi++) {
-        const float *restrict kt = a->k + pages[pi] * page_stride + (int64_t)kvh * hd * ps;
+        const kv_t *restrict kt = a->k + pages[pi] * page_stride + (int64_t)kvh * hd * ps;
         const int64_t n = len - pi * ps < ps ? len - pi * ps : ps;  /* written positions only */
         float acc[MAX_GROUP * MAX_PAGE];
         if (n == ps) {  /* a whole page: the same loop as below with a constant bound, which the compiler unrolls */
@@ -111,7 +133,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
             for (int d = 0; d < hd; d++)
                 for (int g = 0; g < G; g++) {
                     const float qd = q[g * hd + d];
-                    for (int j = 0; j < ps; j++) acc[g * ps + j] += qd * kt[d * ps + j];
+                    for (int j = 0; j < ps; j++) acc[g * ps + j] += qd * kv_f(kt[d * ps + j]);
                 }
         } else {
             for (int g = 0; g < G; g++)
@@ -119,7 +141,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
             for (int d = 0; d < hd; d++)
                 for (int g = 0; g < G; g++) {
                     const float qd = q[g * hd + d];
-                    for (int64_t j = 0; j < n; j++) acc[g * ps + j] += qd * kt[d * ps + j];
+                    for (int64_t j = 0; j < n; j++) acc[g * ps + j] += qd * kv_f(kt[d * ps + j]);
                 }
         }
         for (int g = 0; g < G; g++)
@@ -150,11 +172,11 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
     float acc[MAX_GROUP * MAX_HEAD_DIM];
     memset(acc, 0, sizeof(float) * (size_t)(G * hd));
     for (int64_t l = 0; l < len; l++) {
-        const float *restrict v = a->v + pages[l / ps] * page_stride + (l % ps) * row_stride + (int64_t)kvh * hd;
+        const kv_t *restrict v = a->v + pages[l / ps] * page_stride + (l % ps) * row_stride + (int64_t)kvh * hd;
         for (int g = 0; g < G; g++) {
             const float p = scores[g * stride + l];
             float *restrict o = acc + g * hd;
-            for (int d = 0; d < hd; d++) o[d] += p * v[d];
+            for (int d = 0; d < hd; d++) o[d] += p * kv_f(v[d]);
         }
     }
     for (int g = 0; g < G; g++) {
@@ -229,7 +251,7 @@ static int ensure_pool(int want) {
 /* Returns 0 on success; -1 for bad geometry or no memory; b + 1 for a
  * request b whose page list runs past the table or names a page outside the
  * pool (nothing computed then). */
-int64_t paged_decode_attention(const float *q, const float *k_pool, const float *v_pool, int64_t num_pool_pages,
+int64_t paged_decode_attention(const float *q, const kv_t *k_pool, const kv_t *v_pool, int64_t num_pool_pages,
                                int64_t pool_page_stride, const int64_t *pages, int64_t table_len, const int64_t *page_offset,
                                const int64_t *kv_len,
                                float *out, int B, int H, int KVH, int hd, int page_size, float scale, int threads) {
@@ -299,22 +321,23 @@ int uses_openmp(void) {
 #endif
 }
 
-/* The listed pages' K in position-major order, out [n * page_size, KVH, hd],
+/* The listed pages' K in position-major order, out [n * page_size, KVH, hd]
+ * in the pool's element type,
  * for prefill chunks that attend to pages already in the pool (SDPA wants
  * head_dim innermost; torch's permute-copy of the same bytes took ~2.5 ms
  * a layer for a 4,096-token context, measured). Returns 0, i + 1 for the
  * first page id outside the pool, or -1 for a page stride shorter than a
  * page (nothing copied then). */
-int64_t gather_k_position_major(const float *k_pool, int64_t num_pool_pages, int64_t pool_page_stride,
-                                const int64_t *pages, int64_t n, float *out, int KVH, int hd, int page_size) {
+int64_t gather_k_position_major(const kv_t *k_pool, int64_t num_pool_pages, int64_t pool_page_stride,
+                                const int64_t *pages, int64_t n, kv_t *out, int KVH, int hd, int page_size) {
     for (int64_t i = 0; i < n; i++) {
         if (pages[i] < 0 || pages[i] >= num_pool_pages) return i + 1;
     }
     const int64_t page_floats = (int64_t)KVH * hd * page_size;
     if (pool_page_stride < page_floats) return -1;
     for (int64_t i = 0; i < n; i++) {
-        const float *src = k_pool + pages[i] * pool_page_stride;  /* [KVH][hd][page_size] */
-        float *dst = out + i * page_floats;                        /* [page_size][KVH][hd] */
+        const kv_t *src = k_pool + pages[i] * pool_page_stride;  /* [KVH][hd][page_size] */
+        kv_t *dst = out + i * page_floats;                        /* [page_size][KVH][hd] */
         for (int h = 0; h < KVH; h++)
             for (int d = 0; d < hd; d++)
                 for (int p = 0; p < page_size; p++)
