@@ -93,7 +93,7 @@ PROTOCOL = {
         # A check that fails reports TransferFailed and keeps the phase (the
         # model's `failed` flag) until the router's Finalize.
         (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
-        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "DecodeDone to the router"),
+        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "Output (finished) to the router"),
         (P.DECODE_ALLOCATED, E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.COMMITTED,        E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.DECODING,         E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bulkhead.disagg.signing import Signer
+from bulkhead.disagg.ticket import sign, signed_ticket_to_dict
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.protocol import Guards, Phase, Variant
 from bulkhead.protocol import decode as protocol_decode
@@ -135,8 +136,8 @@ def decode(make_engine):
     signer = Signer(b"k" * 32, "decode-0")
     worker = DecodeWorker(built, "tiny", signer, "tcp://127.0.0.1:1", target=FakeTarget(),
                           seams=Seams(make_link=RecordingLink))
-    ticket = make_ticket().signed(signer.key)
-    worker.on_message({"kind": "assign", "request_id": "r1", "ticket": ticket.to_dict()})
+    ticket = sign(make_ticket(), signer.key)
+    worker.on_message({"kind": "assign", "request_id": "r1", "ticket": signed_ticket_to_dict(ticket)})
     return worker
 
 
