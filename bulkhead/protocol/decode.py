@@ -196,6 +196,12 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
     record = find(state.requests, event.rid)
     step = decode_job.decode_step(record.phase if record else None)
     if not step.does(Effect.DECODE_DONE):
+        if record is not None and record.phase is Phase.DECODING:
+            # A later step (the runtime decodes until the last token): it
+            # reads every page of the request again, and changes nothing.
+            ticket = record.ticket
+            return Step(state, notes=tuple(PageRead(ticket.request_id, ticket.tenant, ticket.epoch, p,
+                                                    state.ledger.entries[p].content) for p in record.pages))
         return Step(state)
     ticket = record.ticket
     rid = ticket.request_id

@@ -207,6 +207,16 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase is Phase.COMMITTED:
                 out.append(apply_event(config, state, addr, DecodeStep(record.rid),
                                        f"decode{decode.index} runs r{record.rid}'s decode step"))
+            # Runtime steps that change no state, each a self-loop here: a
+            # later decode step (which reads every page again, so every read
+            # is checked, not only the first), and a lease timer that fires
+            # after the ack freed the pages.
+            if record.phase is Phase.DECODING:
+                out.append(apply_event(config, state, addr, DecodeStep(record.rid),
+                                       f"decode{decode.index} runs r{record.rid}'s next decode step"))
+            if record.phase is Phase.DONE:
+                out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
+                                       f"decode{decode.index}'s lease timer for finished r{record.rid} fires late"))
             # The lease fence: in-flight DMA never outlives the lease.
             if record.phase is Phase.DRAINING and record.rid not in dmas:
                 out.append(apply_event(config, state, addr, LeaseExpired(record.rid),

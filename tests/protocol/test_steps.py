@@ -170,3 +170,33 @@ def test_ledger_allocation_is_lifo():
 
 def find_phase(state):
     return state.requests[0].phase
+
+
+def test_an_ack_before_the_outcome_lets_decode_free_at_the_outcome():
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1)
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state
+    assert find_phase(state) is Phase.DECODE_ALLOCATED and state.requests[0].drain_acked
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
+    assert find_phase(state) is Phase.DONE and state.ledger.entries[3].content is ZERO and 3 in state.ledger.free
+
+
+
+def test_a_later_decode_step_reads_every_page_again_and_changes_nothing():
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1)
+    state = decode_step(CONFIG, state, transfer_done(_manifest_for(3))).state
+    state = decode_step(CONFIG, state, DecodeStep(0)).state
+    assert find_phase(state) is Phase.DECODING
+    later = decode_step(CONFIG, state, DecodeStep(0))
+    assert later.state == state and later.send == ()
+    assert {(n.page, n.content) for n in later.notes} == {(3, kv_origin(0, 1)), (2, kv_origin(0, 1))}
+
+
+def test_a_lease_timer_that_fires_after_the_ack_changes_nothing():
+    state, _ = _allocated()
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state
+    assert find_phase(state) is Phase.DONE
+    late = decode_step(CONFIG, state, LeaseExpired(0))
+    assert late.state == state and late.send == () and late.notes == ()
