@@ -203,7 +203,7 @@ class PrefillWorker(WorkerBase):
             if job is None:
                 return
             finalized = job.phase is Phase.DRAINING
-            job.take(prefill_job.undrained(job.phase))  # DONE: no drain_ack for it, ever
+            job.take(prefill_job.undrained(job.phase, runtime=True))  # DONE: no drain_ack for it, ever
             if finalized:
                 self.jobs.pop(rid)
 

@@ -53,6 +53,14 @@ class Quiesced:
 
 
 @dataclass(frozen=True)
+class WriteFailed:
+    """Prefill's transfer failed while a write of it may still be in flight
+    (the runtime's TransferError(drained=False), a timeout): it reports the
+    failure and never acks."""
+    rid: int
+
+
+@dataclass(frozen=True)
 class LeaseExpired:
     """Decode's drain lease for rid ran out (the fence: the writer's own
     lease ran out earlier and in-flight DMA outlives neither)."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import prefill_job
 from bulkhead.protocol.manifest import Manifest
-from bulkhead.protocol.events import Quiesced, Step
+from bulkhead.protocol.events import Quiesced, Step, WriteFailed
 from bulkhead.protocol.messages import (
-    Assign, DrainAck, Envelope, Finalize, PagesGranted, PageWrite, PrefillFailed, TransferDone,
+    Assign, DrainAck, Envelope, Finalize, PagesGranted, PageWrite, PrefillFailed, TransferDone, TransferFailed,
 )
 from bulkhead.protocol.ticket import MODEL_MAC, Ticket
 from bulkhead.protocol.transitions import Effect
@@ -73,6 +73,8 @@ def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
         return _finalize(state, event)
     if isinstance(event, Quiesced):
         return _quiesced(config, state, event.rid)
+    if isinstance(event, WriteFailed):
+        return _write_failed(config, state, event.rid)
     raise TypeError(f"prefill cannot handle {type(event).__name__}")
 
 
@@ -184,3 +186,15 @@ def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
     ack = Envelope(ROUTER, DrainAck(rid))
     step = _advance(config, state)  # local pages came free
     return Step(step.state, (ack,) + step.send)
+
+
+def _write_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+    """The transfer failed with a write in flight: tell the router, free the
+    local pages, and never ack (the runtime's _undrained)."""
+    record = find(state.requests, rid)
+    step = prefill_job.undrained(record.phase)
+    record = replace(record, phase=step.phase, local_pages=0, grant=None)
+    state = replace(state, requests=upsert(state.requests, record))
+    failed = Envelope(ROUTER, TransferFailed(rid, "transfer failed with a write in flight"))
+    more = _advance(config, state)  # local pages came free
+    return Step(more.state, (failed,) + more.send)

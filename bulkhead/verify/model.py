@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
     Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    Quiesced, RouterState, SignedTicket, Submit, Ticket, decode_addr, decode_initial, decode_restart,
+    Quiesced, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
 from bulkhead.protocol.types import cached_hash
@@ -248,7 +248,13 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
         if "abort" in kinds and record.phase is not Phase.DONE:
             out.append(apply_event(config, spent, ROUTER, ClientAbort(record.rid),
                                    f"client aborts r{record.rid}"))
+    writing = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
     for prefill in state.prefills:
+        for record in prefill.requests:
+            if ("fail_write" in kinds and record.rid in writing
+                    and record.phase in (Phase.TRANSFERRING, Phase.DRAINING)):
+                out.append(apply_event(config, spent, prefill_addr(prefill.index), WriteFailed(record.rid),
+                                       f"prefill{prefill.index}'s transfer of r{record.rid} fails, a write in flight"))
         if "crash" in kinds and _busy(prefill):
             crashed = replace(spent, prefills=_set(state.prefills, prefill.index, prefill_restart(prefill)))
             out.append(Transition(f"prefill{prefill.index} crashes and restarts", crashed))

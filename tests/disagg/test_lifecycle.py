@@ -30,12 +30,13 @@ JOB_MODULES = (router_job, prefill_job, decode_job)
 
 # The default bound's requests, made to reach every row in seconds: one room
 # (r1 waits ADMITTED while r0 holds it), a 3-page decode pool (r1 waits for
-# pages while r0 drains), r2 over its prefill pool (rejected), and one client
-# abort as the only fault (a Finalize can overtake an Assign). The default
+# pages while r0 drains), r2 over its prefill pool (rejected), and one fault:
+# a client abort (a Finalize can overtake an Assign) or a transfer that fails
+# with a write in flight (prefill's undrained rows). The default
 # bound itself takes every row but two: its two admitted requests never wait
 # for a room or for decode pages, so it never finalizes one that is waiting.
 EVERY_ROW = replace(default_world(), name="every row", decode_pools=(3, 6), rooms=1,
-                    fault_kinds=frozenset({"abort"}))
+                    fault_kinds=frozenset({"abort", "fail_write"}))
 
 
 def _key(row):

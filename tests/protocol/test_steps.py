@@ -200,3 +200,19 @@ def test_a_lease_timer_that_fires_after_the_ack_changes_nothing():
     assert find_phase(state) is Phase.DONE
     late = decode_step(CONFIG, state, LeaseExpired(0))
     assert late.state == state and late.send == () and late.notes == ()
+
+
+def test_a_transfer_that_fails_with_a_write_in_flight_is_never_acked():
+    """The runtime's undrained step, now the model's (a fault): prefill
+    reports the failure, frees its pages, and never acks; decode's lease
+    fences the write that may still land."""
+    from bulkhead.protocol import WriteFailed
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = prefill_step(CONFIG, state, _allocated()[1]).state
+    assert find_phase(state) is Phase.TRANSFERRING
+    step = prefill_step(CONFIG, state, WriteFailed(0))
+    assert [(m.dst, type(m.body)) for m in step.send] == [(ROUTER, TransferFailed)]
+    assert find_phase(step.state) is Phase.DONE and step.state.pages_in_use() == 0
+    for later in (to(prefill_addr(0), Finalize(0, Outcome.TRANSFER_FAILED)), Quiesced(0)):
+        after = prefill_step(CONFIG, step.state, later)
+        assert after.state == step.state and after.send == ()  # no ack, ever
