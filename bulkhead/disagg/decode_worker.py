@@ -25,7 +25,7 @@ from bulkhead.protocol.lifecycle import Actor, Phased
 from bulkhead.protocol.manifest import Allocation, coverage_problems, write_admissible
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Phase
-from bulkhead.disagg.ticket import SignedTicket
+from bulkhead.protocol.ticket import Ticket
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.outputs import RequestOutput
 
@@ -40,7 +40,7 @@ DRAIN_LEASE_S = 30.0
 @dataclass
 class DecodeJob(Phased):
     actor = Actor.DECODE
-    ticket: SignedTicket
+    ticket: Ticket  # verified
     phase: Phase | None = None  # None until assigned; then only through decode_job's transitions
     alloc: Allocation | None = None
     manifest_seen: bool = False  # a manifest is checked once
@@ -104,8 +104,8 @@ class DecodeWorker(WorkerBase):
             self.engine.release_reserved_pages(rid)
 
     def _on_assign(self, message: m.Assign) -> None:
-        ticket = message.ticket
-        if not self.accept_ticket(ticket, m.TransferFailed):
+        ticket = self.accept_ticket(message.ticket, m.TransferFailed)
+        if ticket is None:
             return
         with self.lock:
             known = self.jobs.get(ticket.request_id)
@@ -124,7 +124,7 @@ class DecodeWorker(WorkerBase):
                 with self.lock:
                     self.pending.remove(rid)
                 continue
-            n = self.built.layout.pages_for_tokens(len(job.ticket.prompt_token_ids))
+            n = self.built.layout.pages_for_tokens(len(job.ticket.admitted.prompt_token_ids))
             future = self.engine.reserve_pages(rid, job.ticket.tenant, n)
             future.add_done_callback(lambda f, rid=rid: self._granted(rid, f))
             with self.lock:
@@ -177,7 +177,7 @@ class DecodeWorker(WorkerBase):
                 job.take(step)
                 pages, gens = result
                 t = job.ticket
-                job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.prompt_token_ids), tuple(pages),
+                job.alloc = Allocation(rid, t.tenant, t.room, t.epoch, len(t.admitted.prompt_token_ids), tuple(pages),
                                        tuple(gens))
                 # A backstop only: the router's lost-worker detection and deadline act first.
                 job.grant_deadline = self.clock() + 4 * self.drain_lease_s
@@ -186,8 +186,8 @@ class DecodeWorker(WorkerBase):
                 self.lineage.granted(rid, t.tenant, t.room, t.epoch, pages, gens)
             # write_within_s: prefill starts no write for this grant after it, so a
             # writer that never acks is done writing long before the lease ends.
-            self.send(m.PagesGranted(rid, t.room, t.epoch, tuple(pages), tuple(gens), self.transfer_endpoint(),
-                                     write_within_s=self.drain_lease_s / 3))
+            self.send(m.PagesGranted(rid, t.room, t.epoch, tuple(pages), tuple(gens),
+                                     m.Endpoint(**self.transfer_endpoint()), write_within_s=self.drain_lease_s / 3))
 
     def _verify_and_commit(self, done: m.TransferDone) -> None:
         rid = done.request_id

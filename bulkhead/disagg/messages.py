@@ -1,179 +1,39 @@
-"""Every control-plane message between the router and its workers, as one
-frozen type each, with one codec.
+"""The wire codec for the protocol's messages (bulkhead.protocol.messages:
+one frozen type per message, the same classes the model checker explores).
 
     encode(message) -> dict     the JSON object the link seals and signs
     decode(dict)    -> message  or MalformedMessage: an unknown kind, a
                                 missing field or one of the wrong type
 
-A change to a message is a change to its class here: the sender builds it,
-the receiver's dispatch table (`handler_for`) picks its handler by type,
-and nobody edits a dict literal. Receivers drop and count what does not
-decode, as the control plane drops a bad MAC; no message can raise out of
-a link's loop.
-
-    message        from -> to                 means
-    -------------  -------------------------  ------------------------------------------------
-    Register       worker -> router           my live limits (and decode's transfer endpoint)
-    Registered     router -> worker           you passed the pairing gate
-    Refused        router -> worker           you did not, and why
-    Reregister     router -> worker           I do not know you: end your jobs, register again
-    Heartbeat      worker -> router           live limits, page states and counters (and whether drained)
-    Leaving        worker -> router           I am shutting down (SIGTERM): drain me
-    Drain          router -> worker           no assignment follows this one: finish what you hold
-    Resume         router -> worker           you may be assigned again
-    Assign         router -> both workers     the signed admission ticket
-    PrefillReady   prefill -> router -> decode  the prompt's KV exists: grant pages now
-    PagesGranted   decode -> router -> prefill  pages and generations to write, and where
-    TransferDone   prefill -> router -> decode  the manifest, the first token, sampler state
-    DrainAck       prefill -> router -> decode  no write of mine can still land
-    Finalize       router -> both workers     the request's one outcome
-    Output         decode -> router           tokens (or the error) for the client
-    PrefillFailed  prefill -> router          the prompt could not be prefilled
-    TransferFailed worker -> router           the KV could not be moved or verified
+A change to a message is a change to its class in bulkhead.protocol.messages:
+the sender builds it, the receiver's dispatch table (`handler_for`) picks
+its handler by type, and nobody edits a dict literal. Receivers drop and
+count what does not decode, as the control plane drops a bad MAC; no
+message can raise out of a link's loop. The types are re-exported here, so
+`messages.Assign` is `bulkhead.protocol.messages.Assign`. The codec lives
+on this side of the package line because it builds the engine's values
+(the ticket's Admitted decision, an output's typed error).
 """
 
 from __future__ import annotations
 
 import base64
-import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, fields
 
-from bulkhead.protocol.manifest import Manifest
-from bulkhead.disagg.ticket import SignedTicket
+from bulkhead.disagg.ticket import signed_ticket_from_dict, signed_ticket_to_dict
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.errors import EngineFailure
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.messages import (  # noqa: F401 - the message types, re-exported
+    BY_KIND, MESSAGES, Assign, DrainAck, Drain, Endpoint, Finalize, Heartbeat, Leaving, Message, Output,
+    PagesGranted, PrefillFailed, PrefillReady, Refused, Register, Registered, Reregister, Resume, TransferDone,
+    TransferFailed,
+)
+from bulkhead.protocol.types import Outcome
 
 
 class MalformedMessage(ValueError):
-    """A control message that is not exactly one of the kinds below."""
-
-
-@dataclass(frozen=True)
-class Register:
-    kind = "register"
-    info: dict
-    transfer: dict | None = None  # decode: {"backend", "descriptor"} its writers use
-
-
-@dataclass(frozen=True)
-class Registered:
-    kind = "registered"
-
-
-@dataclass(frozen=True)
-class Refused:
-    kind = "refused"
-    reason: str
-
-
-@dataclass(frozen=True)
-class Reregister:
-    kind = "reregister"
-
-
-@dataclass(frozen=True)
-class Leaving:
-    kind = "leaving"
-
-
-@dataclass(frozen=True)
-class Drain:
-    kind = "drain"
-
-
-@dataclass(frozen=True)
-class Resume:
-    kind = "resume"
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    kind = "heartbeat"
-    info: dict       # engine_info: live limits and page states
-    counters: dict   # worker events
-    control: dict    # the control plane's accepted/dropped counts
-
-
-@dataclass(frozen=True)
-class Assign:
-    kind = "assign"
-    request_id: str
-    ticket: SignedTicket
-
-
-@dataclass(frozen=True)
-class PrefillReady:
-    kind = "prefill_ready"
-    request_id: str
-
-
-@dataclass(frozen=True)
-class PagesGranted:
-    kind = "pages_granted"
-    request_id: str
-    room: int
-    epoch: int
-    pages: tuple[int, ...]
-    generations: tuple[int, ...]   # the ledger's, one per page: a write at another is refused
-    transfer: dict                 # decode's endpoint: {"backend", "descriptor"}
-    # Prefill starts no write for this grant after this many seconds, so a
-    # writer that never acks is done long before decode's lease ends.
-    write_within_s: float
-
-
-@dataclass(frozen=True)
-class TransferDone:
-    kind = "transfer_done"
-    request_id: str
-    manifest: Manifest
-    first_token: int
-    first_logprobs: tuple[TokenLogprobs, ...]   # () or the first token's
-    sampler_state: bytes | None                 # the sampler's generator state (seeded sampling continues)
-
-
-@dataclass(frozen=True)
-class DrainAck:
-    kind = "drain_ack"
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Finalize:
-    kind = "finalize"
-    request_id: str
-    outcome: str
-
-
-@dataclass(frozen=True)
-class Output:
-    kind = "output"
-    output: RequestOutput
-
-    @property
-    def request_id(self) -> str:
-        return self.output.request_id
-
-
-@dataclass(frozen=True)
-class PrefillFailed:
-    kind = "prefill_failed"
-    request_id: str
-    reason: str
-    code: str | None = None
-
-
-@dataclass(frozen=True)
-class TransferFailed:
-    kind = "transfer_failed"
-    request_id: str
-    reason: str
-    code: str | None = None
-
-
-MESSAGES = (Register, Registered, Refused, Reregister, Leaving, Drain, Resume, Heartbeat, Assign, PrefillReady,
-            PagesGranted, TransferDone, DrainAck, Finalize, Output, PrefillFailed, TransferFailed)
-BY_KIND = {cls.kind: cls for cls in MESSAGES}
-Message = typing.Union[MESSAGES]  # noqa: UP007 - a runtime tuple of types
+    """A control message that is not exactly one of the kinds in bulkhead.protocol.messages."""
 
 
 # -- codec -----------------------------------------------------------------------
@@ -268,15 +128,34 @@ def _unb64(text) -> bytes:
         raise MalformedMessage(f"not base64: {e}") from e
 
 
+def _endpoint_from_dict(d: dict) -> Endpoint:
+    return Endpoint(_typed(str)(d["backend"]), d["descriptor"])
+
+
+def _endpoint_to_dict(e: Endpoint) -> dict:
+    return {"backend": e.backend, "descriptor": e.descriptor}
+
+
+def _outcome(v) -> Outcome:
+    try:
+        return Outcome(_typed(str)(v))
+    except ValueError:
+        raise MalformedMessage(f"unknown outcome {v!r}") from None
+
+
+# Keyed by the annotation, as the message classes spell it (RequestId: a
+# string on the wire).
 _DECODERS = {
     "str": _typed(str), "int": _int, "float": _number, "dict": _typed(dict), "list": _typed(list),
+    "RequestId": _typed(str), "Outcome": _outcome, "Endpoint": _nested(_endpoint_from_dict),
     "tuple[int, ...]": _ints, "str | None": _optional(_typed(str)), "dict | None": _optional(_typed(dict)),
-    "SignedTicket": _nested(SignedTicket.from_dict), "Manifest": _nested(Manifest.from_dict),
+    "SignedTicket": _nested(signed_ticket_from_dict), "Manifest": _nested(Manifest.from_dict),
     "RequestOutput": _nested(_output_from_dict), "tuple[TokenLogprobs, ...]": _nested_list(_logprobs_from_list),
     "bytes | None": _optional(_unb64),
 }
 _ENCODERS = {
-    "tuple[int, ...]": list, "SignedTicket": SignedTicket.to_dict, "Manifest": Manifest.to_dict,
+    "tuple[int, ...]": list, "SignedTicket": signed_ticket_to_dict, "Manifest": Manifest.to_dict,
+    "Outcome": lambda o: o.value, "Endpoint": _endpoint_to_dict,
     "RequestOutput": _output_to_dict, "tuple[TokenLogprobs, ...]": _logprobs_to_list, "bytes | None": _b64,
 }
 

@@ -25,7 +25,7 @@ from bulkhead.protocol.lifecycle import Actor, Phased
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Phase
-from bulkhead.disagg.ticket import SignedTicket
+from bulkhead.protocol.ticket import Ticket
 from bulkhead.disagg.transfer import TransferError, page_digests
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.outputs import RequestOutput
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrefillJob(Phased):
     actor = Actor.PREFILL
-    ticket: SignedTicket
+    ticket: Ticket  # verified
     phase: Phase | None = None  # None until assigned; then only through prefill_job's transitions
     result: RequestOutput | None = None  # the engine's hand-over (first token, held pages)
     grant: m.PagesGranted | None = None  # decode's grant
@@ -74,8 +74,8 @@ class PrefillWorker(WorkerBase):
         self._maybe_transfer(grant.request_id)
 
     def _on_assign(self, message: m.Assign) -> None:
-        ticket = message.ticket
-        if not self.accept_ticket(ticket, m.PrefillFailed):
+        ticket = self.accept_ticket(message.ticket, m.PrefillFailed)
+        if ticket is None:
             return
         with self.lock:
             known = self.jobs.get(ticket.request_id)
@@ -141,9 +141,9 @@ class PrefillWorker(WorkerBase):
             source = self._source(grant.transfer)
             # Guards off (benchmark only): no digests, and decode checks none.
             digests = page_digests(self.engine.pool, src_pages) if self.built.config.guards else [0] * len(src_pages)
-            source.write_pages(grant.transfer["descriptor"], rid, self.engine.pool, src_pages, dst_pages,
+            source.write_pages(grant.transfer.descriptor, rid, self.engine.pool, src_pages, dst_pages,
                                dst_gens)
-            manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.prompt_token_ids), tuple(dst_pages),
+            manifest = Manifest(rid, t.tenant, t.room, t.epoch, 0, len(t.admitted.prompt_token_ids), tuple(dst_pages),
                                 tuple(dst_gens), tuple(digests))
             self.count("transfers")
             self.count("pages_sent", len(dst_pages))
@@ -162,8 +162,8 @@ class PrefillWorker(WorkerBase):
             else:  # not drained: no ack; decode holds the pages until the lease expires
                 self._undrained(rid)
 
-    def _source(self, transfer: dict):
-        name = transfer["backend"]
+    def _source(self, transfer: m.Endpoint):
+        name = transfer.backend
         if name not in self.sources:
             self.sources[name] = self.seams.make_source(name, **self.source_options.get(name, {}))
         return self.sources[name]
@@ -203,7 +203,7 @@ class PrefillWorker(WorkerBase):
             if job is None:
                 return
             finalized = job.phase is Phase.DRAINING
-            job.take(prefill_job.undrained(job.phase))  # DONE: no drain_ack for it, ever
+            job.take(prefill_job.undrained(job.phase, runtime=True))  # DONE: no drain_ack for it, ever
             if finalized:
                 self.jobs.pop(rid)
 

@@ -30,7 +30,7 @@ from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
 from bulkhead.disagg.router_metrics import RouterCollector, router_info, sum_tenant_stats
-from bulkhead.disagg.ticket import SignedTicket
+from bulkhead.disagg.ticket import sign
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.lineage import health as lineage_health
@@ -41,8 +41,9 @@ from bulkhead.errors import (
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.protocol import router_job
 from bulkhead.protocol.lifecycle import Actor, Phased
+from bulkhead.protocol.ticket import Ticket
 from bulkhead.protocol.transitions import Effect, JobStep
-from bulkhead.protocol.types import Phase
+from bulkhead.protocol.types import Outcome, Phase
 from bulkhead.serving.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -173,8 +174,8 @@ class DisaggBackend(Backend):
         routes = []
         prefill, decode = self._pair()
         for i, t in enumerate(tickets):
-            signed = SignedTicket(t, next(self._rooms), 1, weight=self._weight_of(t.tenant),
-                                  kv_share=self._kv_share_of(t.tenant)).signed(self.key)
+            signed = sign(Ticket(t, next(self._rooms), 1, weight=self._weight_of(t.tenant),
+                                 kv_share=self._kv_share_of(t.tenant)), self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
             route.take(router_job.submit("", runtime=True))  # admit() has decided, against the pair's smallest limit
             with self.lock:
@@ -257,7 +258,7 @@ class DisaggBackend(Backend):
             step = route.take(router_job.decide(route.phase, runtime=True))
         if step.does(Effect.FINALIZE_WORKERS):
             for worker in (route.prefill, route.decode):
-                self.send(worker, m.Finalize(route.request_id, outcome))
+                self.send(worker, m.Finalize(route.request_id, Outcome(outcome)))
         return step
 
     def _undeliverable(self, worker: str, message: dict) -> None:

@@ -1,9 +1,12 @@
-"""The admission ticket: the router's one decision, signed, checked by workers.
+"""The admission ticket on the wire: signed by the router, verified by workers.
 
-A SignedTicket is the `Admitted` value that `engine.admission.admit()`
-returned, with the room and epoch the router bootstrapped it in and an HMAC
-under the cluster key: the decision crosses the process boundary as itself
-(one form, and `max_tokens` only once, in its sampling parameters). Workers
+The types are the protocol's (bulkhead.protocol.ticket: a Ticket, and a
+SignedTicket wrapping it with its MAC), the same the model checker
+explores. Here: the ticket's JSON form, and the HMAC under the cluster key.
+A runtime ticket carries the `Admitted` value that `engine.admission.admit()`
+returned, with the room and epoch the router bootstrapped it in: the
+decision crosses the process boundary as itself (one form, and
+`max_tokens` only once, in its sampling parameters). Workers
 verify the signature and that the ticket is consistent with their own live
 limits (a re-check: a mismatch means the pairing gate failed, and the request
 fails closed); they never decide admission again.
@@ -19,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.request import SamplingParams
+from bulkhead.protocol.ticket import SignedTicket, Ticket
 
 
 class TicketError(RuntimeError):
@@ -44,58 +48,53 @@ def params_from_dict(d: dict) -> SamplingParams:
     })
 
 
-@dataclass(frozen=True)
-class SignedTicket:
-    admitted: Admitted
-    room: int
-    epoch: int
-    mac: str = ""
-    weight: float = 1.0             # the tenant's fair-share weight (> 0)
-    kv_share: float | None = None   # its KV pool fraction; None = the fair share of active tenants
+def ticket_to_dict(ticket: Ticket) -> dict:
+    """The wire form of a ticket (flat: the decision's fields, room, epoch, share)."""
+    a = ticket.admitted
+    return {"request_id": a.request_id, "tenant": a.tenant, "room": ticket.room, "epoch": ticket.epoch,
+            "prompt_token_ids": list(a.prompt_token_ids), "params": params_to_dict(a.params),
+            "context_length": a.context_length, "cache_salt": a.cache_salt,
+            "weight": ticket.weight, "kv_share": ticket.kv_share}
 
-    @property
-    def request_id(self) -> str:
-        return self.admitted.request_id
 
-    @property
-    def tenant(self) -> str:
-        return self.admitted.tenant
+def ticket_from_dict(d: dict) -> Ticket:
+    admitted = Admitted(d["request_id"], d["tenant"], tuple(int(t) for t in d["prompt_token_ids"]),
+                        params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"])
+    share = d["kv_share"]
+    return Ticket(admitted, int(d["room"]), int(d["epoch"]), float(d["weight"]),
+                  None if share is None else float(share))
 
-    @property
-    def prompt_token_ids(self) -> tuple[int, ...]:
-        return self.admitted.prompt_token_ids
 
-    def _body(self) -> bytes:
-        fields = self.to_dict()
-        fields.pop("mac")
-        return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+def signed_ticket_to_dict(signed: SignedTicket) -> dict:
+    return {**ticket_to_dict(signed.ticket), "mac": signed.mac}
 
-    def signed(self, key: bytes) -> SignedTicket:
-        return replace(self, mac=hmac.new(key, self._body(), hashlib.sha256).hexdigest())
 
-    def verify(self, key: bytes, context_length: int) -> None:
-        expected = hmac.new(key, self._body(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, self.mac):
-            raise TicketError(f"ticket for {self.request_id} has a bad signature")
-        a = self.admitted
-        total = len(a.prompt_token_ids) + a.params.max_tokens
-        if total > context_length or a.context_length > context_length:
-            raise TicketError(
-                f"ticket for {self.request_id} admits {total} tokens against {a.context_length}, "
-                f"but this worker holds {context_length}: the pair's limits differ"
-            )
+def signed_ticket_from_dict(d: dict) -> SignedTicket:
+    return SignedTicket(ticket_from_dict(d), d["mac"])
 
-    def to_dict(self) -> dict:
-        a = self.admitted
-        return {"request_id": a.request_id, "tenant": a.tenant, "room": self.room, "epoch": self.epoch,
-                "prompt_token_ids": list(a.prompt_token_ids), "params": params_to_dict(a.params),
-                "context_length": a.context_length, "cache_salt": a.cache_salt, "mac": self.mac,
-                "weight": self.weight, "kv_share": self.kv_share}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> SignedTicket:
-        admitted = Admitted(d["request_id"], d["tenant"], tuple(int(t) for t in d["prompt_token_ids"]),
-                            params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"])
-        share = d["kv_share"]
-        return cls(admitted, int(d["room"]), int(d["epoch"]), d["mac"], float(d["weight"]),
-                   None if share is None else float(share))
+def _mac(key: bytes, ticket: Ticket) -> str:
+    body = json.dumps(ticket_to_dict(ticket), separators=(",", ":"), sort_keys=True).encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def sign(ticket: Ticket, key: bytes) -> SignedTicket:
+    """The router's signature over the ticket's canonical JSON."""
+    return SignedTicket(ticket, _mac(key, ticket))
+
+
+def verify(signed: SignedTicket, key: bytes, context_length: int) -> Ticket:
+    """The ticket, once its signature verifies and it fits this worker's own
+    context (a re-check: a mismatch means the pairing gate failed, and the
+    request fails closed); else TicketError."""
+    ticket = signed.ticket
+    if not hmac.compare_digest(_mac(key, ticket), signed.mac):
+        raise TicketError(f"ticket for {ticket.request_id} has a bad signature")
+    a = ticket.admitted
+    total = len(a.prompt_token_ids) + a.params.max_tokens
+    if total > context_length or a.context_length > context_length:
+        raise TicketError(
+            f"ticket for {ticket.request_id} admits {total} tokens against {a.context_length}, "
+            f"but this worker holds {context_length}: the pair's limits differ"
+        )
+    return ticket

@@ -10,10 +10,11 @@ from contextlib import contextmanager
 
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.ticket import TicketError, verify
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.scheduler import TenantShares
 from bulkhead.protocol.lifecycle import IllegalTransition
+from bulkhead.protocol.ticket import SignedTicket, Ticket
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.serving.info import engine_info
 
@@ -63,18 +64,19 @@ class WorkerBase:
         """One typed message to the router (bulkhead/disagg/messages.py)."""
         self.link.send(m.encode(message))
 
-    def accept_ticket(self, ticket: SignedTicket, refusal: type) -> bool:
-        """Verify an assigned ticket (signature, and this worker's own limits:
-        a re-check, never a new decision); a refusal fails the request."""
+    def accept_ticket(self, signed: SignedTicket, refusal: type) -> Ticket | None:
+        """The assigned ticket, once verified (signature, and this worker's
+        own limits: a re-check, never a new decision); None when refused, and
+        the refusal fails the request."""
         self.count("assigned")
         try:
-            ticket.verify(self.key, self.built.limits.context_length)
+            ticket = verify(signed, self.key, self.built.limits.context_length)
         except TicketError as e:
             self.count("tickets_refused")
-            self.send(refusal(ticket.request_id, str(e)))
-            return False
+            self.send(refusal(signed.request_id, str(e)))
+            return None
         self.tenant_shares[ticket.tenant] = (ticket.weight, ticket.kv_share)
-        return True
+        return ticket
 
     @contextmanager
     def failing_closed(self, rid: str) -> Iterator[None]:

@@ -19,11 +19,17 @@ may land and its manifest checks are shared too (bulkhead.protocol.manifest).
 The simulator (bulkhead.sim) checks the runtime's classes themselves.
 
     router_step(config, RouterState, event)    events: Submit, ClientAbort,
-        DeadlinePassed, PeerLost, DecodeDone, TransferFailed, PrefillRejected
-    prefill_step(config, PrefillState, event)  events: Assign, PagesGranted,
-        Finalize, Quiesced
-    decode_step(config, DecodeState, event)    events: Assign, PageWrite,
-        Landing, TransferDone, DecodeStep, Finalize, DrainAck, LeaseExpired
+        DeadlinePassed, PeerLost, DrainWorker; messages: Output, TransferFailed,
+        PrefillFailed
+    prefill_step(config, PrefillState, event)  messages: Assign, PagesGranted,
+        Finalize; events: Quiesced
+    decode_step(config, DecodeState, event)    messages: Assign, PageWrite,
+        Landing, TransferDone, Finalize, DrainAck; events: DecodeStep, LeaseExpired
+
+Messages (messages.py) are the runtime's own types, one class each; the
+model's network carries each in an Envelope (destination, signed), which a
+step function opens. Events and notes are in events.py; the ticket, signed
+or not, in ticket.py.
 
 Life of a request (REAL, all guards on):
 
@@ -42,8 +48,8 @@ Life of a request (REAL, all guards on):
     decode   DECODE_ALLOCATED  manifest == allocation,   COMMITTED          -
                                all written, digests ok
     decode   DECODE_ALLOCATED  mismatch / bad digest     (failed)           TransferFailed to router
-    decode   COMMITTED         DecodeStep                DECODING           DecodeDone to router
-    router   BOOTSTRAPPED      DecodeDone / TransferFailed / ClientAbort /
+    decode   COMMITTED         DecodeStep                DECODING           Output (finished) to router
+    router   BOOTSTRAPPED      Output / TransferFailed / ClientAbort /
                                DeadlinePassed / PeerLost DONE(outcome)      Finalize to both, response
     prefill  any live          Finalize                  DRAINING           - (never posts again)
     prefill  DRAINING          Quiesced                  DONE               DrainAck to decode
@@ -59,20 +65,22 @@ from __future__ import annotations
 from bulkhead.protocol.decode import (
     DecodeRequest, DecodeState, decode_initial, decode_restart, decode_step,
 )
+from bulkhead.protocol.events import *  # noqa: F401,F403 - events and notes
 from bulkhead.protocol.ledger_model import Ledger, PageEntry
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.messages import *  # noqa: F401,F403 - the message vocabulary
 from bulkhead.protocol.prefill import PrefillRequest, PrefillState, prefill_restart, prefill_step
 from bulkhead.protocol.router import RouterRequest, RouterState, router_step
+from bulkhead.protocol.ticket import MODEL_MAC, SignedTicket, Ticket
 from bulkhead.protocol.types import (
-    GARBAGE, ROUTER, ZERO, Guards, Outcome, PageGrant, Phase, ProtocolConfig, RequestSpec,
-    Ticket, Variant, decode_addr, digest_of, kv_origin, prefill_addr,
+    GARBAGE, ROUTER, ZERO, Guards, Outcome, Phase, ProtocolConfig, RequestSpec,
+    Variant, decode_addr, digest_of, kv_origin, prefill_addr,
 )
 
 __all__ = [
     "router_step", "prefill_step", "decode_step", "decode_initial", "decode_restart",
     "prefill_restart", "RouterState", "RouterRequest", "PrefillState", "PrefillRequest",
     "DecodeState", "DecodeRequest", "Ledger", "PageEntry", "Guards", "Manifest", "Outcome",
-    "PageGrant", "Phase", "ProtocolConfig", "RequestSpec", "Ticket", "Variant", "ROUTER", "ZERO",
+    "Phase", "ProtocolConfig", "RequestSpec", "Ticket", "SignedTicket", "MODEL_MAC", "Variant", "ROUTER", "ZERO",
     "GARBAGE", "decode_addr", "prefill_addr", "digest_of", "kv_origin",
 ]

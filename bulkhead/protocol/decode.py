@@ -14,14 +14,17 @@ from bulkhead.protocol import decode_job
 from bulkhead.protocol.decode_job import WAIT
 from bulkhead.protocol.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
 from bulkhead.protocol.ledger_model import Ledger
+from bulkhead.protocol.events import Committed, DecodeStep, LeaseExpired, PageRead, Step, WriteLanded
 from bulkhead.protocol.messages import (
-    Assign, Committed, DecodeDone, DecodeStep, DrainAck, Finalize, Landing, LeaseExpired,
-    PageRead, PagesGranted, PageWrite, Step, TransferDone, TransferFailed, WriteLanded,
+    Assign, DrainAck, Endpoint, Envelope, Finalize, Landing, Output, PagesGranted, PageWrite, TransferDone,
+    TransferFailed,
 )
+from bulkhead.protocol.outputs import RequestOutput
+from bulkhead.protocol.ticket import MODEL_MAC, Ticket
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import cached_hash
 from bulkhead.protocol.types import (
-    ROUTER, Outcome, PageGrant, Phase, ProtocolConfig, Ticket, Variant, decode_addr,
+    ROUTER, Outcome, Phase, ProtocolConfig, Variant, decode_addr,
     digest_of, find, kv_origin, prefill_addr, upsert,
 )
 
@@ -32,7 +35,7 @@ class DecodeRequest:
     rid: int
     phase: Phase | None                # WAITING_PAGES .. DECODING, DRAINING, DONE (lifecycle.py);
                                        # None only inside a step, until the table gives one
-    ticket: Ticket | None = None
+    ticket: Ticket | None = None       # verified: the signature is off
     pages: tuple[int, ...] = ()        # prompt pages first, then decode pages
     manifest: Manifest | None = None
     failed: bool = False               # reported TransferFailed, awaits the outcome
@@ -41,7 +44,7 @@ class DecodeRequest:
 
     @property
     def prompt_pages(self) -> tuple[int, ...]:
-        return self.pages[:self.ticket.prompt_pages] if self.ticket else ()
+        return self.pages[:self.ticket.admitted.prompt_pages] if self.ticket else ()
 
 
 @cached_hash
@@ -64,8 +67,10 @@ def decode_restart(config: ProtocolConfig, state: DecodeState) -> DecodeState:
 
 
 def decode_step(config: ProtocolConfig, state: DecodeState, event) -> Step:
-    if getattr(event, "signed", True) is False and config.guards.hmac:
-        return Step(state)  # forged: the HMAC does not verify
+    if isinstance(event, Envelope):
+        if not event.signed and config.guards.hmac:
+            return Step(state)  # forged: the HMAC does not verify
+        event = event.body
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise TypeError(f"decode cannot handle {type(event).__name__}")
@@ -73,14 +78,14 @@ def decode_step(config: ProtocolConfig, state: DecodeState, event) -> Step:
 
 
 def _assign(config, state: DecodeState, message: Assign) -> Step:
-    ticket = message.ticket
-    if not ticket.signed and config.guards.hmac:
+    if message.ticket.mac != MODEL_MAC and config.guards.hmac:
         return Step(state)
-    known = find(state.requests, ticket.rid)
+    ticket = message.ticket.ticket
+    known = find(state.requests, ticket.request_id)
     step = decode_job.assign(known.phase if known else None)
     if step.outcome == "duplicate" or ticket.decode_incarnation != state.incarnation:
         return Step(state)  # a duplicate; or issued before our restart (the router will learn of it)
-    record = DecodeRequest(ticket.rid, step.phase, ticket=ticket)
+    record = DecodeRequest(ticket.request_id, step.phase, ticket=ticket)
     return _allocate_waiting(config, replace(state, requests=upsert(state.requests, record)))
 
 
@@ -91,7 +96,7 @@ def _allocate_waiting(config, state: DecodeState) -> Step:
     for record in state.requests:
         if not decode_job.wants_pages(record.phase).does(Effect.RESERVE_PAGES):
             continue
-        need = record.ticket.prompt_pages + record.ticket.decode_pages
+        need = record.ticket.admitted.total_pages
         if need > len(state.ledger.free):
             continue
         ledger, pages = state.ledger.allocate(record.rid, need)
@@ -99,9 +104,11 @@ def _allocate_waiting(config, state: DecodeState) -> Step:
         record = replace(record, phase=step.phase, pages=pages)
         state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
         ticket = record.ticket
-        grants = tuple(PageGrant(p, ledger.entries[p].gen) for p in record.prompt_pages)
-        sends.append(PagesGranted(prefill_addr(ticket.prefill), ticket.rid, ticket.room,
-                                  ticket.epoch, state.index, state.incarnation, grants))
+        pages = record.prompt_pages
+        grant = PagesGranted(ticket.request_id, ticket.room, ticket.epoch, pages,
+                             tuple(ledger.entries[p].gen for p in pages),
+                             Endpoint("model", (state.index, state.incarnation)), write_within_s=float("inf"))
+        sends.append(Envelope(prefill_addr(ticket.admitted.prefill), grant))
     return Step(state, tuple(sends))
 
 
@@ -112,24 +119,24 @@ def _admit_write(config, state: DecodeState, write: PageWrite) -> Step:
         return Step(state)
     entry = state.ledger.entries[write.page]
     if config.guards.generation_check:
-        record = find(state.requests, write.rid)
+        record = find(state.requests, write.request_id)
         awaiting = record is not None and record.phase is Phase.DECODE_ALLOCATED
-        if not write_admissible((write.incarnation, write.rid, write.gen),
+        if not write_admissible((write.incarnation, write.request_id, write.gen),
                                 (state.incarnation, entry.owner, entry.gen), awaiting):
             return Step(state)  # stale (the page moved on, or this process is new) or late
-    landing = Landing(decode_addr(state.index), write.rid, write.epoch, state.incarnation,
-                      write.page, write.gen, write.payload)
-    return Step(state, (landing,))
+    landing = Landing(write.request_id, write.epoch, state.incarnation, write.page, write.gen, write.payload)
+    return Step(state, (Envelope(decode_addr(state.index), landing),))
 
 
 def _land(config, state: DecodeState, landing: Landing) -> Step:
     if landing.incarnation != state.incarnation:
         return Step(state)  # the memory registration died with the old process
     entry = state.ledger.entries[landing.page]
-    note = WriteLanded(state.index, landing.page, landing.rid, landing.gen, entry.owner, entry.gen)
-    ledger = state.ledger.land(landing.page, landing.rid, landing.gen, landing.epoch,
+    rid = landing.request_id
+    note = WriteLanded(state.index, landing.page, rid, landing.gen, entry.owner, entry.gen)
+    ledger = state.ledger.land(landing.page, rid, landing.gen, landing.epoch,
                                landing.payload, digest_of(landing.payload))
-    step = _try_commit(config, replace(state, ledger=ledger), landing.rid)
+    step = _try_commit(config, replace(state, ledger=ledger), rid)
     return Step(step.state, step.send, (note,) + step.notes)
 
 
@@ -150,7 +157,7 @@ def _try_commit(config, state: DecodeState, rid: int) -> Step:
     if step.does(Effect.MARK_FAILED):
         record = replace(record, failed=True)
         return Step(replace(state, requests=upsert(state.requests, record)),
-                    (TransferFailed(ROUTER, rid, step.detail),))
+                    (Envelope(ROUTER, TransferFailed(rid, step.detail)),))
     if not step.does(Effect.COMMIT):
         return Step(state)  # moot, or waiting for more landings
     record = replace(record, phase=step.phase)
@@ -168,8 +175,9 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
         # manifest type; the model's manifests carry no generations (each
         # write is checked against the generation instead), and count the
         # prompt in pages where the runtime counts tokens.
-        allocated = Allocation(request_id=ticket.rid, tenant=ticket.tenant, room=ticket.room, epoch=ticket.epoch,
-                               token_count=ticket.prompt_pages, pages=record.prompt_pages, generations=())
+        allocated = Allocation(request_id=ticket.request_id, tenant=ticket.tenant, room=ticket.room,
+                               epoch=ticket.epoch, token_count=ticket.admitted.prompt_pages,
+                               pages=record.prompt_pages, generations=())
         if identity_problems(allocated, manifest) or len(manifest.digests) != len(manifest.pages):
             return "manifest does not match the allocation"
     entries = state.ledger.entries
@@ -188,20 +196,30 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
     record = find(state.requests, event.rid)
     step = decode_job.decode_step(record.phase if record else None)
     if not step.does(Effect.DECODE_DONE):
+        if record is not None and record.phase is Phase.DECODING:
+            # A later step (the runtime decodes until the last token): it
+            # reads every page of the request again, and changes nothing.
+            ticket = record.ticket
+            return Step(state, notes=tuple(PageRead(ticket.request_id, ticket.tenant, ticket.epoch, p,
+                                                    state.ledger.entries[p].content) for p in record.pages))
         return Step(state)
     ticket = record.ticket
+    rid = ticket.request_id
     ledger = state.ledger
-    for page in record.pages[ticket.prompt_pages:]:
-        ledger = ledger.write_local(page, kv_origin(ticket.rid, ticket.epoch))
-    reads = tuple(PageRead(ticket.rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
+    for page in record.pages[ticket.admitted.prompt_pages:]:
+        ledger = ledger.write_local(page, kv_origin(rid, ticket.epoch))
+    reads = tuple(PageRead(rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
                   for p in record.pages)
     record = replace(record, phase=step.phase)
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
-    return Step(state, (DecodeDone(ROUTER, ticket.rid),), reads)
+    # The model's tokens are not modelled: one finished output, no error (the 200).
+    done = Output(RequestOutput(rid, (), "", (), True, "length", 0, 0))
+    return Step(state, (Envelope(ROUTER, done),), reads)
 
 
 def _finalize(config, state: DecodeState, message: Finalize) -> Step:
-    record = find(state.requests, message.rid) or DecodeRequest(message.rid, phase=None)  # none yet
+    rid = message.request_id
+    record = find(state.requests, rid) or DecodeRequest(rid, phase=None)  # none yet
     step = decode_job.finalize(record.phase, record.drain_acked, drain_guard=config.guards.drain_before_reuse)
     if step.outcome == "repeat":
         return Step(state)
@@ -213,7 +231,7 @@ def _finalize(config, state: DecodeState, message: Finalize) -> Step:
 
 
 def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
-    record = find(state.requests, message.rid)
+    record = find(state.requests, message.request_id)
     step = decode_job.drain_ack(record.phase if record else None)
     if step.does(Effect.RELEASE_PAGES):
         return _release(config, state, replace(record, phase=step.phase))

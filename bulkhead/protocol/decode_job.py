@@ -92,9 +92,10 @@ def verdict(phase: Phase | None, failed: bool, check: Callable[[], str], *, runt
     return JobStep(advance(DECODE, phase, Event.MANIFEST_VERIFIED, runtime=runtime), (Effect.COMMIT,), "commit")
 
 
-@transition("decode", outcomes=("step",), runtime_only={
-    "moot": "the model decodes one step; the runtime's later steps change no phase"})
+@transition("decode", outcomes=("step", "moot"))
 def decode_step(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The first step on committed KV tells the router (the model's one
+    Output); later steps change no phase (the model's read the pages again)."""
     if phase is not Phase.COMMITTED:
         return JobStep(phase, outcome="moot")
     return JobStep(advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime), (Effect.DECODE_DONE,), "step")
@@ -134,10 +135,12 @@ def drain_ack(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     return JobStep(phase, (Effect.MARK_DRAINED,), "early")
 
 
-@transition("decode", outcomes=("released",), runtime_only={
-    "moot": "the runtime's tick lists expired leases before it takes each job's lock: an ack can come between"})
+@transition("decode", outcomes=("released", "moot"))
 def lease_expired(phase: Phase | None, *, runtime: bool = False) -> JobStep:
-    """The fence: no admitted write outlives the lease, so the pages go."""
+    """The fence: no admitted write outlives the lease, so the pages go. A
+    timer that fires after the ack freed them changes nothing (the runtime's
+    tick lists expired leases before it takes each job's lock, so an ack can
+    come between; the model fires a late timer at a finished record)."""
     if phase is not Phase.DRAINING:
         return JobStep(phase, outcome="moot")
     return JobStep(advance(DECODE, phase, Event.LEASE_EXPIRED, runtime=runtime), (Effect.RELEASE_PAGES,),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Handler:
     actor: str                  # "router", "prefill" or "decode"
-    on: str                     # the message kind (bulkhead.disagg.messages) or runtime event
+    on: str                     # the message kind (bulkhead.protocol.messages) or runtime event
     methods: tuple[str, ...]    # the runtime methods that make it up
     transitions: tuple[str, ...] = ()  # "decode.finalize", ...
     why_none: str = ""          # for a handler with no transition: what it does instead

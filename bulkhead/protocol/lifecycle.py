@@ -84,6 +84,10 @@ PROTOCOL = {
         (P.PREFILLING,       E.FINALIZE,           P.DRAINING,         "never posts a write"),
         (P.TRANSFERRING,     E.FINALIZE,           P.DRAINING,         "posts no more; writes may be in flight"),
         (P.DRAINING,         E.QUIESCED,           P.DONE,             "DrainAck to decode"),
+        # A transfer that failed with a write still in flight (a timeout):
+        # no ack, ever; decode's lease fences the write.
+        (P.TRANSFERRING,     E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
+        (P.DRAINING,         E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
     ),
     DECODE: (
         (NEW,                E.ASSIGN,             P.WAITING_PAGES,    "-"),
@@ -93,7 +97,7 @@ PROTOCOL = {
         # A check that fails reports TransferFailed and keeps the phase (the
         # model's `failed` flag) until the router's Finalize.
         (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
-        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "DecodeDone to the router"),
+        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "Output (finished) to the router"),
         (P.DECODE_ALLOCATED, E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.COMMITTED,        E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.DECODING,         E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
@@ -112,11 +116,6 @@ RUNTIME = {
         # The runtime's router sends no Finalize after a success, so prefill
         # acks as soon as its writes end instead of waiting for one.
         (P.TRANSFERRING,     E.QUIESCED,           P.DONE,             "DrainAck as the writes end"),
-        # A transfer that failed mid-write may have a write still landing:
-        # no ack, ever; the job is kept until the finalize so that it is not
-        # acked then either.
-        (P.TRANSFERRING,     E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
-        (P.DRAINING,         E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
     ),
     DECODE: (
         # Replaces WAITING_PAGES -finalize-> DONE. The runtime reserves pages

@@ -1,121 +1,233 @@
-"""Messages between router, prefill and decode, events from the runtime
-(client, timers, scheduler), and notes the step functions emit for
-observers (the model checker; the runtime's safe mode and logs).
+"""Every message of the protocol, as one frozen type each: the same classes
+on the runtime's wire and in the model checker's network.
 
-Every control message carries `signed`: in the runtime an HMAC over the
-message under the cluster key, in the model a flag the environment clears
-when it forges a message. The data plane (PageWrite, Landing) is not signed:
-it is bound to operator-named addresses and fenced by generations instead.
+    message        from -> to                   means
+    -------------  ---------------------------  ------------------------------------------------
+    Register       worker -> router             my live limits (and decode's transfer endpoint)
+    Registered     router -> worker             you passed the pairing gate
+    Refused        router -> worker             you did not, and why
+    Reregister     router -> worker             I do not know you: end your jobs, register again
+    Heartbeat      worker -> router             live limits, page states and counters (and whether drained)
+    Leaving        worker -> router             I am shutting down (SIGTERM): drain me
+    Drain          router -> worker             no assignment follows this one: finish what you hold
+    Resume         router -> worker             you may be assigned again
+    Assign         router -> both workers       the signed admission ticket
+    PrefillReady   prefill -> router -> decode  the prompt's KV exists: grant pages now
+    PagesGranted   decode -> router -> prefill  pages and generations to write, and where
+    TransferDone   prefill -> router -> decode  the manifest, the first token, sampler state
+    DrainAck       prefill -> router -> decode  no write of mine can still land
+    Finalize       router -> both workers       the request's one outcome
+    Output         decode -> router             tokens (or the error) for the client; finished: the 200
+    PrefillFailed  prefill -> router            the prompt could not be prefilled (LEGACY: its 400)
+    TransferFailed worker -> router             the KV could not be moved or verified
+
+    data plane (the model's view of one page of a transfer backend's write_pages)
+    PageWrite      prefill -> decode            a one-sided write of one page, to be admitted
+    Landing        decode's pool                an admitted write's DMA, landing unconditionally
+
+Who a message goes to, and whether it is authentic, is not part of it: the
+runtime's link seals each one in the signer's envelope (sender,
+incarnation, sequence number, HMAC; disagg/signing.py) and encodes it with
+the one codec (disagg/messages.py: encode, decode, handler_for); the model
+checker's network carries each in an `Envelope` (destination, and `signed`,
+which the environment clears when it forges one). The model's network
+carries worker-to-worker messages directly where the runtime's router
+relays them (PagesGranted, TransferDone; DrainAck goes through the router's
+record of the pair, as the runtime's relay does). Which fields the model
+fills and which it leaves at a stand-in is said at each field.
+
+Pure: frozen dataclasses over ids, ints and strings; no torch, no sockets.
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 from bulkhead.protocol.manifest import Manifest
-from bulkhead.protocol.types import Outcome, PageGrant, RequestSpec, Ticket
+from bulkhead.protocol.outputs import RequestOutput, TokenLogprobs
+from bulkhead.protocol.ticket import SignedTicket
+from bulkhead.protocol.types import Outcome
 
-Addr = tuple  # ("router"|"prefill"|"decode", index)
+# A request's id: a string on the wire; the model's are small ints.
+RequestId = typing.Union[str, int]  # noqa: UP007
+Addr = tuple  # the model's actor address: ("router"|"prefill"|"decode", index)
 
 
-# --- control plane: router -> workers --------------------------------------
+# --- registration and liveness (the registry's; the model has no registry) ----
+
+@dataclass(frozen=True)
+class Register:
+    kind = "register"
+    info: dict
+    transfer: dict | None = None  # decode: {"backend", "descriptor"} its writers use
+
+
+@dataclass(frozen=True)
+class Registered:
+    kind = "registered"
+
+
+@dataclass(frozen=True)
+class Refused:
+    kind = "refused"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reregister:
+    kind = "reregister"
+
+
+@dataclass(frozen=True)
+class Leaving:
+    kind = "leaving"
+
+
+@dataclass(frozen=True)
+class Drain:
+    kind = "drain"
+
+
+@dataclass(frozen=True)
+class Resume:
+    kind = "resume"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    kind = "heartbeat"
+    info: dict       # engine_info: live limits and page states
+    counters: dict   # worker events
+    control: dict    # the control plane's accepted/dropped counts
+
+
+# --- a request's life -------------------------------------------------------
 
 @dataclass(frozen=True)
 class Assign:
-    """Bootstrap: the admitted request's ticket, sent to both workers."""
-    dst: Addr
-    ticket: Ticket
-    signed: bool = True
+    """Bootstrap: the admitted request's signed ticket, sent to both workers."""
+    kind = "assign"
+    request_id: RequestId
+    ticket: SignedTicket
 
 
 @dataclass(frozen=True)
-class Finalize:
-    """The router's terminal decision. Workers record it, stop work and
-    release resources (decode only after the prefill's drain ack)."""
-    dst: Addr
-    rid: int
-    outcome: Outcome
-    peer: int          # the other worker of the pair (prefill acks to it)
-    epoch: int = 1
-    signed: bool = True
+class PrefillReady:
+    """The prompt's KV exists at prefill; decode grants pages only now, so
+    the writer starts at once (the model's decode grants at the ticket)."""
+    kind = "prefill_ready"
+    request_id: RequestId
 
 
-# --- control plane: decode <-> prefill -------------------------------------
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a writer writes: a transfer backend and its descriptor (the
+    runtime's: the backend's own, e.g. host and port; the model's: the
+    decode worker's index and incarnation, whose registered memory a write
+    reaches)."""
+    backend: str
+    descriptor: typing.Any
+
 
 @dataclass(frozen=True)
 class PagesGranted:
     """Decode's allocation for the request's prompt pages, with the ledger
-    generation of each page and decode's incarnation."""
-    dst: Addr
-    rid: int
+    generation of each page: a write at another generation is refused."""
+    kind = "pages_granted"
+    request_id: RequestId
     room: int
     epoch: int
-    decode: int
-    incarnation: int
-    grants: tuple[PageGrant, ...]
-    signed: bool = True
+    pages: tuple[int, ...]
+    generations: tuple[int, ...]   # the ledger's, one per page
+    transfer: Endpoint             # decode's endpoint
+    # Prefill starts no write for this grant after this many seconds, so a
+    # writer that never acks is done long before decode's lease ends. (The
+    # model has no clock: inf; its fence is the lease-expiry event's
+    # enabling condition.)
+    write_within_s: float
 
 
 @dataclass(frozen=True)
 class TransferDone:
-    """Prefill's claim: every page in the manifest was posted."""
-    dst: Addr
+    """Prefill's claim: every page in the manifest was written."""
+    kind = "transfer_done"
+    request_id: RequestId
     manifest: Manifest
-    signed: bool = True
+    first_token: int                            # the model: 0
+    first_logprobs: tuple[TokenLogprobs, ...]   # () or the first token's
+    sampler_state: bytes | None                 # the sampler's generator state (seeded sampling continues)
 
 
 @dataclass(frozen=True)
 class DrainAck:
     """Prefill: no write for this request is in flight and none will be
     posted again; decode may free the pages."""
-    dst: Addr
-    rid: int
-    epoch: int
-    signed: bool = True
+    kind = "drain_ack"
+    request_id: RequestId
 
-
-# --- control plane: workers -> router --------------------------------------
 
 @dataclass(frozen=True)
-class DecodeDone:
-    """Decode generated the tokens on committed KV (the 200)."""
-    dst: Addr
-    rid: int
-    signed: bool = True
+class Finalize:
+    """The router's terminal decision. Workers record it, stop work and
+    release resources (decode only after the prefill's drain ack)."""
+    kind = "finalize"
+    request_id: RequestId
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Output:
+    """Decode's tokens (or its typed error) for the client. A finished one
+    without an error is the 200 (the model's decode sends one, with no
+    tokens, after its one decode step on committed KV)."""
+    kind = "output"
+    output: RequestOutput
+
+    @property
+    def request_id(self):
+        return self.output.request_id
+
+
+@dataclass(frozen=True)
+class PrefillFailed:
+    """Prefill could not compute the prompt. The REAL router fails the
+    request; LEGACY's prefill sends it as its own 400 for a prompt over its
+    limit, and the legacy router drops it (the incident)."""
+    kind = "prefill_failed"
+    request_id: RequestId
+    reason: str
+    code: str | None = None
 
 
 @dataclass(frozen=True)
 class TransferFailed:
-    """Decode could not verify the transfer; fail closed."""
-    dst: Addr
-    rid: int
+    """The KV could not be moved or verified: fail closed."""
+    kind = "transfer_failed"
+    request_id: RequestId
     reason: str
-    signed: bool = True
+    code: str | None = None
 
 
-@dataclass(frozen=True)
-class PrefillRejected:
-    """LEGACY only: prefill's own 400 for a request over its limit, which the
-    legacy router drops."""
-    dst: Addr
-    rid: int
-    signed: bool = True
+MESSAGES = (Register, Registered, Refused, Reregister, Leaving, Drain, Resume, Heartbeat, Assign, PrefillReady,
+            PagesGranted, TransferDone, DrainAck, Finalize, Output, PrefillFailed, TransferFailed)
+BY_KIND = {cls.kind: cls for cls in MESSAGES}
+Message = typing.Union[MESSAGES]  # noqa: UP007 - a runtime tuple of types
 
 
-# --- data plane ------------------------------------------------------------
+# --- data plane (model) -------------------------------------------------------
 
 @dataclass(frozen=True)
 class PageWrite:
-    """A one-sided write posted by prefill for one decode page. Decode's
-    transfer engine admits it against the ledger (generation check)."""
-    dst: Addr
-    rid: int
+    """One page of a one-sided write posted by prefill (the runtime's
+    transfer backends write a grant's pages in one write_pages call).
+    Decode's transfer engine admits it against the ledger (manifest.write_admissible)."""
+    request_id: RequestId
     room: int
     epoch: int
     incarnation: int
     page: int
     gen: int
     payload: object          # page content: kv_origin(rid, epoch) or GARBAGE
-    signed: bool = True      # unused: the data plane is fenced, not signed
 
 
 @dataclass(frozen=True)
@@ -123,117 +235,23 @@ class Landing:
     """An admitted write's DMA, in flight into decode's pool. It lands
     unconditionally (nothing can stop a DMA once admitted); that is why
     decode waits for the drain ack before freeing."""
-    dst: Addr
-    rid: int
+    request_id: RequestId
     epoch: int
     incarnation: int
     page: int
     gen: int
     payload: object
-    signed: bool = True
 
 
-CONTROL_MESSAGES = (Assign, Finalize, PagesGranted, TransferDone, DrainAck,
-                    DecodeDone, TransferFailed, PrefillRejected)
 DATA_MESSAGES = (PageWrite, Landing)
 
 
-# --- events from the runtime (client, timers, scheduler) ------------------
-
 @dataclass(frozen=True)
-class Submit:
-    spec: RequestSpec
-
-
-@dataclass(frozen=True)
-class DrainWorker:
-    """The operator drains a worker (or it is leaving): the router assigns
-    it nothing more; what it holds finishes through the protocol as ever."""
-    worker: Addr
-
-
-@dataclass(frozen=True)
-class ClientAbort:
-    rid: int
-
-
-@dataclass(frozen=True)
-class DeadlinePassed:
-    """The runtime's timer says the request's deadline passed: logical time
-    enters the protocol only through events like this one."""
-    rid: int
-
-
-@dataclass(frozen=True)
-class PeerLost:
-    """Heartbeats say a worker restarted; it now runs `incarnation`."""
-    worker: Addr
-    incarnation: int
-
-
-@dataclass(frozen=True)
-class Quiesced:
-    """Prefill's completion queue holds no outstanding write for rid."""
-    rid: int
-
-
-@dataclass(frozen=True)
-class LeaseExpired:
-    """Decode's drain lease for rid ran out (the fence: the writer's own
-    lease ran out earlier and in-flight DMA outlives neither)."""
-    rid: int
-
-
-@dataclass(frozen=True)
-class DecodeStep:
-    """Decode's scheduler runs the request's decode step."""
-    rid: int
-
-
-# --- notes: what observers may check --------------------------------------
-
-@dataclass(frozen=True)
-class PageRead:
-    """Attention read a page on behalf of rid."""
-    rid: int
-    tenant: str
-    epoch: int
-    page: int
-    content: object
-
-
-@dataclass(frozen=True)
-class WriteLanded:
-    """A DMA landed. owner/gen are the ledger's at landing time; the write's
-    own are rid/write_gen."""
-    decode: int
-    page: int
-    rid: int
-    write_gen: int
-    owner: int | None
-    gen: int
-
-
-@dataclass(frozen=True)
-class Committed:
-    """Decode marked rid's KV ready."""
-    decode: int
-    rid: int
-    epoch: int
-    pages: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ClientResponse:
-    """The one response the client sees."""
-    rid: int
-    outcome: Outcome
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Step:
-    """Result of one transition: the new state, messages to send, notes."""
-    state: object
-    send: tuple = ()
-    notes: tuple = ()
+class Envelope:
+    """A message in the model's network: where it goes, and whether it is
+    authentic (the runtime's signer checks an HMAC; the model's environment
+    forges by clearing `signed`). The data plane is fenced by generations,
+    not signed."""
+    dst: Addr
+    body: object
+    signed: bool = True

@@ -16,14 +16,15 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import prefill_job
 from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.events import Quiesced, Step, WriteFailed
 from bulkhead.protocol.messages import (
-    Assign, DrainAck, Finalize, PagesGranted, PageWrite, PrefillRejected, Quiesced, Step,
-    TransferDone,
+    Assign, DrainAck, Envelope, Finalize, PagesGranted, PageWrite, PrefillFailed, TransferDone, TransferFailed,
 )
+from bulkhead.protocol.ticket import MODEL_MAC, Ticket
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import cached_hash
 from bulkhead.protocol.types import (
-    ROUTER, Outcome, Phase, ProtocolConfig, Ticket, Variant, decode_addr, digest_of,
+    ROUTER, Outcome, Phase, ProtocolConfig, Variant, decode_addr, digest_of,
     find, kv_origin, upsert,
 )
 
@@ -34,13 +35,11 @@ class PrefillRequest:
     rid: int
     phase: Phase | None                   # WAITING_POOL .. TRANSFERRING, DRAINING, DONE (lifecycle.py);
                                           # None only inside a step, until the table gives one
-    ticket: Ticket | None = None
+    ticket: Ticket | None = None          # verified: the signature is off
     grant: PagesGranted | None = None     # may arrive before the ticket
     local_pages: int = 0                  # pages held in prefill's own pool
     outcome: Outcome | None = None
-    decode_peer: int | None = None        # whom to send the drain ack
     stub: bool = False                    # LEGACY: prompt swapped for 1 token
-    epoch: int = 0                        # from the ticket or the Finalize
 
 
 @cached_hash
@@ -60,33 +59,40 @@ def prefill_restart(state: PrefillState) -> PrefillState:
 
 
 def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
-    if getattr(event, "signed", True) is False and config.guards.hmac:
-        return Step(state)  # forged: the HMAC does not verify
+    if isinstance(event, Envelope):
+        if not event.signed and config.guards.hmac:
+            return Step(state)  # forged: the HMAC does not verify
+        event = event.body
     if isinstance(event, Assign):
-        return _assign(config, state, event.ticket)
+        if event.ticket.mac != MODEL_MAC and config.guards.hmac:
+            return Step(state)
+        return _assign(config, state, event.ticket.ticket)
     if isinstance(event, PagesGranted):
         return _granted(config, state, event)
     if isinstance(event, Finalize):
         return _finalize(state, event)
     if isinstance(event, Quiesced):
         return _quiesced(config, state, event.rid)
+    if isinstance(event, WriteFailed):
+        return _write_failed(config, state, event.rid)
     raise TypeError(f"prefill cannot handle {type(event).__name__}")
 
 
 def _assign(config: ProtocolConfig, state: PrefillState, ticket: Ticket) -> Step:
-    if (not ticket.signed and config.guards.hmac) or ticket.prefill_incarnation != state.incarnation:
+    if ticket.prefill_incarnation != state.incarnation:
         return Step(state)
-    known = find(state.requests, ticket.rid)
+    known = find(state.requests, ticket.request_id)
     step = prefill_job.assign(known.phase if known else None, bool(known and known.ticket))
     if step.outcome == "duplicate":
         return Step(state)  # duplicate, or the outcome is already known
-    record = replace(known or PrefillRequest(ticket.rid, step.phase), ticket=ticket, decode_peer=ticket.decode)
+    record = replace(known or PrefillRequest(ticket.request_id, step.phase), ticket=ticket)
     sends = ()
-    if config.variant is Variant.LEGACY and ticket.prompt_pages > _legacy_input_limit(config, state):
+    if config.variant is Variant.LEGACY and ticket.admitted.prompt_pages > _legacy_input_limit(config, state):
         # The incident: the rejection is a flag on a live request, the prompt
         # becomes a 1-token stub, and the 400 goes to a router that drops it.
         record = replace(record, stub=True, outcome=Outcome.REJECTED)
-        sends = (PrefillRejected(ROUTER, ticket.rid),)
+        sends = (Envelope(ROUTER, PrefillFailed(ticket.request_id, "prompt over prefill's own limit",
+                                                "context_length_exceeded")),)
     state = replace(state, requests=upsert(state.requests, record))
     step = _advance(config, state)
     return Step(step.state, sends + step.send)
@@ -98,11 +104,11 @@ def _legacy_input_limit(config: ProtocolConfig, state: PrefillState) -> int:
 
 
 def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -> Step:
-    known = find(state.requests, grant.rid)
+    known = find(state.requests, grant.request_id)
     step = prefill_job.pages_granted(known.phase if known else None, bool(known and known.grant))
     if step.outcome == "late":
         return Step(state)  # duplicate, or too late: never write after the outcome
-    record = replace(known or PrefillRequest(grant.rid, step.phase), grant=grant)
+    record = replace(known or PrefillRequest(grant.request_id, step.phase), grant=grant)
     state = replace(state, requests=upsert(state.requests, record))
     return _advance(config, state)
 
@@ -113,7 +119,7 @@ def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
     sends = []
     for record in state.requests:
         if record.phase is Phase.WAITING_POOL and record.ticket is not None:
-            need = 1 if record.stub else record.ticket.prompt_pages
+            need = 1 if record.stub else record.ticket.admitted.prompt_pages
             if config.prefill_pools[state.index] - state.pages_in_use() >= need:
                 record = replace(record, phase=prefill_job.prefilled(record.phase).phase, local_pages=need)
                 state = replace(state, requests=upsert(state.requests, record))
@@ -128,36 +134,42 @@ def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
 def _grant_matches(record: PrefillRequest) -> bool:
     grant, ticket = record.grant, record.ticket
     return (grant is not None and ticket is not None
-            and (grant.room, grant.epoch, grant.decode) == (ticket.room, ticket.epoch, ticket.decode))
+            and (grant.room, grant.epoch, grant.transfer.descriptor[0])
+            == (ticket.room, ticket.epoch, ticket.admitted.decode))
 
 
 def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
     ticket, grant = record.ticket, record.grant
-    payload = kv_origin(ticket.rid, ticket.epoch)
+    rid = ticket.request_id
+    payload = kv_origin(rid, ticket.epoch)
     # LEGACY's stub has 1 token of KV: it writes one page and, judging by its
     # own count, calls the transfer complete.
-    grants = grant.grants[:1] if record.stub else grant.grants
-    dst = decode_addr(ticket.decode)
-    sends = [PageWrite(dst, ticket.rid, ticket.room, ticket.epoch, grant.incarnation, g.page,
-                       g.gen, payload) for g in grants]
+    grants = tuple(zip(grant.pages, grant.generations))
+    grants = grants[:1] if record.stub else grants
+    dst = decode_addr(ticket.admitted.decode)
+    _, incarnation = grant.transfer.descriptor  # the model's endpoint: (decode index, incarnation)
+    sends = [Envelope(dst, PageWrite(rid, ticket.room, ticket.epoch, incarnation, page, gen, payload))
+             for page, gen in grants]
     # The runtime's manifest; the model counts the prompt in pages where the
     # runtime counts tokens, and checks generations per write, not here.
-    manifest = Manifest(ticket.rid, ticket.tenant, ticket.room, ticket.epoch, prefix_len=0,
-                        token_count=1 if record.stub else ticket.prompt_pages,
-                        pages=tuple(g.page for g in grants), generations=(),
+    manifest = Manifest(rid, ticket.tenant, ticket.room, ticket.epoch, prefix_len=0,
+                        token_count=1 if record.stub else ticket.admitted.prompt_pages,
+                        pages=tuple(page for page, _ in grants), generations=(),
                         digests=tuple(digest_of(payload) for _ in grants))
-    sends.append(TransferDone(dst, manifest))
+    # No first token or sampler state: the model decodes no real tokens.
+    sends.append(Envelope(dst, TransferDone(rid, manifest, first_token=0, first_logprobs=(), sampler_state=None)))
     return record, sends
 
 
 def _finalize(state: PrefillState, message: Finalize) -> Step:
-    record = find(state.requests, message.rid) or PrefillRequest(message.rid, phase=None)  # none yet
+    rid = message.request_id
+    record = find(state.requests, rid) or PrefillRequest(rid, phase=None)  # none yet
     step = prefill_job.finalize(record.phase)  # STOP_ENGINE: the model's prefill has no computation to stop
     if step.outcome == "repeat":
         return Step(state)
     # A LEGACY stub keeps its own 400: that disagreement is the bug.
     outcome = record.outcome or message.outcome
-    record = replace(record, phase=step.phase, outcome=outcome, decode_peer=message.peer, epoch=message.epoch)
+    record = replace(record, phase=step.phase, outcome=outcome)
     return Step(replace(state, requests=upsert(state.requests, record)))
 
 
@@ -169,6 +181,20 @@ def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
         return Step(state)
     record = replace(record, phase=step.phase, local_pages=0, grant=None)
     state = replace(state, requests=upsert(state.requests, record))
-    ack = DrainAck(decode_addr(record.decode_peer), rid, record.epoch)
+    # To the router, which relays it to the pair's decode worker (the
+    # model's network does so in the same step: verify/model.py _relayed).
+    ack = Envelope(ROUTER, DrainAck(rid))
     step = _advance(config, state)  # local pages came free
     return Step(step.state, (ack,) + step.send)
+
+
+def _write_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+    """The transfer failed with a write in flight: tell the router, free the
+    local pages, and never ack (the runtime's _undrained)."""
+    record = find(state.requests, rid)
+    step = prefill_job.undrained(record.phase)
+    record = replace(record, phase=step.phase, local_pages=0, grant=None)
+    state = replace(state, requests=upsert(state.requests, record))
+    failed = Envelope(ROUTER, TransferFailed(rid, "transfer failed with a write in flight"))
+    more = _advance(config, state)  # local pages came free
+    return Step(more.state, (failed,) + more.send)

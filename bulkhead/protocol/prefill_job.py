@@ -9,7 +9,7 @@ actor (prefill.py) and the running prefill worker (bulkhead.disagg.prefill_worke
     start_transfer  KV and grant are both here            POST_WRITES
     finalize        the router's outcome                  STOP_ENGINE
     quiesced        no write of ours is outstanding       SEND_DRAIN_ACK, RELEASE_LOCAL
-    undrained       runtime only: a write may still land  - (never acked: the lease fences it)
+    undrained       the transfer failed, a write in flight RELEASE_LOCAL (never acked: the lease fences it)
 
 `runtime` picks the lifecycle table (bulkhead.protocol.lifecycle): the
 model's, or the runtime's with its few extra rows.
@@ -89,8 +89,9 @@ def quiesced(phase: Phase | None, *, runtime: bool = False) -> JobStep:
                    (Effect.RELEASE_LOCAL, Effect.SEND_DRAIN_ACK), "acked")
 
 
-@transition("prefill", outcomes=(), runtime_only={
-    "unacked": "the model's writes either land or are lost; a runtime transfer that failed mid-write "
-               "may still land one, so it is never acked and decode's lease fences it"})
-def undrained(phase: Phase | None) -> JobStep:
-    return JobStep(advance(PREFILL, phase, Event.UNDRAINED, runtime=True), outcome="unacked")
+@transition("prefill", outcomes=("unacked",))
+def undrained(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The transfer failed with a write of it still in flight (a timeout):
+    it may yet land, so the request is never acked and decode's lease
+    fences it. Local pages go back (no write reads them any more)."""
+    return JobStep(advance(PREFILL, phase, Event.UNDRAINED, runtime=runtime), (Effect.RELEASE_LOCAL,), "unacked")

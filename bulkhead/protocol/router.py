@@ -2,7 +2,7 @@
 (room and pair), and the one terminal outcome of every request.
 
 The router is the only actor that decides an outcome. Workers report
-(DecodeDone, TransferFailed) and record what the router decided (Finalize),
+(Output, TransferFailed) and record what the router decided (Finalize),
 so router, prefill and decode always agree.
 
 Every decision about a request's phase is a function of router_job.py, the
@@ -14,13 +14,14 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import router_job
 from bulkhead.protocol.transitions import Effect
-from bulkhead.protocol.messages import (
-    Assign, ClientAbort, ClientResponse, DeadlinePassed, DecodeDone, DrainWorker, Finalize, PeerLost,
-    PrefillRejected, Step, Submit, TransferFailed,
+from bulkhead.protocol.events import (
+    ClientAbort, ClientResponse, DeadlinePassed, DrainWorker, PeerLost, Step, Submit,
 )
+from bulkhead.protocol.messages import Assign, Envelope, Finalize, Output, PrefillFailed, TransferFailed
+from bulkhead.protocol.ticket import MODEL_MAC, SignedTicket, Ticket
 from bulkhead.protocol.types import cached_hash
 from bulkhead.protocol.types import (
-    Outcome, Phase, ProtocolConfig, RequestSpec, Ticket, Variant, decode_addr, find,
+    Outcome, Phase, ProtocolConfig, RequestSpec, Variant, decode_addr, find,
     prefill_addr, upsert,
 )
 
@@ -55,23 +56,28 @@ class RouterState:
 
 
 def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
-    guards = config.guards
-    if getattr(event, "signed", True) is False and guards.hmac:
-        return Step(state)  # forged or tampered: the HMAC does not verify
+    if isinstance(event, Envelope):
+        if not event.signed and config.guards.hmac:
+            return Step(state)  # forged or tampered: the HMAC does not verify
+        event = event.body
     if isinstance(event, Submit):
         return _submit(config, state, event.spec)
     if isinstance(event, ClientAbort):
         return _finalize(config, state, event.rid, Outcome.ABORTED, "client aborted")
     if isinstance(event, DeadlinePassed):
         return _finalize(config, state, event.rid, Outcome.TIMED_OUT, "deadline passed")
-    if isinstance(event, DecodeDone):
-        return _finalize(config, state, event.rid, Outcome.FINISHED)
+    if isinstance(event, Output):
+        # The model's decode sends one output, finished, after its decode step: the 200.
+        return _finalize(config, state, event.request_id, Outcome.FINISHED)
     if isinstance(event, TransferFailed):
-        return _finalize(config, state, event.rid, Outcome.TRANSFER_FAILED, event.reason)
-    if isinstance(event, PrefillRejected):
-        # LEGACY: prefill's 400 is dropped; the router waits for decode's 200.
-        # REAL prefill never sends it (it never re-decides admission).
-        return Step(state)
+        return _finalize(config, state, event.request_id, Outcome.TRANSFER_FAILED, event.reason)
+    if isinstance(event, PrefillFailed):
+        if config.variant is Variant.LEGACY:
+            # prefill's 400 is dropped; the router waits for decode's 200.
+            return Step(state)
+        # REAL prefill never sends it in the model (it never re-decides
+        # admission, and its prompt computation cannot fail); the runtime's can.
+        return _finalize(config, state, event.request_id, Outcome.PREFILL_FAILED, event.reason)
     if isinstance(event, PeerLost):
         return _peer_lost(config, state, event)
     if isinstance(event, DrainWorker):
@@ -122,10 +128,11 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
         record = replace(record, phase=step.phase, room=free[0])
         state = replace(state, requests=upsert(state.requests, record))
         known = dict(state.known_incarnations)
-        ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages,
-                        record.room, record.epoch, spec.prefill, spec.decode,
-                        known.get(prefill_addr(spec.prefill), 1), known.get(decode_addr(spec.decode), 1))
-        sends += [Assign(prefill_addr(spec.prefill), ticket), Assign(decode_addr(spec.decode), ticket)]
+        ticket = SignedTicket(Ticket(spec, record.room, record.epoch,
+                                     prefill_incarnation=known.get(prefill_addr(spec.prefill), 1),
+                                     decode_incarnation=known.get(decode_addr(spec.decode), 1)), MODEL_MAC)
+        assign = Assign(spec.rid, ticket)
+        sends += [Envelope(prefill_addr(spec.prefill), assign), Envelope(decode_addr(spec.decode), assign)]
         late_check = config.variant is Variant.REAL and not config.guards.admission_before_bootstrap
         if late_check and _rejection(config, spec):
             # Guard off: the decision comes after the room and the tickets.
@@ -146,8 +153,8 @@ def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Out
     sends = ()
     if step.does(Effect.FINALIZE_WORKERS):
         spec = record.spec
-        sends = (Finalize(prefill_addr(spec.prefill), rid, outcome, spec.decode, record.epoch),
-                 Finalize(decode_addr(spec.decode), rid, outcome, spec.prefill, record.epoch))
+        finalize = Finalize(rid, outcome)
+        sends = (Envelope(prefill_addr(spec.prefill), finalize), Envelope(decode_addr(spec.decode), finalize))
     record = replace(record, phase=step.phase, outcome=outcome, detail=detail)
     state = replace(state, requests=upsert(state.requests, record))
     notes = (ClientResponse(rid, outcome, detail),)

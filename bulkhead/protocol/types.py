@@ -1,6 +1,6 @@
 """Values shared by every actor of the transfer protocol: ids, outcomes,
-guards and the admission ticket. The transfer manifest is the runtime's own
-(bulkhead.protocol.manifest.Manifest): one type, checked by one function.
+guards and request specs. The transfer manifest (protocol.manifest) and the
+admission ticket (protocol.ticket) are the runtime's own: one type each.
 
 Everything here is a frozen dataclass or an enum over ints and strings, so a
 protocol state is hashable (the model checker stores millions of them) and
@@ -51,6 +51,7 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed_out"          # the router's deadline passed
     TRANSFER_FAILED = "transfer_failed"  # decode could not verify the KV
     PEER_LOST = "peer_lost"          # a worker holding the request restarted
+    PREFILL_FAILED = "prefill_failed"  # prefill could not compute the prompt (runtime; LEGACY's 400)
 
     def __repr__(self) -> str:  # short in traces
         return self.name
@@ -137,27 +138,10 @@ class RequestSpec:
     def total_pages(self) -> int:
         return self.prompt_pages + self.decode_pages
 
-
-@dataclass(frozen=True)
-class Ticket:
-    """The router's one admission decision, handed to both workers. Workers
-    check `signed` (an HMAC under the cluster key in the runtime) and never
-    re-decide the limits."""
-
-    rid: int
-    tenant: str
-    prompt_pages: int
-    decode_pages: int
-    room: int
-    epoch: int
-    prefill: int
-    decode: int
-    # The workers' incarnations as the router knows them: a ticket that
-    # outlived a restart is ignored, so no one holds pages for a request
-    # whose outcome went to the previous process.
-    prefill_incarnation: int = 1
-    decode_incarnation: int = 1
-    signed: bool = True
+    @property
+    def request_id(self) -> int:
+        """The ticket's name for it (protocol.ticket), as the runtime's Admitted has."""
+        return self.rid
 
 
 # Page contents as the model sees them: ZERO (scrubbed) or the origin of the
@@ -174,15 +158,6 @@ def digest_of(content) -> int | None:
     """Stand-in for a real page digest (xxhash over the KV bytes): equal
     contents give equal digests, different contents different ones."""
     return hash(("digest", content))
-
-
-@dataclass(frozen=True)
-class PageGrant:
-    """One decode page handed to prefill for one request: the generation it
-    was allocated at, so a write can be fenced if the page moves on."""
-
-    page: int
-    gen: int
 
 
 class Phase(enum.Enum):

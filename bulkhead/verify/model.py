@@ -15,14 +15,14 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
-    Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    Quiesced, RouterState, Submit, Ticket, decode_addr, decode_initial, decode_restart,
+    Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
+    Quiesced, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
 from bulkhead.protocol.types import cached_hash
 from bulkhead.verify.world import World
 
-Network = frozenset  # of (message, copies)
+Network = frozenset  # of (Envelope, copies)
 
 
 @cached_hash
@@ -74,9 +74,21 @@ def apply_event(config: ProtocolConfig, state: WorldState, dst, event, label: st
     """Run the destination actor's step function and put its sends in flight."""
     _, step = _actor_step(config, state, dst, event)
     state = _with_actor(state, dst, step.state)
+    sent = tuple(_relayed(state.router, envelope) for envelope in step.send)
     base = state.network if network is None else network
-    state = replace(state, network=_add(base, step.send))
-    return Transition(label, _collect_garbage(config, state), step.notes, step.send)
+    state = replace(state, network=_add(base, sent))
+    return Transition(label, _collect_garbage(config, state), step.notes, sent)
+
+
+def _relayed(router: RouterState, envelope: Envelope) -> Envelope:
+    """A drain ack goes to the router, which relays it to the decode worker
+    of the request's pair (the runtime's _relay_drain_ack, which relays it
+    after the route is gone too): the model's network does both in one step,
+    as the router's record of the pair says."""
+    if envelope.dst != ROUTER or not isinstance(envelope.body, DrainAck):
+        return envelope
+    record = next(r for r in router.requests if r.rid == envelope.body.request_id)
+    return replace(envelope, dst=decode_addr(record.spec.decode))
 
 
 def _collect_garbage(config: ProtocolConfig, state: WorldState) -> WorldState:
@@ -94,7 +106,7 @@ def _collect_garbage(config: ProtocolConfig, state: WorldState) -> WorldState:
     for actor in state.decodes:
         done[decode_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
     kept = frozenset((m, n) for m, n in state.network
-                     if isinstance(m, (PageWrite, Landing)) or _rid_of(m) not in done[m.dst])
+                     if isinstance(m.body, (PageWrite, Landing)) or _rid_of(m) not in done[m.dst])
     if len(kept) == len(state.network):
         return state
     for message, _ in state.network - kept:
@@ -126,11 +138,8 @@ def _check_no_op(config: ProtocolConfig, state: WorldState, message) -> None:
         raise AssertionError(f"unsound reduction: {_show(message)} to a DONE record changed its actor")
 
 
-def _rid_of(message) -> int:
-    rid = getattr(message, "rid", None)
-    if rid is None:
-        rid = message.ticket.rid if hasattr(message, "ticket") else message.manifest.request_id
-    return rid
+def _rid_of(envelope: Envelope) -> int:
+    return envelope.body.request_id
 
 
 def _set(items: tuple, index: int, item) -> tuple:
@@ -185,8 +194,8 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.rid not in moving:
                 out.append(apply_event(config, state, ROUTER, DeadlinePassed(record.rid),
                                        f"deadline of r{record.rid} passes"))
-    writes = {m.rid for m in in_flight(state) if isinstance(m, (PageWrite, Landing))}
-    dmas = {m.rid for m in in_flight(state) if isinstance(m, Landing)}
+    writes = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
+    dmas = {m.body.request_id for m in in_flight(state) if isinstance(m.body, Landing)}
     for prefill in state.prefills:
         for record in prefill.requests:
             if record.phase is Phase.DRAINING and record.rid not in writes:
@@ -198,6 +207,16 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase is Phase.COMMITTED:
                 out.append(apply_event(config, state, addr, DecodeStep(record.rid),
                                        f"decode{decode.index} runs r{record.rid}'s decode step"))
+            # Runtime steps that change no state, each a self-loop here: a
+            # later decode step (which reads every page again, so every read
+            # is checked, not only the first), and a lease timer that fires
+            # after the ack freed the pages.
+            if record.phase is Phase.DECODING:
+                out.append(apply_event(config, state, addr, DecodeStep(record.rid),
+                                       f"decode{decode.index} runs r{record.rid}'s next decode step"))
+            if record.phase is Phase.DONE:
+                out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
+                                       f"decode{decode.index}'s lease timer for finished r{record.rid} fires late"))
             # The lease fence: in-flight DMA never outlives the lease.
             if record.phase is Phase.DRAINING and record.rid not in dmas:
                 out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
@@ -229,7 +248,13 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
         if "abort" in kinds and record.phase is not Phase.DONE:
             out.append(apply_event(config, spent, ROUTER, ClientAbort(record.rid),
                                    f"client aborts r{record.rid}"))
+    writing = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
     for prefill in state.prefills:
+        for record in prefill.requests:
+            if ("fail_write" in kinds and record.rid in writing
+                    and record.phase in (Phase.TRANSFERRING, Phase.DRAINING)):
+                out.append(apply_event(config, spent, prefill_addr(prefill.index), WriteFailed(record.rid),
+                                       f"prefill{prefill.index}'s transfer of r{record.rid} fails, a write in flight"))
         if "crash" in kinds and _busy(prefill):
             crashed = replace(spent, prefills=_set(state.prefills, prefill.index, prefill_restart(prefill)))
             out.append(Transition(f"prefill{prefill.index} crashes and restarts", crashed))
@@ -237,7 +262,7 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
         if "crash" in kinds and _busy(decode):
             # DMA into the dead process's registered memory is cancelled with it.
             network = frozenset((m, n) for m, n in state.network
-                                if not (isinstance(m, Landing) and m.dst == decode_addr(decode.index)))
+                                if not (isinstance(m.body, Landing) and m.dst == decode_addr(decode.index)))
             crashed = replace(spent, network=network,
                               decodes=_set(state.decodes, decode.index, decode_restart(config, decode)))
             out.append(Transition(f"decode{decode.index} crashes and restarts", crashed))
@@ -245,11 +270,11 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
         if "duplicate" in kinds:
             out.append(Transition(f"network duplicates {_show(message)}",
                                   replace(spent, network=_add(state.network, [message]))))
-        if "lose" in kinds and isinstance(message, (PageWrite, Landing)):
+        if "lose" in kinds and isinstance(message.body, (PageWrite, Landing)):
             rest = _remove(state.network, message)
             out.append(Transition(f"network loses {_show(message)}", replace(spent, network=rest)))
-        if "corrupt" in kinds and isinstance(message, PageWrite) and message.payload != GARBAGE:
-            corrupt = replace(message, payload=GARBAGE)
+        if "corrupt" in kinds and isinstance(message.body, PageWrite) and message.body.payload != GARBAGE:
+            corrupt = replace(message, body=replace(message.body, payload=GARBAGE))
             network = _add(_remove(state.network, message), [corrupt])
             out.append(Transition(f"network corrupts {_show(message)}", replace(spent, network=network)))
     for forged, label in (_forgeries(state) if "forge" in kinds else ()):
@@ -269,34 +294,29 @@ def _forgeries(state: WorldState):
     for decode in state.decodes:
         for record in decode.requests:
             if record.pages and record.phase is not Phase.DONE:
-                yield (DrainAck(decode_addr(decode.index), record.rid, 1, signed=False),
+                yield (Envelope(decode_addr(decode.index), DrainAck(record.rid), signed=False),
                        f"attacker forges DrainAck(r{record.rid}) to decode{decode.index}")
     for record in state.router.requests:
         if record.outcome is Outcome.REJECTED:
             spec = record.spec
-            ticket = Ticket(spec.rid, spec.tenant, spec.prompt_pages, spec.decode_pages, 0, 1,
-                            spec.prefill, spec.decode, signed=False)
-            yield (Assign(decode_addr(spec.decode), ticket, signed=False),
+            ticket = SignedTicket(Ticket(spec, room=0, epoch=1), mac="")  # without the key: no valid MAC
+            yield (Envelope(decode_addr(spec.decode), Assign(spec.rid, ticket), signed=False),
                    f"attacker forges a ticket for rejected r{spec.rid} to decode{spec.decode}")
 
 
-def _show(message) -> str:
+def _show(envelope: Envelope) -> str:
+    message = envelope.body
     name = type(message).__name__
-    dst = f"{message.dst[0]}{message.dst[1]}" if message.dst[0] != "router" else "router"
-    rid = getattr(message, "rid", None)
-    if rid is None:
-        if hasattr(message, "manifest"):
-            rid = message.manifest.request_id
-        else:
-            rid = getattr(getattr(message, "ticket", None), "rid", "?")
+    dst = f"{envelope.dst[0]}{envelope.dst[1]}" if envelope.dst[0] != "router" else "router"
+    rid = message.request_id
     extra = ""
     if isinstance(message, (PageWrite, Landing)):
         extra = f" page {message.page} gen {message.gen}" + (" GARBAGE" if message.payload == GARBAGE else "")
     if hasattr(message, "outcome"):
         extra = f" {message.outcome.name}"
-    if hasattr(message, "grants"):
-        extra = " pages " + ",".join(str(g.page) for g in message.grants)
+    if hasattr(message, "generations"):
+        extra = " pages " + ",".join(str(p) for p in message.pages)
     if hasattr(message, "manifest"):
         extra = f" pages {list(message.manifest.pages)} count {message.manifest.token_count}"
-    forged = "" if message.signed else " (unsigned)"
+    forged = "" if envelope.signed else " (unsigned)"
     return f"{name}(r{rid}{extra}) to {dst}{forged}"

@@ -27,8 +27,8 @@ from bulkhead.verify.world import World
 
 def check_transition(world: World, before: WorldState, after: WorldState, notes, sent=()) -> list:
     tenants = {r.rid: r.tenant for r in world.requests}
-    found = [("assigned_to_draining", f"r{m.ticket.rid} assigned to draining {m.dst[0]}{m.dst[1]}")
-             for m in sent if isinstance(m, Assign) and m.dst in after.router.draining]
+    found = [("assigned_to_draining", f"r{m.body.request_id} assigned to draining {m.dst[0]}{m.dst[1]}")
+             for m in sent if isinstance(m.body, Assign) and m.dst in after.router.draining]
     for note in notes:
         if isinstance(note, PageRead):
             found += _read(note, tenants)
@@ -123,7 +123,7 @@ def _rejected_clean(state: WorldState) -> list:
         for prefill in state.prefills:
             if any(r.rid == rid and r.local_pages for r in prefill.requests):
                 why.append(f"pages on prefill{prefill.index}")
-        if any(isinstance(m, (PageWrite, Landing)) and m.rid == rid for m in flying):
+        if any(isinstance(m.body, (PageWrite, Landing)) and m.body.request_id == rid for m in flying):
             why.append("a write in flight")
         if why:
             found.append(("rejected_not_clean", f"rejected r{rid} holds " + ", ".join(why)))

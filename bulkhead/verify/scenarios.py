@@ -18,7 +18,7 @@ def cross_tenant(kind: str, detail: str, labels: list) -> bool:
 def incident_path(kind: str, detail: str, labels: list) -> bool:
     """A cross-tenant read, by the request prefill rejected (the stub), of a
     page its manifest never listed: nobody wrote it for this request."""
-    if not cross_tenant(kind, detail, labels) or not any("PrefillRejected" in l for l in labels):
+    if not cross_tenant(kind, detail, labels) or not any("PrefillFailed" in l for l in labels):
         return False
     reader, page = re.match(r"r(\d+) .* read page (\d+)", detail).groups()
     manifests = [l for l in labels if f"TransferDone(r{reader} " in l]

@@ -6,7 +6,8 @@ import pytest
 
 from bulkhead.disagg.signing import Signer
 from bulkhead.protocol.manifest import Allocation, Manifest, coverage_problems, mismatched_pages, write_admissible
-from bulkhead.disagg.ticket import SignedTicket, TicketError
+from bulkhead.disagg.ticket import TicketError, sign, signed_ticket_from_dict, signed_ticket_to_dict, verify
+from bulkhead.protocol.ticket import SignedTicket
 from tests.disagg.tickets import make_ticket
 
 KEY = b"k" * 32
@@ -47,20 +48,20 @@ def ticket(**kw):
 
 
 def test_a_signed_ticket_verifies_and_a_changed_one_does_not():
-    t = ticket().signed(KEY)
-    t.verify(KEY, context_length=100)
+    t = sign(ticket(), KEY)
+    verify(t, KEY, context_length=100)
     with pytest.raises(TicketError, match="signature"):
-        SignedTicket.from_dict({**t.to_dict(), "tenant": "beta"}).verify(KEY, context_length=100)
+        verify(signed_ticket_from_dict({**signed_ticket_to_dict(t), "tenant": "beta"}), KEY, context_length=100)
     with pytest.raises(TicketError, match="signature"):
-        ticket().verify(KEY, context_length=100)  # never signed
+        verify(SignedTicket(ticket(), ""), KEY, context_length=100)  # never signed
 
 
 def test_a_worker_refuses_a_ticket_over_its_own_limit():
     # The router's decision, re-checked (not re-made): a pair whose limits
     # differ from what the router admitted against fails the request.
-    t = ticket(prompt_token_ids=tuple(range(60)), max_tokens=50, context_length=200).signed(KEY)
+    t = sign(ticket(prompt_token_ids=tuple(range(60)), max_tokens=50, context_length=200), KEY)
     with pytest.raises(TicketError, match="holds 100"):
-        t.verify(KEY, context_length=100)
+        verify(t, KEY, context_length=100)
 
 
 ALLOC = Allocation("r1", "alpha", 1, 1, 40, (7, 3, 9), (2, 5, 1))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bulkhead.disagg.signing import Signer
+from bulkhead.disagg.ticket import sign, signed_ticket_to_dict
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.protocol import Guards, Phase, Variant
 from bulkhead.protocol import decode as protocol_decode
@@ -29,12 +30,13 @@ JOB_MODULES = (router_job, prefill_job, decode_job)
 
 # The default bound's requests, made to reach every row in seconds: one room
 # (r1 waits ADMITTED while r0 holds it), a 3-page decode pool (r1 waits for
-# pages while r0 drains), r2 over its prefill pool (rejected), and one client
-# abort as the only fault (a Finalize can overtake an Assign). The default
+# pages while r0 drains), r2 over its prefill pool (rejected), and one fault:
+# a client abort (a Finalize can overtake an Assign) or a transfer that fails
+# with a write in flight (prefill's undrained rows). The default
 # bound itself takes every row but two: its two admitted requests never wait
 # for a room or for decode pages, so it never finalizes one that is waiting.
 EVERY_ROW = replace(default_world(), name="every row", decode_pools=(3, 6), rooms=1,
-                    fault_kinds=frozenset({"abort"}))
+                    fault_kinds=frozenset({"abort", "fail_write"}))
 
 
 def _key(row):
@@ -135,8 +137,8 @@ def decode(make_engine):
     signer = Signer(b"k" * 32, "decode-0")
     worker = DecodeWorker(built, "tiny", signer, "tcp://127.0.0.1:1", target=FakeTarget(),
                           seams=Seams(make_link=RecordingLink))
-    ticket = make_ticket().signed(signer.key)
-    worker.on_message({"kind": "assign", "request_id": "r1", "ticket": ticket.to_dict()})
+    ticket = sign(make_ticket(), signer.key)
+    worker.on_message({"kind": "assign", "request_id": "r1", "ticket": signed_ticket_to_dict(ticket)})
     return worker
 
 

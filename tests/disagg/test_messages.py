@@ -14,9 +14,11 @@ from bulkhead.errors import Overloaded
 from bulkhead.seams import Seams
 from tests.disagg.test_decode_guard import FakeTarget
 from tests.disagg.test_lifecycle import RecordingLink
+from bulkhead.disagg.ticket import sign
+from bulkhead.protocol.types import Outcome
 from tests.disagg.tickets import make_ticket
 
-TICKET = make_ticket(room=3, cache_salt="salt", temperature=0.0, stop=("\n",), logit_bias=((5, -1.0),)).signed(b"k" * 32)
+TICKET = sign(make_ticket(room=3, cache_salt="salt", temperature=0.0, stop=("\n",), logit_bias=((5, -1.0),)), b"k" * 32)
 MANIFEST = Manifest("r1", "alpha", 3, 1, 0, 3, (5, 6), (2, 2), (11, 12))
 OUTPUT = RequestOutput("r1", (7, 8), "hi", (TokenLogprobs(7, -0.5, ((7, -0.5),)),), True, "error", 3, 2,
                        Overloaded("busy"))
@@ -26,10 +28,10 @@ EXAMPLES = [
     m.Registered(), m.Refused("model differs"), m.Reregister(), m.Leaving(), m.Drain(), m.Resume(),
     m.Heartbeat({"free_pages": 3}, {"commits": 1}, {"sent": 2}),
     m.Assign("r1", TICKET), m.PrefillReady("r1"),
-    m.PagesGranted("r1", 3, 1, (5, 6), (2, 2), {"backend": "shm", "descriptor": {}}, 1.0),
+    m.PagesGranted("r1", 3, 1, (5, 6), (2, 2), m.Endpoint("shm", {"path": "/x"}), 1.0),
     m.TransferDone("r1", MANIFEST, 7, (TokenLogprobs(7, -0.5, ((7, -0.5), (9, -2.0))),), b"\x00gen-state"),
     m.TransferDone("r1", MANIFEST, 7, (), None), m.DrainAck("r1"),
-    m.Finalize("r1", "aborted"), m.PrefillFailed("r1", "no", "internal_error"), m.TransferFailed("r1", "bad digest"),
+    m.Finalize("r1", Outcome.ABORTED), m.PrefillFailed("r1", "no", "internal_error"), m.TransferFailed("r1", "bad digest"),
 ]
 
 
@@ -65,7 +67,7 @@ def test_the_envelope_is_ignored():
       "transfer": {}, "write_within_s": 1}, "expected an integer"),
     ({"kind": "pages_granted", "request_id": "r1", "room": 1, "epoch": 1, "pages": ["5"], "generations": [],
       "transfer": {}, "write_within_s": 1}, "expected an integer"),
-    ({"kind": "assign", "request_id": "r1", "ticket": {"request_id": "r1"}}, "SignedTicket"),
+    ({"kind": "assign", "request_id": "r1", "ticket": {"request_id": "r1"}}, "signed_ticket_from_dict"),
     ({"kind": "transfer_done", "request_id": "r1", "manifest": "pages 1-3", "first_token": 1,
       "first_logprobs": [], "sampler_state": None}, "expected dict"),
     ({"kind": "transfer_done", "request_id": "r1", "manifest": m.encode(m.TransferDone("r1", MANIFEST, 1, (), None))

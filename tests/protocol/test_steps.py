@@ -2,16 +2,31 @@
 from dataclasses import replace
 
 from bulkhead.protocol import (
-    GARBAGE, ZERO, Assign, DecodeDone, DecodeStep, DrainAck, Finalize, Guards, Landing, Ledger,
-    LeaseExpired, Outcome, PagesGranted, PageWrite, Phase, PrefillState, ProtocolConfig, Quiesced,
-    RequestSpec, RouterState, Submit, Ticket, TransferDone, TransferFailed, decode_addr,
-    decode_initial, decode_restart, decode_step, kv_origin, prefill_step, router_step,
+    GARBAGE, MODEL_MAC, ROUTER, ZERO, Assign, DecodeStep, DrainAck, Envelope, Finalize, Guards, Landing,
+    Ledger, LeaseExpired, Outcome, Output, PagesGranted, PageWrite, Phase, PrefillState, ProtocolConfig,
+    Quiesced, RequestSpec, RouterState, SignedTicket, Submit, Ticket, TransferDone, TransferFailed,
+    decode_addr, decode_initial, decode_restart, decode_step, kv_origin, prefill_addr, prefill_step,
+    router_step,
 )
+from bulkhead.protocol.outputs import RequestOutput
 
 CONFIG = ProtocolConfig(prefill_pools=(4, 2), decode_pools=(4,), context_pages=8, rooms=1)
 FITS = RequestSpec(0, "A", prompt_pages=1, decode_pages=1, prefill=0, decode=0)
 TOO_LONG = RequestSpec(1, "B", prompt_pages=2, decode_pages=1, prefill=1, decode=0)
-TICKET = Ticket(0, "A", 1, 1, room=0, epoch=1, prefill=0, decode=0)
+TICKET = SignedTicket(Ticket(FITS, room=0, epoch=1), MODEL_MAC)
+
+
+def to(dst, message, signed=True):
+    return Envelope(dst, message, signed)
+
+
+def finished(rid):
+    """Decode's one output in the model: finished, no tokens, no error (the 200)."""
+    return to(ROUTER, Output(RequestOutput(rid, (), "", (), True, "length", 0, 0)))
+
+
+def transfer_done(manifest):
+    return to(decode_addr(0), TransferDone(manifest.request_id, manifest, 0, (), None))
 
 
 def test_router_rejects_over_the_smallest_limit_before_any_room():
@@ -20,7 +35,7 @@ def test_router_rejects_over_the_smallest_limit_before_any_room():
     assert record.outcome is Outcome.REJECTED and record.room is None and step.send == ()
     assert "prefill_pool limit 2 pages < 3" in record.detail
     # A rejection is terminal: nothing moves it again.
-    again = router_step(CONFIG, step.state, DecodeDone(("router", 0), 1))
+    again = router_step(CONFIG, step.state, finished(1))
     assert again.state == step.state and again.send == ()
 
 
@@ -30,39 +45,40 @@ def test_router_bootstraps_and_queues_when_rooms_run_out():
     assert {m.dst for m in step.send} == {("prefill", 0), ("decode", 0)}
     second = router_step(CONFIG, step.state, Submit(replace(FITS, rid=2)))
     assert second.state.requests[1].phase is Phase.ADMITTED and second.send == ()
-    done = router_step(CONFIG, second.state, DecodeDone(("router", 0), 0))
+    done = router_step(CONFIG, second.state, finished(0))
     assert done.state.requests[1].phase is Phase.BOOTSTRAPPED  # the room came free
-    assert any(isinstance(m, Finalize) and m.outcome is Outcome.FINISHED for m in done.send)
+    assert any(isinstance(m.body, Finalize) and m.body.outcome is Outcome.FINISHED for m in done.send)
 
 
 def test_router_first_outcome_wins():
     state = router_step(CONFIG, RouterState(), Submit(FITS)).state
-    failed = router_step(CONFIG, state, TransferFailed(("router", 0), 0, "digest")).state
-    assert router_step(CONFIG, failed, DecodeDone(("router", 0), 0)).state == failed
+    failed = router_step(CONFIG, state, to(ROUTER, TransferFailed(0, "digest"))).state
+    assert router_step(CONFIG, failed, finished(0)).state == failed
 
 
 def test_unsigned_messages_are_dropped_only_with_hmac():
-    forged = Assign(decode_addr(0), replace(TICKET, signed=False), signed=False)
+    forged = to(decode_addr(0), Assign(0, replace(TICKET, mac="")), signed=False)
     assert decode_step(CONFIG, decode_initial(CONFIG, 0), forged).state.requests == ()
     open_config = replace(CONFIG, guards=Guards().without("hmac"))
     assert decode_step(open_config, decode_initial(open_config, 0), forged).state.requests != ()
 
 
 def _allocated():
-    step = decode_step(CONFIG, decode_initial(CONFIG, 0), Assign(decode_addr(0), TICKET))
+    step = decode_step(CONFIG, decode_initial(CONFIG, 0), to(decode_addr(0), Assign(0, TICKET)))
     (grant,) = step.send
     return step.state, grant
 
 
 def test_decode_allocates_newest_freed_first_and_bumps_generations():
     state, grant = _allocated()
-    assert isinstance(grant, PagesGranted) and [g.page for g in grant.grants] == [3]
+    assert grant.dst == prefill_addr(0) and isinstance(grant.body, PagesGranted) and grant.body.pages == (3,)
+    assert grant.body.generations == (1,)
     assert state.ledger.entries[3].gen == 1 and state.ledger.entries[3].owner == 0
     state.ledger.check_integrity()
 
 
 def _write(state, page, gen, payload=kv_origin(0, 1)):
-    write = PageWrite(decode_addr(0), 0, 0, 1, state.incarnation, page, gen, payload)
+    write = to(decode_addr(0), PageWrite(0, 0, 1, state.incarnation, page, gen, payload))
     step = decode_step(CONFIG, state, write)
     if not step.send:
         return state, None
@@ -76,23 +92,23 @@ def _manifest_for(page, payload=kv_origin(0, 1)):
 
 def test_commit_waits_for_coverage_then_commits():
     state, _ = _allocated()
-    step = decode_step(CONFIG, state, TransferDone(decode_addr(0), _manifest_for(3)))
+    step = decode_step(CONFIG, state, transfer_done(_manifest_for(3)))
     assert find_phase(step.state) is Phase.DECODE_ALLOCATED  # the write has not landed
     state, landing = _write(step.state, 3, 1)
-    assert isinstance(landing, Landing) and find_phase(state) is Phase.COMMITTED
+    assert isinstance(landing.body, Landing) and find_phase(state) is Phase.COMMITTED
 
 
 def test_corrupt_payload_fails_closed():
     state, _ = _allocated()
     state, _ = _write(state, 3, 1, payload=GARBAGE)
-    step = decode_step(CONFIG, state, TransferDone(decode_addr(0), _manifest_for(3)))
-    assert isinstance(step.send[0], TransferFailed) and find_phase(step.state) is Phase.DECODE_ALLOCATED
+    step = decode_step(CONFIG, state, transfer_done(_manifest_for(3)))
+    assert isinstance(step.send[0].body, TransferFailed) and find_phase(step.state) is Phase.DECODE_ALLOCATED
 
 
 def test_manifest_that_differs_from_the_allocation_fails():
     state, _ = _allocated()
-    step = decode_step(CONFIG, state, TransferDone(decode_addr(0), _manifest_for(2)))
-    assert isinstance(step.send[0], TransferFailed)
+    step = decode_step(CONFIG, state, transfer_done(_manifest_for(2)))
+    assert isinstance(step.send[0].body, TransferFailed)
 
 
 def test_stale_generation_write_is_refused():
@@ -103,26 +119,27 @@ def test_stale_generation_write_is_refused():
 def test_pages_wait_for_drain_then_are_scrubbed():
     state, _ = _allocated()
     state, _ = _write(state, 3, 1)
-    state = decode_step(CONFIG, state, Finalize(decode_addr(0), 0, Outcome.ABORTED, 0)).state
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
     assert find_phase(state) is Phase.DRAINING and 3 not in state.ledger.free
-    state = decode_step(CONFIG, state, DrainAck(decode_addr(0), 0, 1)).state
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state
     assert find_phase(state) is Phase.DONE and state.ledger.entries[3].content is ZERO
     assert state.ledger.free[-2:] == (2, 3)  # the block comes back in the same order
 
 
 def test_lease_expiry_also_releases():
     state, _ = _allocated()
-    state = decode_step(CONFIG, state, Finalize(decode_addr(0), 0, Outcome.TIMED_OUT, 0)).state
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.TIMED_OUT))).state
     assert find_phase(decode_step(CONFIG, state, LeaseExpired(0)).state) is Phase.DONE
 
 
 def test_decode_step_reads_own_pages_and_reports():
     state, _ = _allocated()
     state, _ = _write(state, 3, 1)
-    state = decode_step(CONFIG, state, TransferDone(decode_addr(0), _manifest_for(3))).state
+    state = decode_step(CONFIG, state, transfer_done(_manifest_for(3))).state
     step = decode_step(CONFIG, state, DecodeStep(0))
     assert {n.content for n in step.notes} == {kv_origin(0, 1)}
-    assert isinstance(step.send[0], DecodeDone)
+    (done,) = step.send
+    assert done.dst == ROUTER and isinstance(done.body, Output) and done.body.output.finished
 
 
 def test_restart_keeps_memory_but_scrubs_it():
@@ -133,15 +150,16 @@ def test_restart_keeps_memory_but_scrubs_it():
 
 
 def test_prefill_posts_every_granted_page_then_acks_drain():
-    state = prefill_step(CONFIG, PrefillState(0), Assign(("prefill", 0), TICKET)).state
-    grant = PagesGranted(("prefill", 0), 0, 0, 1, 0, 1, _allocated()[1].grants)
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    grant = _allocated()[1]
     step = prefill_step(CONFIG, state, grant)
-    assert [type(m).__name__ for m in step.send] == ["PageWrite", "TransferDone"]
-    state = prefill_step(CONFIG, step.state, Finalize(("prefill", 0), 0, Outcome.FINISHED, 0)).state
+    assert [type(m.body).__name__ for m in step.send] == ["PageWrite", "TransferDone"]
+    state = prefill_step(CONFIG, step.state, to(prefill_addr(0), Finalize(0, Outcome.FINISHED))).state
     # After the outcome, a late grant is never acted on.
     assert prefill_step(CONFIG, state, grant).send == ()
     step = prefill_step(CONFIG, state, Quiesced(0))
-    assert isinstance(step.send[0], DrainAck) and step.state.pages_in_use() == 0
+    # To the router, which relays it to the pair's decode (the checker's network does it in one step).
+    assert step.send == (to(ROUTER, DrainAck(0)),) and step.state.pages_in_use() == 0
 
 
 def test_ledger_allocation_is_lifo():
@@ -152,3 +170,49 @@ def test_ledger_allocation_is_lifo():
 
 def find_phase(state):
     return state.requests[0].phase
+
+
+def test_an_ack_before_the_outcome_lets_decode_free_at_the_outcome():
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1)
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state
+    assert find_phase(state) is Phase.DECODE_ALLOCATED and state.requests[0].drain_acked
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
+    assert find_phase(state) is Phase.DONE and state.ledger.entries[3].content is ZERO and 3 in state.ledger.free
+
+
+
+def test_a_later_decode_step_reads_every_page_again_and_changes_nothing():
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1)
+    state = decode_step(CONFIG, state, transfer_done(_manifest_for(3))).state
+    state = decode_step(CONFIG, state, DecodeStep(0)).state
+    assert find_phase(state) is Phase.DECODING
+    later = decode_step(CONFIG, state, DecodeStep(0))
+    assert later.state == state and later.send == ()
+    assert {(n.page, n.content) for n in later.notes} == {(3, kv_origin(0, 1)), (2, kv_origin(0, 1))}
+
+
+def test_a_lease_timer_that_fires_after_the_ack_changes_nothing():
+    state, _ = _allocated()
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state
+    assert find_phase(state) is Phase.DONE
+    late = decode_step(CONFIG, state, LeaseExpired(0))
+    assert late.state == state and late.send == () and late.notes == ()
+
+
+def test_a_transfer_that_fails_with_a_write_in_flight_is_never_acked():
+    """The runtime's undrained step, now the model's (a fault): prefill
+    reports the failure, frees its pages, and never acks; decode's lease
+    fences the write that may still land."""
+    from bulkhead.protocol import WriteFailed
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = prefill_step(CONFIG, state, _allocated()[1]).state
+    assert find_phase(state) is Phase.TRANSFERRING
+    step = prefill_step(CONFIG, state, WriteFailed(0))
+    assert [(m.dst, type(m.body)) for m in step.send] == [(ROUTER, TransferFailed)]
+    assert find_phase(step.state) is Phase.DONE and step.state.pages_in_use() == 0
+    for later in (to(prefill_addr(0), Finalize(0, Outcome.TRANSFER_FAILED)), Quiesced(0)):
+        after = prefill_step(CONFIG, step.state, later)
+        assert after.state == step.state and after.send == ()  # no ack, ever

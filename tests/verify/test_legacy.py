@@ -12,7 +12,7 @@ def test_legacy_leaks_across_tenants(goal):
 
 def test_incident_trace_reads_a_page_the_stub_never_wrote():
     found = legacy_search("incident").found()
-    assert any("PrefillRejected(r2)" in step for step in found.labels)
+    assert any("PrefillFailed(r2)" in step for step in found.labels)
     assert found.labels[-1] == "decode0 runs r2's decode step"
 
 

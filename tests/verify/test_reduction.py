@@ -1,28 +1,29 @@
 """The checker drops control messages addressed to a DONE record. That is
 sound only if every step function ignores them: check it."""
 from bulkhead.protocol import (
-    Assign, DrainAck, Finalize, Outcome, PagesGranted, Ticket, TransferDone, decode_addr,
-    decode_initial, decode_step, prefill_addr, prefill_step, PrefillState, ProtocolConfig, Manifest,
+    MODEL_MAC, Assign, DrainAck, Endpoint, Envelope, Finalize, Manifest, Outcome, PagesGranted, PrefillState,
+    ProtocolConfig, RequestSpec, SignedTicket, Ticket, TransferDone, decode_addr, decode_initial, decode_step,
+    prefill_addr, prefill_step,
 )
 
 CONFIG = ProtocolConfig((4,), (4,), 8, 1)
-TICKET = Ticket(0, "A", 1, 1, 0, 1, 0, 0)
+TICKET = SignedTicket(Ticket(RequestSpec(0, "A", 1, 1, 0, 0), 0, 1), MODEL_MAC)
 
 
 def test_decode_ignores_control_messages_for_done_requests():
-    state = decode_step(CONFIG, decode_initial(CONFIG, 0), Finalize(decode_addr(0), 0, Outcome.ABORTED, 0)).state
+    state = decode_step(CONFIG, decode_initial(CONFIG, 0), Envelope(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
     manifest = Manifest(0, "A", 0, 1, 0, 1, (3,), (), (0,))
-    for message in (Assign(decode_addr(0), TICKET), Finalize(decode_addr(0), 0, Outcome.FINISHED, 0),
-                    DrainAck(decode_addr(0), 0, 1), TransferDone(decode_addr(0), manifest)):
-        step = decode_step(CONFIG, state, message)
+    for message in (Assign(0, TICKET), Finalize(0, Outcome.FINISHED), DrainAck(0),
+                    TransferDone(0, manifest, 0, (), None)):
+        step = decode_step(CONFIG, state, Envelope(decode_addr(0), message))
         assert step.state == state and step.send == () and step.notes == ()
 
 
 def test_prefill_ignores_control_messages_for_done_requests():
     from bulkhead.protocol import Quiesced
-    state = prefill_step(CONFIG, PrefillState(0), Finalize(prefill_addr(0), 0, Outcome.ABORTED, 0)).state
+    state = prefill_step(CONFIG, PrefillState(0), Envelope(prefill_addr(0), Finalize(0, Outcome.ABORTED))).state
     state = prefill_step(CONFIG, state, Quiesced(0)).state
-    for message in (Assign(prefill_addr(0), TICKET), Finalize(prefill_addr(0), 0, Outcome.FINISHED, 0),
-                    PagesGranted(prefill_addr(0), 0, 0, 1, 0, 1, ())):
-        step = prefill_step(CONFIG, state, message)
+    grant = PagesGranted(0, 0, 1, (), (), Endpoint("model", (0, 1)), float("inf"))
+    for message in (Assign(0, TICKET), Finalize(0, Outcome.FINISHED), grant):
+        step = prefill_step(CONFIG, state, Envelope(prefill_addr(0), message))
         assert step.state == state and step.send == ()

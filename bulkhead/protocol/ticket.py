@@ -1,0 +1,64 @@
+"""The admission ticket: the router's one decision about one request, bound
+to the room and epoch it was bootstrapped in. One type for the runtime and
+the model checker; signing is a wrapper around it.
+
+    Ticket        what both workers of the pair receive
+    SignedTicket  a Ticket and its MAC (an HMAC under the cluster key in the
+                  runtime, bulkhead.disagg.ticket; in the model a stand-in
+                  that an attacker without the key cannot produce)
+
+`admitted` is the decision itself, as admission returned it: the runtime's
+`engine.admission.Admitted` (prompt tokens, sampling parameters, context),
+the model's `RequestSpec` (pages, and the pair it goes to). Both have
+`request_id` and `tenant`. Workers verify the MAC, then re-check the
+ticket against their own limits; they never decide admission again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Ticket:
+    admitted: Any                   # Admitted (runtime) or RequestSpec (model): see above
+    room: int
+    epoch: int
+    # The tenant's share as the router's tenant table had it at admission:
+    # the workers' fair queues and KV quotas read it (runtime; the model has
+    # no scheduler and leaves the defaults).
+    weight: float = 1.0             # fair-share weight (> 0)
+    kv_share: float | None = None   # KV pool fraction; None = the fair share of active tenants
+    # The workers' incarnations as the router knew them (model): a ticket
+    # that outlived a restart is ignored. The runtime's router does not bind
+    # a ticket to them; a worker that restarts re-registers and the router
+    # fails its old routes instead (disagg/router.py _register).
+    prefill_incarnation: int = 1
+    decode_incarnation: int = 1
+
+    @property
+    def request_id(self):
+        return self.admitted.request_id
+
+    @property
+    def tenant(self) -> str:
+        return self.admitted.tenant
+
+
+@dataclass(frozen=True)
+class SignedTicket:
+    """A ticket and its MAC. Only the router, which holds the key, makes one
+    that verifies; a worker takes the ticket out only after verifying it."""
+
+    ticket: Ticket
+    mac: str
+
+    @property
+    def request_id(self):
+        return self.ticket.request_id
+
+
+# The model's MAC: what only the router, which holds the key, puts on a
+# ticket (an attacker's ticket carries another). The runtime's is an HMAC
+# under the cluster key.
+MODEL_MAC = "router"
