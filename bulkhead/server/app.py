@@ -241,6 +241,11 @@ class _Run:
         self.kind = "chat.completion" if chat else "text_completion"
         self.started = time.monotonic()
         self.first_token = False
+        # echo (completions): each choice's text starts with its prompt; with
+        # logprobs, the prompt's tokens lead its logprobs (prefill computed them).
+        self.echo = bool(getattr(body, "echo", False))
+        tok = state.backend.tokenizer
+        self.echo_texts = [tok.decode(list(t.prompt_token_ids)) if self.echo else "" for t in tickets]
 
     def _observe(self, out) -> None:
         m = self.state.metrics
@@ -265,9 +270,18 @@ class _Run:
         f = self.state.logprobs
         return f.chat(items) if self.chat else f.completion(items, offset)
 
+    def _echoed_logprobs(self, i: int, prompt_lps, items) -> dict | None:
+        """Choice i's first logprobs under echo: the prompt's, then the
+        completion's from the end of the echoed prompt."""
+        if self.tickets[i].params.logprobs is None:
+            return None
+        completion = self._logprobs(items, len(self.echo_texts[i]))
+        return self.state.logprobs.echoed(list(self.tickets[i].prompt_token_ids), prompt_lps, completion)
+
     async def collect(self, request: Request):
         n = len(self.tickets)
         texts, reasons, lps, counts = [""] * n, [None] * n, [[] for _ in range(n)], [0] * n
+        prompt_lps: list[tuple] = [()] * n
 
         async def gather():
             async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
@@ -275,6 +289,7 @@ class _Run:
                     raise out.error
                 self._observe(out)
                 texts[i] += out.text
+                prompt_lps[i] = prompt_lps[i] or out.prompt_logprobs
                 lps[i].extend(out.logprobs)
                 counts[i] = out.completion_tokens
                 if out.finished:
@@ -294,7 +309,12 @@ class _Run:
             raise
         choices = []
         for i in range(n):
-            c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
+            if self.echo:
+                c = {"index": i, "finish_reason": reasons[i],
+                     "logprobs": self._echoed_logprobs(i, prompt_lps[i], lps[i])}
+                texts[i] = self.echo_texts[i] + texts[i]
+            else:
+                c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
             if self.chat:
                 c["message"] = {"role": "assistant", "content": texts[i]}
             else:
@@ -309,6 +329,7 @@ class _Run:
         model = self.state.model_id
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
+        echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk
         if self.chat:
             for i in range(len(self.tickets)):
                 yield sse(envelope(kind, self.entry.request_id, model, [
@@ -322,15 +343,22 @@ class _Run:
                     return
                 self._observe(out)
                 counts[i] = out.completion_tokens
-                if not out.text and not out.finished and not out.logprobs:
+                if not out.text and not out.finished and not out.logprobs and echoed[i]:
                     continue
-                choice = {"index": i, "logprobs": self._logprobs(list(out.logprobs), offsets[i]),
-                          "finish_reason": out.finish_reason}
+                text = out.text
+                if not echoed[i]:
+                    echoed[i] = True
+                    text = self.echo_texts[i] + text
+                    logprobs = self._echoed_logprobs(i, out.prompt_logprobs, list(out.logprobs))
+                    offsets[i] = len(self.echo_texts[i])
+                else:
+                    logprobs = self._logprobs(list(out.logprobs), offsets[i])
+                choice = {"index": i, "logprobs": logprobs, "finish_reason": out.finish_reason}
                 offsets[i] += len(out.text)
                 if self.chat:
-                    choice["delta"] = {"content": out.text} if out.text else {}
+                    choice["delta"] = {"content": text} if text else {}
                 else:
-                    choice["text"] = out.text
+                    choice["text"] = text
                 yield sse(envelope(kind, self.entry.request_id, model, [choice]))
         except asyncio.CancelledError:
             self._done(499, sum(counts))

@@ -43,8 +43,6 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 def _unsupported(body: _SamplingFields) -> None:
     refuse_unknown_fields(body)
     if isinstance(body, CompletionRequest):
-        if body.echo:
-            raise _bad("echo is not supported", "echo", code="unsupported_parameter")
         if body.suffix:
             raise _bad("suffix is not supported", "suffix", code="unsupported_parameter")
         if body.best_of not in (None, body.n):
@@ -182,6 +180,8 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=_logprobs_k(body),
+        # echo with logprobs: the prompt's too (completions only; chat has no echo)
+        prompt_logprobs=_logprobs_k(body) if getattr(body, "echo", False) else None,
         logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
         presence_penalty=float(body.presence_penalty or 0.0),
         frequency_penalty=float(body.frequency_penalty or 0.0),
