@@ -64,3 +64,25 @@ def test_prompt_logprobs_bypass_the_prefix_cache(make_engine):
     assert built.engine.scheduler.cache.hits == hits
     assert len(first(sink, "echo").prompt_logprobs) == len(p) - 1
     built.engine.check_integrity()
+
+
+def test_a_preempted_echo_request_sends_its_prompt_logprobs_once(make_engine):
+    from bulkhead.kv.layout import KVLayout
+
+    # The tight pool of test_engine's preemption test: requests are preempted
+    # after their first token and recomputed; the recompute must not compute
+    # or send the prompt's logprobs again.
+    layout = KVLayout(2, 2, 16, 16, "float32")
+    built = make_engine(kv_memory_bytes=layout.bytes_per_page * 16, context_length=256)
+    sink = Collector()
+    ps = prompts(8, length=20)
+    for i, p in enumerate(ps):
+        submit(built, sink, f"r{i}", p, max_tokens=40, ignore_eos=True, prompt_logprobs=0)
+    built.engine.run_until_idle()
+    assert built.engine.scheduler.num_preemptions > 0
+    for i, p in enumerate(ps):
+        sent = [o.prompt_logprobs for o in sink.outputs[f"r{i}"] if o.prompt_logprobs]
+        assert len(sent) == 1 and [lp.token_id for lp in sent[0]] == p[1:]
+    assert built.engine.stats.failures == 0
+    assert not built.engine._prompt_lps  # nothing left behind
+    assert_clean(built)
