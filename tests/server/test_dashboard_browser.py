@@ -92,6 +92,8 @@ def test_the_dashboard_shows_the_pool_and_follows_requests_live(server, page):
         # While a request runs, the page (not reloaded) shows its tenant and its pages.
         wait_until("alpha served", lambda: "alpha" in page.inner_text("#tenants"))
         wait_until("pages allocated", lambda: sum(column(page, "pools", "allocated (total)")) > before)
+        # Every pool's figures move (a worker's come with its heartbeats, so the prefill pool's may lag).
+        wait_until("pages allocated in every pool", lambda: all(column(page, "pools", "allocated (total)")))
         if shot := os.environ.get("BULKHEAD_DASHBOARD_SCREENSHOT"):
             wait_until("pages owned", lambda: sum(column(page, "pools", "owned")) > 0, timeout=10)
             page.screenshot(path=shot, full_page=True)
