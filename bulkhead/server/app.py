@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +29,8 @@ from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.params import (
-    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
+    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, prompt_only, sampling_params, schema_error,
+    validate_common,
 )
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
@@ -246,6 +247,14 @@ class _Run:
         self.echo = bool(getattr(body, "echo", False))
         tok = state.backend.tokenizer
         self.echo_texts = [tok.decode(list(t.prompt_token_ids)) if self.echo else "" for t in tickets]
+        self.prompt_only = prompt_only(body)  # echo with max_tokens 0: the one sampled token is dropped
+
+    def _outputs(self):
+        """The backend's outputs for every choice; with prompt_only, each
+        without its sampled token (a finished one ends for "length", as a
+        completion of max_tokens 0 would)."""
+        outputs = until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled)
+        return _without_completion(outputs) if self.prompt_only else outputs
 
     def _observe(self, out) -> None:
         m = self.state.metrics
@@ -284,7 +293,7 @@ class _Run:
         prompt_lps: list[tuple] = [()] * n
 
         async def gather():
-            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
+            async for i, out in self._outputs():
                 if out.error is not None:
                     raise out.error
                 self._observe(out)
@@ -336,7 +345,7 @@ class _Run:
                     {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]))
         try:
-            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
+            async for i, out in self._outputs():
                 if out.error is not None:
                     self._done(out.error.status, sum(counts))
                     yield sse(out.error.to_dict())
@@ -372,3 +381,15 @@ class _Run:
             yield sse(envelope(kind, self.entry.request_id, model, [], usage(self.prompt_tokens, sum(counts))))
         self._done(200, sum(counts))
         yield sse("[DONE]")
+
+
+async def _without_completion(outputs):
+    """Echo with max_tokens 0: each output without the token the engine
+    sampled. Closing this closes `outputs` at once, whose cleanup aborts the
+    engine's requests (as leaving it directly would)."""
+    try:
+        async for i, out in outputs:
+            yield i, replace(out, token_ids=(), text="", logprobs=(), completion_tokens=0,
+                             finish_reason="length" if out.finished and out.error is None else out.finish_reason)
+    finally:
+        await outputs.aclose()

@@ -82,3 +82,17 @@ def test_chat_has_no_echo(server):
     r = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, timeout=60, json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "echo": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(server):
+    # vLLM's, and how evaluation harnesses ask for a prompt's logprobs.
+    n_prompt = prompt_tokens(server)
+    body = complete(server, echo=True, logprobs=1, max_tokens=0).json()
+    choice = body["choices"][0]
+    assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == n_prompt and body["usage"]["completion_tokens"] == 0
+    with_completion = complete(server, echo=True, logprobs=1).json()["choices"][0]["logprobs"]
+    assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        with_completion["token_logprobs"][1:n_prompt], abs=1e-4)
+    r = complete(server, max_tokens=0)  # without echo there is nothing to answer
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

@@ -181,3 +181,8 @@ def test_echo_asks_prefill_for_prompt_logprobs_only_with_logprobs():
     assert params(echo=True).prompt_logprobs is None
     assert params(logprobs=3).prompt_logprobs is None
     validate_common(completion(echo=True, logprobs=2, n=2), LIMITS)  # served, n > 1 included
+    validate_common(completion(echo=True, max_tokens=0), LIMITS)  # the prompt alone
+    assert params(echo=True, max_tokens=0).max_tokens == 1  # prefill samples once; the token is dropped
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(completion(max_tokens=0), LIMITS)
+    assert e.value.param == "max_tokens"
