@@ -234,7 +234,7 @@ class DecodeWorker(WorkerBase):
                                        done.manifest.digest())
             lp = done.first_logprobs
             self.engine.submit_prefilled(job.ticket.admitted, done.first_token, lp[0] if lp else None,
-                                         done.sampler_state, self._on_output)
+                                         done.sampler_state, self._on_output, done.prompt_logprobs)
 
     def _on_output(self, out: RequestOutput) -> None:  # engine thread
         self.send(m.Output(out))

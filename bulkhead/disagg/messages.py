@@ -103,7 +103,7 @@ def _output_to_dict(out: RequestOutput) -> dict:
         "request_id": out.request_id, "token_ids": list(out.token_ids), "text": out.text,
         "logprobs": _logprobs_to_list(out.logprobs), "finished": out.finished,
         "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-        "completion_tokens": out.completion_tokens,
+        "completion_tokens": out.completion_tokens, "prompt_logprobs": _logprobs_to_list(out.prompt_logprobs),
         "error": None if out.error is None else {"status": out.error.status, **out.error.to_dict()["error"]},
     }
 
@@ -114,7 +114,8 @@ def _output_from_dict(d: dict) -> RequestOutput:
         error = EngineFailure(d["error"].get("message", "worker error"), code=d["error"].get("code"))
         error.status = int(d["error"].get("status", 500))
     return RequestOutput(d["request_id"], tuple(d["token_ids"]), d["text"], _logprobs_from_list(d["logprobs"]),
-                         d["finished"], d["finish_reason"], d["prompt_tokens"], d["completion_tokens"], error)
+                         d["finished"], d["finish_reason"], d["prompt_tokens"], d["completion_tokens"], error,
+                         prompt_logprobs=_logprobs_from_list(d.get("prompt_logprobs", [])))
 
 
 def _b64(data: bytes) -> str:

@@ -147,7 +147,8 @@ class PrefillWorker(WorkerBase):
                                 tuple(dst_gens), tuple(digests))
             self.count("transfers")
             self.count("pages_sent", len(dst_pages))
-            self.send(m.TransferDone(rid, manifest, out.token_ids[0], out.logprobs, out.sampler_state))
+            self.send(m.TransferDone(rid, manifest, out.token_ids[0], out.logprobs, out.sampler_state,
+                                     out.prompt_logprobs))
             if self.lineage.enabled:
                 self.lineage.transferred(rid, t.tenant, src_pages, dst_pages, dst_gens, manifest.digest())
         except Exception as e:  # fail closed on anything, and say why

@@ -104,8 +104,11 @@ class WorkerBase:
     def info(self) -> dict:
         """Its /server_info body, sent with every heartbeat; `tenants` is the
         scheduler's per-tenant service, queue and pages (operators only)."""
+        with self.lock:  # jobs by protocol phase: /dashboard's transfers in flight
+            phases = [job.phase.value for job in self.jobs.values() if job.phase is not None]
         return engine_info(self.built, self.model_id, self.role) | {
             "name": self.name, "tenants": self.engine.scheduler.tenant_stats(),
+            "jobs_by_phase": {p: phases.count(p) for p in sorted(set(phases))},
             "draining": self.draining, "drained": self.draining and self.holds_nothing()}
 
     def holds_nothing(self) -> bool:

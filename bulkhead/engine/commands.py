@@ -46,6 +46,7 @@ class StartPrefilled:
     first_logprobs: object  # engine.sampler.TokenLogprobs | None
     sampler_state: bytes | None
     sink: Callable
+    prompt_logprobs: tuple = ()  # echo's, computed by prefill (engine.outputs.TokenLogprobs)
 
 
 @dataclass(frozen=True)

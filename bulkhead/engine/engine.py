@@ -21,7 +21,7 @@ from bulkhead.engine.admission import Admitted
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
-from bulkhead.engine.sampler import Sampler
+from bulkhead.engine.sampler import Sampler, prompt_logprobs
 from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
@@ -62,6 +62,10 @@ class Engine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._trackers: dict[str, OutputTracker] = {}
+        # Echo's prompt logprobs by request and position, gathered chunk by
+        # chunk until the first token goes out with them (a recompute after
+        # a preemption finds them there and adds nothing).
+        self._prompt_lps: dict[str, dict[int, TokenLogprobs]] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         # Serialises whole steps against readers of engine state (tests, /server_info).
@@ -81,11 +85,13 @@ class Engine:
         self._commands.put(cmd.Abort(request_id))
 
     def submit_prefilled(self, ticket: Admitted, first_token: int, first_logprobs: TokenLogprobs | None,
-                         sampler_state: bytes | None, sink: Sink) -> None:
+                         sampler_state: bytes | None, sink: Sink,
+                         prompt_logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         """Start decoding a request whose prompt KV is already verified in its pages."""
         if not isinstance(ticket, Admitted):
             raise TypeError(f"the engine only accepts Admitted tickets, not {type(ticket).__name__}")
-        self._commands.put(cmd.StartPrefilled(ticket, first_token, first_logprobs, sampler_state, sink))
+        self._commands.put(cmd.StartPrefilled(ticket, first_token, first_logprobs, sampler_state, sink,
+                                              prompt_logprobs))
 
     def reserve_pages(self, request_id: str, tenant: str, num_pages: int) -> Future:
         """Pages for a request whose KV a remote writer will fill; the future
@@ -195,7 +201,7 @@ class Engine:
             return
         self._sinks[rid] = c.sink
         self._trackers[rid] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-        self._emit_token(req, c.first_token, c.first_logprobs)
+        self._emit_token(req, c.first_token, c.first_logprobs, c.prompt_logprobs)
 
     def _reserve(self, c: cmd.Reserve) -> None:
         try:
@@ -259,6 +265,10 @@ class Engine:
                 ids, logits = self.runner.run(plan)
                 requests = [self.scheduler.requests[i] for i in ids]
                 tokens, logprobs = self.sampler.sample(requests, logits)
+                for rid, start, rows in self.runner.prompt_rows:
+                    req = self.scheduler.requests[rid]
+                    got = prompt_logprobs(rows, start, req.prompt_token_ids, req.params.prompt_logprobs or 0)
+                    self._prompt_lps.setdefault(rid, {}).update(got)
             except Exception as e:
                 log.exception("step failed; failing its requests closed")
                 self._fail_plan(plan, e)
@@ -273,15 +283,18 @@ class Engine:
             self._scrub()
             return True
 
-    def _emit_token(self, req: Request, token_id: int, lp: TokenLogprobs | None) -> None:
+    def _emit_token(self, req: Request, token_id: int, lp: TokenLogprobs | None,
+                    prompt_lps: tuple[TokenLogprobs, ...] = ()) -> None:
+        prompt_lps = prompt_lps or self._take_prompt_logprobs(req.request_id)
         if self.prefill_only:
-            self._hand_over(req, token_id, lp)
+            self._hand_over(req, token_id, lp, prompt_lps)
             return
         tracker = self._trackers[req.request_id]
         text, reason = tracker.push(token_id)
         out = RequestOutput(
             req.request_id, (token_id,), text, (lp,) if lp is not None else (), reason is not None,
             reason.value if reason else None, len(req.prompt_token_ids), len(req.output_token_ids),
+            prompt_logprobs=prompt_lps,
         )
         sink = self._sinks.get(req.request_id)
         if reason is not None:
@@ -289,7 +302,13 @@ class Engine:
         if sink is not None:
             sink(out)
 
-    def _hand_over(self, req: Request, token_id: int, lp: TokenLogprobs | None) -> None:
+    def _take_prompt_logprobs(self, rid: str) -> tuple[TokenLogprobs, ...]:
+        """The request's prompt logprobs in position order, once: with its first token."""
+        got = self._prompt_lps.pop(rid, None)
+        return tuple(got[p] for p in sorted(got)) if got else ()
+
+    def _hand_over(self, req: Request, token_id: int, lp: TokenLogprobs | None,
+                   prompt_lps: tuple[TokenLogprobs, ...] = ()) -> None:
         """Prefill-only: the first token is sampled; keep the pages for the transfer."""
         rid = req.request_id
         state = self.sampler.get_state(rid)
@@ -303,12 +322,13 @@ class Engine:
         if sink is not None:
             sink(RequestOutput(rid, (token_id,), "", (lp,) if lp else (), True, "prefilled",
                                len(req.prompt_token_ids), 1, held_pages=held,
-                               sampler_state=state))
+                               sampler_state=state, prompt_logprobs=prompt_lps))
 
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
         req = self.scheduler.finish(request_id, reason)
         sink = self._sinks.pop(request_id, None)
         self._trackers.pop(request_id, None)
+        self._prompt_lps.pop(request_id, None)
         self.sampler.forget(request_id)
         if req is None:
             return

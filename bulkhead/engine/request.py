@@ -26,6 +26,11 @@ class SamplingParams:
     # vLLM's: a token seen in the prompt or the output has its logit divided
     # by this when positive, multiplied when negative; 1 = off.
     repetition_penalty: float = 1.0
+    # echo with logprobs: each prompt token's logprob plus its top k. None =
+    # off, and prefill then computes logits for the sampling row only; on,
+    # every prompt row's logits, and the prefix cache is bypassed (a cached
+    # page has KV but no logits).
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:

@@ -50,6 +50,10 @@ class ModelRunner:
         self.config = config
         self.page_size = pool.layout.page_size
         self._layers = pool.layer_views()
+        # The last run's chunks that asked for every row's logits (prompt
+        # logprobs, PrefillWork.all_logits): (request id, first position,
+        # logits [len(chunk), V]); row j predicts the token at start + j + 1.
+        self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
 
     def run(self, plan: StepPlan) -> tuple[list[str], torch.Tensor]:
         """Compute a step. Returns (request ids, logits [len(ids), V]) for the rows to sample.
@@ -64,10 +68,15 @@ class ModelRunner:
             self._check_ownership(plan)
         ids: list[str] = []
         parts: list[torch.Tensor] = []
+        self.prompt_rows = []
         passes = [[w] for w in plan.prefills] + ([list(plan.decode)] if plan.decode else [])
         for works in passes:
             batch, pass_ids = self._build_batch(works)
-            logits = self.model.forward(batch, self._layers)[: len(pass_ids)]
+            logits = self.model.forward(batch, self._layers)
+            if isinstance(works[0], PrefillWork) and works[0].all_logits:
+                self.prompt_rows.append((works[0].request_id, works[0].start, logits))
+                logits = logits[-1:]  # the chunk's last row: the sampling row, if it samples
+            logits = logits[: len(pass_ids)]
             if pass_ids:
                 ids += pass_ids
                 parts.append(logits)
@@ -78,6 +87,8 @@ class ModelRunner:
         # (1.2 vs 0.03 ms for 16 rows of a 49k vocabulary, measured).
         # A sum of finite logits overflowing would also trip it: a false
         # alarm that fails closed.
+        if self.config.safe_mode and not all(torch.isfinite(x.sum()) for _, _, x in self.prompt_rows):
+            raise NonFiniteLogits(f"non-finite prompt logits for {[rid for rid, _, _ in self.prompt_rows]}")
         if self.config.safe_mode and not torch.isfinite(logits.sum()):
             # Only a read of KV nobody wrote for this request (poisoned with
             # NaN in tests) or corrupted pages produce this: fail closed.
@@ -123,6 +134,8 @@ class ModelRunner:
                 raise ValueError(f"a prefill pass computes one chunk, not {len(works)}")
             w = works[0]
             add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
+            if w.all_logits:  # every row of the chunk, in order (the sampling row is the last)
+                logit_rows = list(range(len(tokens)))
             multiple = self.config.prefill_row_bucket
         else:
             for w in works:

@@ -110,3 +110,21 @@ def apply_penalties(row: torch.Tensor, params, prompt_ids, output_ids) -> None:
     if output_ids and (params.presence_penalty or params.frequency_penalty):
         ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.long), return_counts=True)
         row[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(row.dtype)
+
+
+def prompt_logprobs(rows: torch.Tensor, start: int, prompt_ids: list[int], k: int) -> dict[int, TokenLogprobs]:
+    """Echo's prompt logprobs from one chunk's logits (rows [len, V], row j
+    at position start + j): by position p >= 1, prompt token p's logprob
+    given the tokens before it, plus the top k. The raw model's, before any
+    penalty or bias: they describe the prompt, which nothing sampled."""
+    n = min(len(rows), len(prompt_ids) - 1 - start)  # the last prompt row predicts the first output
+    if n <= 0:
+        return {}
+    lp = torch.log_softmax(rows[:n].float(), dim=-1)  # [n, V]
+    targets = torch.tensor(prompt_ids[start + 1:start + 1 + n], dtype=torch.long)
+    chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
+    tops = [()] * n
+    if k:
+        values, ids = torch.topk(lp, k, dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return {start + 1 + j: TokenLogprobs(int(targets[j]), chosen[j], tops[j]) for j in range(n)}

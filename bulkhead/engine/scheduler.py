@@ -85,6 +85,7 @@ class PrefillWork:
     token_ids: tuple[int, ...]  # tokens at positions [start, start + len)
     pages: tuple[int, ...]  # every page the request owns, in position order
     samples: bool  # the chunk ends the sequence: sample the next token
+    all_logits: bool = False  # logits for every row, not only the sampling one (prompt logprobs)
 
     @property
     def end(self) -> int:
@@ -264,7 +265,8 @@ class Scheduler:
                     preempted: list[str]) -> PrefillWork | None:
         """The next chunk of req, if it fits the budget (None: no limit) and
         its pages can be had."""
-        if not running and self.cache is not None and req.num_computed == 0:
+        wants_prompt_logprobs = req.params.prompt_logprobs is not None
+        if not running and self.cache is not None and req.num_computed == 0 and not wants_prompt_logprobs:
             req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes, req.request_id)
             req.num_computed = len(req.shared_pages) * self.config.page_size
         end = min(req.prefill_target, req.num_computed + self.config.prefill_chunk)
@@ -288,7 +290,10 @@ class Scheduler:
         req.charged = max(req.charged, end)
         tokens = tuple(req.token_at(i) for i in range(req.num_computed, end))
         return PrefillWork(req.request_id, req.tenant, req.num_computed, tokens, tuple(self.page_table(req)),
-                           samples=end == req.num_tokens)
+                           samples=end == req.num_tokens,
+                           # once: a recompute after a preemption has sent its prompt logprobs already
+                           all_logits=wants_prompt_logprobs and not req.output_token_ids
+                           and req.num_computed < len(req.prompt_token_ids))
 
     def _plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
         work = []

@@ -156,6 +156,7 @@ class TransferDone:
     first_token: int                            # the model: 0
     first_logprobs: tuple[TokenLogprobs, ...]   # () or the first token's
     sampler_state: bytes | None                 # the sampler's generator state (seeded sampling continues)
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # echo's, prefill computed them; decode sends them first
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,7 @@ class RequestOutput:
     # sampler state, handed to the transfer.
     held_pages: tuple[int, ...] = ()
     sampler_state: bytes | None = None
+    # With the first token of a request that asked for prompt logprobs: one
+    # per prompt token after the first (the first has no context to be
+    # predicted from; OpenAI and vLLM give it null).
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,11 +24,13 @@ from bulkhead.server.admin_routes import add_admin_routes
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
+from bulkhead.server.dashboard import add_dashboard_routes, dashboard_view
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.params import (
-    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, sampling_params, schema_error, validate_common,
+    DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, prompt_only, sampling_params, schema_error,
+    validate_common,
 )
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
@@ -124,6 +126,8 @@ def create_app(state: ServerState) -> FastAPI:
             state.keys.operator_for(request.headers.get("authorization"))
 
     add_admin_routes(app, backend, operator_only)  # /admin/workers: drain and resume
+    # /dashboard: the page is open (it holds no figure); /dashboard/data is an operator's.
+    add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only)
 
     @app.get("/server_info")
     async def info(request: Request):
@@ -238,6 +242,19 @@ class _Run:
         self.kind = "chat.completion" if chat else "text_completion"
         self.started = time.monotonic()
         self.first_token = False
+        # echo (completions): each choice's text starts with its prompt; with
+        # logprobs, the prompt's tokens lead its logprobs (prefill computed them).
+        self.echo = bool(getattr(body, "echo", False))
+        tok = state.backend.tokenizer
+        self.echo_texts = [tok.decode(list(t.prompt_token_ids)) if self.echo else "" for t in tickets]
+        self.prompt_only = prompt_only(body)  # echo with max_tokens 0: the one sampled token is dropped
+
+    def _outputs(self):
+        """The backend's outputs for every choice; with prompt_only, each
+        without its sampled token (a finished one ends for "length", as a
+        completion of max_tokens 0 would)."""
+        outputs = until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled)
+        return _without_completion(outputs) if self.prompt_only else outputs
 
     def _observe(self, out) -> None:
         m = self.state.metrics
@@ -262,16 +279,26 @@ class _Run:
         f = self.state.logprobs
         return f.chat(items) if self.chat else f.completion(items, offset)
 
+    def _echoed_logprobs(self, i: int, prompt_lps, items) -> dict | None:
+        """Choice i's first logprobs under echo: the prompt's, then the
+        completion's from the end of the echoed prompt."""
+        if self.tickets[i].params.logprobs is None:
+            return None
+        completion = self._logprobs(items, len(self.echo_texts[i]))
+        return self.state.logprobs.echoed(list(self.tickets[i].prompt_token_ids), prompt_lps, completion)
+
     async def collect(self, request: Request):
         n = len(self.tickets)
         texts, reasons, lps, counts = [""] * n, [None] * n, [[] for _ in range(n)], [0] * n
+        prompt_lps: list[tuple] = [()] * n
 
         async def gather():
-            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
+            async for i, out in self._outputs():
                 if out.error is not None:
                     raise out.error
                 self._observe(out)
                 texts[i] += out.text
+                prompt_lps[i] = prompt_lps[i] or out.prompt_logprobs
                 lps[i].extend(out.logprobs)
                 counts[i] = out.completion_tokens
                 if out.finished:
@@ -291,7 +318,12 @@ class _Run:
             raise
         choices = []
         for i in range(n):
-            c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
+            if self.echo:
+                c = {"index": i, "finish_reason": reasons[i],
+                     "logprobs": self._echoed_logprobs(i, prompt_lps[i], lps[i])}
+                texts[i] = self.echo_texts[i] + texts[i]
+            else:
+                c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
             if self.chat:
                 c["message"] = {"role": "assistant", "content": texts[i]}
             else:
@@ -306,28 +338,36 @@ class _Run:
         model = self.state.model_id
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
+        echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk
         if self.chat:
             for i in range(len(self.tickets)):
                 yield sse(envelope(kind, self.entry.request_id, model, [
                     {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]))
         try:
-            async for i, out in until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled):
+            async for i, out in self._outputs():
                 if out.error is not None:
                     self._done(out.error.status, sum(counts))
                     yield sse(out.error.to_dict())
                     return
                 self._observe(out)
                 counts[i] = out.completion_tokens
-                if not out.text and not out.finished and not out.logprobs:
+                if not out.text and not out.finished and not out.logprobs and echoed[i]:
                     continue
-                choice = {"index": i, "logprobs": self._logprobs(list(out.logprobs), offsets[i]),
-                          "finish_reason": out.finish_reason}
+                text = out.text
+                if not echoed[i]:
+                    echoed[i] = True
+                    text = self.echo_texts[i] + text
+                    logprobs = self._echoed_logprobs(i, out.prompt_logprobs, list(out.logprobs))
+                    offsets[i] = len(self.echo_texts[i])
+                else:
+                    logprobs = self._logprobs(list(out.logprobs), offsets[i])
+                choice = {"index": i, "logprobs": logprobs, "finish_reason": out.finish_reason}
                 offsets[i] += len(out.text)
                 if self.chat:
-                    choice["delta"] = {"content": out.text} if out.text else {}
+                    choice["delta"] = {"content": text} if text else {}
                 else:
-                    choice["text"] = out.text
+                    choice["text"] = text
                 yield sse(envelope(kind, self.entry.request_id, model, [choice]))
         except asyncio.CancelledError:
             self._done(499, sum(counts))
@@ -341,3 +381,15 @@ class _Run:
             yield sse(envelope(kind, self.entry.request_id, model, [], usage(self.prompt_tokens, sum(counts))))
         self._done(200, sum(counts))
         yield sse("[DONE]")
+
+
+async def _without_completion(outputs):
+    """Echo with max_tokens 0: each output without the token the engine
+    sampled. Closing this closes `outputs` at once, whose cleanup aborts the
+    engine's requests (as leaving it directly would)."""
+    try:
+        async for i, out in outputs:
+            yield i, replace(out, token_ids=(), text="", logprobs=(), completion_tokens=0,
+                             finish_reason="length" if out.finished and out.error is None else out.finish_reason)
+    finally:
+        await outputs.aclose()

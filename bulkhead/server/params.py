@@ -43,8 +43,6 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 def _unsupported(body: _SamplingFields) -> None:
     refuse_unknown_fields(body)
     if isinstance(body, CompletionRequest):
-        if body.echo:
-            raise _bad("echo is not supported", "echo", code="unsupported_parameter")
         if body.suffix:
             raise _bad("suffix is not supported", "suffix", code="unsupported_parameter")
         if body.best_of not in (None, body.n):
@@ -95,8 +93,9 @@ def validate_common(body: _SamplingFields, limits: Limits) -> None:
     _check_unicode(body)
     _unsupported(body)
     max_tokens = requested_max_tokens(body)
-    if max_tokens is not None and max_tokens < 1:
-        raise _bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens", limit=1, value=max_tokens)
+    if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and prompt_only(body)):
+        raise _bad(f"max_tokens must be at least 1 (0 only with echo: the prompt alone), got {max_tokens}",
+                   "max_tokens", limit=1, value=max_tokens)
     if not 1 <= body.n <= limits.max_n:
         raise _bad(f"n must be between 1 and {limits.max_n}, got {body.n}", "n", limit=limits.max_n, value=body.n)
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
@@ -154,6 +153,14 @@ def _logprobs_k(body: _SamplingFields) -> int | None:
     return body.logprobs
 
 
+def prompt_only(body: _SamplingFields) -> bool:
+    """echo with max_tokens 0 (vLLM's, and how evaluation harnesses score a
+    prompt): the answer is the prompt and its logprobs, no completion. The
+    engine still samples one token, which the HTTP layer drops: prefill is
+    what computes the prompt's logprobs, and it ends by sampling."""
+    return bool(getattr(body, "echo", False)) and requested_max_tokens(body) == 0
+
+
 def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int,
                     defaults: dict | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
     """Params for one choice of one prompt. A request without max_tokens gets
@@ -161,7 +168,7 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
     where that is less or the default is 0; unnamed temperature/top_p/top_k
     come from the model's generation_config.json (`defaults`), else OpenAI's."""
     defaults = defaults or {}
-    max_tokens = requested_max_tokens(body)
+    max_tokens = 1 if prompt_only(body) else requested_max_tokens(body)
     if max_tokens is None:
         max_tokens = max(1, limits.effective_context - prompt_len)
         if default_max_tokens > 0:
@@ -182,6 +189,8 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=_logprobs_k(body),
+        # echo with logprobs: the prompt's too (completions only; chat has no echo)
+        prompt_logprobs=_logprobs_k(body) if getattr(body, "echo", False) else None,
         logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
         presence_penalty=float(body.presence_penalty or 0.0),
         frequency_penalty=float(body.frequency_penalty or 0.0),

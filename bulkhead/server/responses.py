@@ -40,6 +40,18 @@ class LogprobFormatter:
             text_offset += len(s)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
+    def echoed(self, prompt_ids: list[int], items: tuple[TokenLogprobs, ...], completion: dict | None) -> dict:
+        """Echo with logprobs: the prompt's tokens, then the completion's
+        (offsets already past the prompt). The first prompt token has no
+        logprob and no top (null, as OpenAI and vLLM answer)."""
+        body = self.completion([TokenLogprobs(prompt_ids[0], 0.0, ())] + list(items)) if prompt_ids else \
+            {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if body["tokens"]:
+            body["token_logprobs"][0] = body["top_logprobs"][0] = None
+        for key in body:
+            body[key] += (completion or {}).get(key, [])
+        return body
+
     def chat(self, items: list[TokenLogprobs]) -> dict:
         def entry(token_id: int, lp: float) -> dict:
             s = self.tok.token_text(token_id)

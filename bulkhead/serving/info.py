@@ -16,6 +16,18 @@ from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.linear_kernel import HEAD_PRECISION, MATMUL_PRECISION
 
 
+def _owned_by_tenant(ledger) -> dict[str, int]:
+    """The ledger's count by tenant, read from the HTTP thread while the
+    engine thread allocates: a table that changed size mid-read is read again
+    (ints only, as the Prometheus collector reads it)."""
+    for _ in range(5):
+        try:
+            return ledger.owned_by_tenant()
+        except RuntimeError:
+            continue
+    return {}
+
+
 def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
     ledger, limits, cfg = built.engine.ledger, built.limits, built.config
     cached = len(ledger.pages_of(CACHE_OWNER))
@@ -36,6 +48,9 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "prefix_cache": cfg.prefix_cache,
         "dirty_pages": ledger.num_dirty,
         "pages_allocated_total": ledger.pages_allocated,
+        "pages_scrubbed_total": built.engine.pool.pages_scrubbed,
+        # Requests' and the prefix cache's pages, by tenant (/dashboard's pool picture; operators only).
+        "owned_pages_by_tenant": _owned_by_tenant(ledger),
         "kv_dtype": built.layout.dtype,
         "kv_layout": {"num_layers": built.layout.num_layers, "num_kv_heads": built.layout.num_kv_heads,
                       "head_dim": built.layout.head_dim, "k_page_order": K_PAGE_ORDER,

@@ -31,6 +31,8 @@ EXAMPLES = [
     m.PagesGranted("r1", 3, 1, (5, 6), (2, 2), m.Endpoint("shm", {"path": "/x"}), 1.0),
     m.TransferDone("r1", MANIFEST, 7, (TokenLogprobs(7, -0.5, ((7, -0.5), (9, -2.0))),), b"\x00gen-state"),
     m.TransferDone("r1", MANIFEST, 7, (), None), m.DrainAck("r1"),
+    # echo's prompt logprobs, computed by prefill, ride to decode with the first token
+    m.TransferDone("r1", MANIFEST, 7, (), None, (TokenLogprobs(4, -1.5, ((4, -1.5),)), TokenLogprobs(5, -0.2, ()))),
     m.Finalize("r1", Outcome.ABORTED), m.PrefillFailed("r1", "no", "internal_error"), m.TransferFailed("r1", "bad digest"),
 ]
 
@@ -109,3 +111,8 @@ def test_the_router_drops_and_counts_what_does_not_decode():
     # A well-formed message from a worker the router does not know: register again.
     router._on_message("decode-0", {**m.encode(m.DrainAck("r1")), "_inc": "a"})
     assert router.link.sent == [("decode-0", m.encode(m.Reregister()))]
+
+
+def test_an_output_carries_echos_prompt_logprobs_to_the_router():
+    out = RequestOutput("r1", (7,), "x", (), False, None, 3, 1, prompt_logprobs=(TokenLogprobs(4, -1.5, ((4, -1.5),)),))
+    assert m.decode(m.encode(m.Output(out))).output.prompt_logprobs == out.prompt_logprobs

@@ -38,7 +38,7 @@ def chat(**kw):
         (completion(logit_bias={"abc": 1.0}), "logit_bias"),
         (completion(logit_bias={"5": 101.0}), "logit_bias"),
         (completion(logprobs=21), "logprobs"),
-        (completion(echo=True), "echo"),
+        (chat(echo=True), "echo"),  # echo is a completions field: chat has no prompt to echo
         (completion(best_of=3), "best_of"),
         (completion(presence_penalty=2.5), "presence_penalty"),
         (chat(frequency_penalty=-3), "frequency_penalty"),
@@ -169,3 +169,20 @@ def test_tool_choice_none_without_tools_is_accepted_and_anything_else_refused():
     with pytest.raises(InvalidRequest) as e:
         validate_common(chat(tool_choice="auto"), LIMITS)
     assert e.value.param == "tool_choice" and e.value.code == "unsupported_parameter"
+
+
+def test_echo_asks_prefill_for_prompt_logprobs_only_with_logprobs():
+    # Prompt logprobs cost every prompt row's logits: only echo with logprobs pays it.
+    def params(**kw):
+        return sampling_params(completion(**kw), 2, LIMITS, 0, {}, DEFAULT_MAX_TOKENS)
+
+    assert params(echo=True, logprobs=3).prompt_logprobs == 3
+    assert params(echo=True, logprobs=0).prompt_logprobs == 0
+    assert params(echo=True).prompt_logprobs is None
+    assert params(logprobs=3).prompt_logprobs is None
+    validate_common(completion(echo=True, logprobs=2, n=2), LIMITS)  # served, n > 1 included
+    validate_common(completion(echo=True, max_tokens=0), LIMITS)  # the prompt alone
+    assert params(echo=True, max_tokens=0).max_tokens == 1  # prefill samples once; the token is dropped
+    with pytest.raises(InvalidRequest) as e:
+        validate_common(completion(max_tokens=0), LIMITS)
+    assert e.value.param == "max_tokens"

@@ -85,7 +85,8 @@ def test_metrics_and_logs_carry_tenants_and_token_counts_never_prompt_text(tiny_
     assert any(f"completion_tokens={usage['completion_tokens']}" in line for line in lines), lines
 
 
-OPERATOR_ENDPOINTS = ["/metrics", "/server_info"]
+# /dashboard/data: the figures the /dashboard page polls (issue 16 item 10).
+OPERATOR_ENDPOINTS = ["/metrics", "/server_info", "/dashboard/data"]
 
 
 @pytest.mark.parametrize("path", OPERATOR_ENDPOINTS)
@@ -99,6 +100,14 @@ def test_operator_endpoints_need_an_operator_key_and_a_tenant_key_gets_403(tiny_
     assert set(err) >= {"message", "type", "param", "code"} and err["code"] == "permission_denied"
     assert "beta" not in r.text
     assert call(tiny_server, "GET", path, None, OPERATOR_HEADERS).status_code == 200
+
+
+def test_the_dashboard_page_is_open_and_holds_no_figure(tiny_server):
+    # The page is code only: what it shows comes from /dashboard/data, which needs the key.
+    r = httpx.get(tiny_server.url + "/dashboard")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "/dashboard/data" in r.text and "alpha" not in r.text and "beta" not in r.text
+    assert "default-src 'none'" in r.headers["content-security-policy"]
 
 
 def test_health_stays_open_and_an_operator_key_makes_no_requests(tiny_server):
