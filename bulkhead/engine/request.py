@@ -26,6 +26,10 @@ class SamplingParams:
     # vLLM's: a token seen in the prompt or the output has its logit divided
     # by this when positive, multiplied when negative; 1 = off.
     repetition_penalty: float = 1.0
+    # Structured output: llguidance's grammar text (bulkhead/model/guidance.py),
+    # or None. Text, not a matcher, so it travels in the signed ticket and the
+    # decode worker rebuilds the same constraint (engine/grammar_mask.py).
+    grammar: str | None = None
 
     @property
     def penalized(self) -> bool:

@@ -36,6 +36,10 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def to_json(self) -> str:
+        """tokenizer.json as text (the grammar library builds its own view of the vocabulary from it)."""
+        return self._tok.to_str()
+
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
