@@ -69,3 +69,12 @@ def check(grammar: str, tok: LLTokenizer | None) -> None:
 
 def matcher(grammar: str, tok: LLTokenizer) -> LLMatcher:
     return LLMatcher(tok, grammar, log_level=0, limits=limits())
+
+
+def json_schema_text(text: str) -> str:
+    """A schema the client sent as a JSON string (vLLM's guided_json allows both)."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"not JSON: {e}") from None
+    return json_schema(schema)
