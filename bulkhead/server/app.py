@@ -86,7 +86,7 @@ def create_app(state: ServerState) -> FastAPI:
     backend = state.backend
     tok = backend.tokenizer
     metrics = state.metrics
-    grammars = GrammarCompiler(tok, backend.limits.vocab_size)
+    grammars = GrammarCompiler(tok, lambda: backend.limits.vocab_size)
 
     @app.exception_handler(BulkheadError)
     async def _typed(_: Request, e: BulkheadError):

@@ -28,7 +28,8 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidReques
 class GrammarCompiler:
     """Compiles and checks grammars against one model's vocabulary (built on first use, ~0.4 s)."""
 
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size):
+        """vocab_size: a callable; a router learns it only once a worker pair registers."""
         self._source = tokenizer
         self._vocab_size = vocab_size
         self._tok = None
@@ -37,7 +38,7 @@ class GrammarCompiler:
     def check(self, grammar: str, param: str) -> str:
         with self._lock:
             if self._tok is None:
-                self._tok = guidance.tokenizer(self._source.to_json(), self._vocab_size, ())
+                self._tok = guidance.tokenizer(self._source.to_json(), self._vocab_size(), ())
         try:
             guidance.check(grammar, self._tok)
         except guidance.GrammarError as e:

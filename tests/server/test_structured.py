@@ -21,7 +21,7 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
 
 @pytest.fixture(scope="module")
 def compiler(smollm2_dir):
-    return GrammarCompiler(Tokenizer(smollm2_dir), 49152)
+    return GrammarCompiler(Tokenizer(smollm2_dir), lambda: 49152)
 
 
 def chat(**kw):
