@@ -43,6 +43,9 @@ class GrammarMasks:
     def __len__(self) -> int:
         return len(self._tracked)
 
+    def request_ids(self) -> set[str]:
+        return set(self._tracked)
+
     def masked(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
         """logits: [B, V]. The same tensor when no request is guided, else a
         copy whose guided rows hold -inf at every token their grammar forbids."""
