@@ -31,6 +31,10 @@ class GrammarError(ValueError):
 
 
 def json_schema(schema: dict | bool) -> str:
+    if schema is True:  # JSON Schema's "anything"
+        schema = {}
+    if not isinstance(schema, dict):
+        raise GrammarError(f"a JSON schema is an object (or true), got {json.dumps(schema)[:40]}")
     try:
         return LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
     except ValueError as e:

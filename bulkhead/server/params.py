@@ -213,7 +213,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
             content = "".join(part.text for part in content)
         message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
         if m.tool_calls:
-            message["tool_calls"] = m.tool_calls
+            message["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         messages.append(message)

@@ -46,7 +46,10 @@ class GrammarCompiler:
         return grammar
 
 
-def _response_format(rf: dict) -> str | None:
+def _response_format(body: _SamplingFields) -> str | None:
+    rf = body.response_format if isinstance(body, ChatCompletionRequest) else None
+    if not rf:
+        return None
     kind = rf.get("type", "text")
     if kind == "text":
         return None
@@ -75,12 +78,8 @@ def _guided(body: _SamplingFields) -> tuple[str, str] | None:
                    f"{', '.join(n for n, _ in asked)}", asked[1][0])
     name, value = asked[0]
     if name == "guided_json":
-        if isinstance(value, str):
-            try:
-                return name, guidance.json_schema_text(value)
-            except guidance.GrammarError as e:
-                raise _bad(f"guided_json is not a JSON schema: {e}", name, "invalid_schema") from None
-        return name, guidance.json_schema(value)
+        build = guidance.json_schema_text if isinstance(value, str) else guidance.json_schema
+        return name, _compiled(name, lambda: build(value))
     if name == "guided_regex":
         return name, guidance.regex(value)
     if not value or len(value) > MAX_CHOICES or not all(value):
@@ -92,14 +91,14 @@ def request_grammar(body: _SamplingFields, compiler: GrammarCompiler,
                     tools: tool_calls.ToolPlan | None = None) -> str | None:
     """The one grammar this request's output must match, or None."""
     found: list[tuple[str, str]] = []
-    if isinstance(body, ChatCompletionRequest) and body.response_format:
-        grammar = _response_format(body.response_format)
-        if grammar is not None:
-            found.append(("response_format", grammar))
+    if (grammar := _compiled("response_format", lambda: _response_format(body))) is not None:
+        found.append(("response_format", grammar))
     if (guided := _guided(body)) is not None:
         found.append(guided)
-    if tools is not None and (grammar := tools.grammar()) is not None:
-        found.append(("tool_choice" if tools.named else "tools", grammar))
+    if tools is not None:
+        param = "tool_choice" if tools.named else "tools"
+        if (grammar := _compiled(param, tools.grammar)) is not None:
+            found.append((param, grammar))
     if len(found) > 1:
         raise _bad(f"{found[0][0]} and {found[1][0]} both constrain the output; ask for one",
                    found[1][0])
@@ -107,3 +106,11 @@ def request_grammar(body: _SamplingFields, compiler: GrammarCompiler,
         return None
     param, grammar = found[0]
     return compiler.check(grammar, param)
+
+
+def _compiled(param: str, build):
+    """build(), with the library's refusal of the schema itself as a 400 naming param."""
+    try:
+        return build()
+    except guidance.GrammarError as e:
+        raise _bad(f"{param}: the grammar library cannot compile it: {e}", param, "invalid_schema") from None

@@ -103,7 +103,8 @@ def tool_plan(tools: list[dict] | None, tool_choice, parallel: bool | None) -> T
         return None
     named = None
     if isinstance(choice, dict):
-        named = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        named = fn.get("name") if isinstance(fn, dict) else None
         if named not in {f["name"] for f in functions}:
             raise _bad(f"tool_choice names {named!r}, which is not among the tools", "tool_choice")
         choice = "named"

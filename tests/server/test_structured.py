@@ -46,7 +46,7 @@ def test_text_and_nothing_need_no_grammar(compiler):
     chat(response_format={"type": "json_object"}),
     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": True,
                                                                  "schema": {"type": "object"}}}),
-    chat(guided_json={"type": "array"}), chat(guided_json='{"type": "integer"}'),
+    chat(guided_json={"type": "array"}), chat(guided_json='{"type": "integer"}'), chat(guided_json=True),
     chat(guided_regex="[a-z]+"), chat(guided_choice=["yes", "no"]),
     CompletionRequest(prompt="hi", guided_choice=["a", "b"]),
 ])
@@ -157,3 +157,30 @@ def test_a_template_that_knows_tools_gets_calls_with_arguments_as_objects():
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}])
     messages = template_messages(chat_messages(body), None, template_knows_tools=True)
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+
+
+@pytest.mark.parametrize("body,param", [
+    (chat(guided_json="5"), "guided_json"), (chat(guided_json={"type": 5}), "guided_json"),
+    (chat(guided_json=False), "guided_json"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": False}}),
+     "response_format"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": 7}}}),
+     "response_format"),
+])
+def test_a_schema_refused_before_compiling_is_a_400_not_a_500(compiler, body, param):
+    err = _refused(compiler, body)
+    assert err["param"] == param and err["code"] == "invalid_schema"
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "get_weather"}, {"type": "function"},
+                                    {"function": {"name": "get_weather"}}])
+def test_a_malformed_named_choice_is_a_400(choice):
+    with pytest.raises(InvalidRequest) as e:
+        tool_plan([WEATHER], choice, None)
+    assert e.value.param == "tool_choice"
+
+
+def test_an_earlier_call_must_name_its_function():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError):
+        chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {}}]}])
