@@ -35,6 +35,7 @@ from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from bulkhead.server.structured import GrammarCompiler, request_grammar
+from bulkhead.server.tool_stream import HeldChoice
 from bulkhead.server.tools import ToolPlan, template_messages, tool_plan
 from bulkhead.server.tenants import DEFAULT_POLICY
 
@@ -325,7 +326,7 @@ class _Run:
         model = self.state.model_id
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
-        held = [_Held() for _ in self.tickets]  # with tools: each answer, until it is whole
+        held = [HeldChoice() for _ in self.tickets]  # with tools: each answer, until it is whole
         if self.chat:
             for i in range(len(self.tickets)):
                 yield sse(envelope(kind, self.entry.request_id, model, [
@@ -366,31 +367,3 @@ class _Run:
         self._done(200, sum(counts))
         yield sse("[DONE]")
 
-
-class _Held:
-    """One streamed chat choice that may turn out to be tool calls: its text
-    and logprobs are held until it ends, then sent as content, or as
-    OpenAI's tool_calls deltas (one per call, id and name with the whole
-    arguments) with finish_reason "tool_calls"."""
-
-    def __init__(self):
-        self.text, self.logprobs = "", []
-
-    def take(self, out, index: int, tools: ToolPlan, logprobs_of) -> list[dict]:
-        self.text += out.text
-        self.logprobs.extend(out.logprobs)
-        if not out.finished:
-            return []
-        content, calls = tools.parse(self.text)
-        lps = logprobs_of(self.logprobs)
-        if not calls:
-            delta = {"content": content} if content else {}
-            return [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": out.finish_reason}]
-        chunks = []
-        if content:
-            chunks.append({"index": index, "delta": {"content": content}, "logprobs": None, "finish_reason": None})
-        for k, call in enumerate(calls):
-            chunks.append({"index": index, "delta": {"tool_calls": [call.to_dict(k)]}, "logprobs": None,
-                           "finish_reason": None})
-        chunks.append({"index": index, "delta": {}, "logprobs": lps, "finish_reason": "tool_calls"})
-        return chunks
