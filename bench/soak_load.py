@@ -11,6 +11,10 @@ through every kind once, so even a short run injects each of them):
                            that names the limit and the value; a 200 is the incident
   disconnect               a stream the client closes after its first token
   cancel                   a non-streamed request the client gives up on mid-generation
+  json_schema              chat with response_format json_schema: the answer must parse
+                           and match (unless cut by max_tokens), grammar mask and all
+  tool_call                chat with tools and tool_choice "required": the answer must be
+                           a tool call whose arguments parse
 
 Every response text, whole or partial, goes through the canary check.
 """
@@ -28,8 +32,13 @@ import httpx
 
 from bench.canaries import CanaryLedger
 
-KINDS = ("stream", "plain", "chat_stream", "chat_plain", "over_length", "disconnect", "cancel")
-WEIGHTS = (3, 2, 1, 1, 1, 1, 1)
+KINDS = ("stream", "plain", "chat_stream", "chat_plain", "over_length", "disconnect", "cancel", "json_schema",
+         "tool_call")
+WEIGHTS = (3, 2, 1, 1, 1, 1, 1, 1, 1)
+CODE_SCHEMA = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 24}}, "required": ["code"],
+               "additionalProperties": False}
+RECORD_TOOL = {"type": "function", "function": {"name": "record_code", "parameters": CODE_SCHEMA}}
+STRUCTURED_TOKENS = 64  # a call or an object around a code of at most 24 characters
 FILLER = "The quiet river runs past the old mill and the green hills. "
 ANSWER_TOKENS = 16  # enough for the model to repeat a canary (about 8 tokens)
 LONG_TOKENS = 48  # disconnect/cancel targets: generation must still be running when the client leaves
@@ -116,6 +125,15 @@ class SoakLoad:
             if kind in ("disconnect", "cancel"):
                 body["ignore_eos"] = True
             await self.send(http, "/v1/completions", headers, body, kind, tenant, canary)
+        elif kind in ("json_schema", "tool_call"):
+            body = {"messages": self.chat_messages(canary, STRUCTURED_TOKENS), "max_tokens": STRUCTURED_TOKENS,
+                    **sampling}
+            if kind == "json_schema":
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "code",
+                                                                                  "schema": CODE_SCHEMA}}
+            else:
+                body |= {"tools": [RECORD_TOOL], "tool_choice": "required"}
+            await self.structured(http, body, kind, headers, tenant, canary)
         else:
             body = {"messages": self.chat_messages(canary, ANSWER_TOKENS), "max_tokens": ANSWER_TOKENS, **sampling}
             await self.send(http, "/v1/chat/completions", headers, body, kind, tenant, canary)
@@ -163,6 +181,29 @@ class SoakLoad:
                     self.tally.disconnects += 1
                     return  # leaving the block closes the connection mid-generation
         self.ledger.check(tenant, canary, text)
+        self.tally.served[kind] += 1
+
+    async def structured(self, http, body, kind, headers, tenant, canary) -> None:
+        """The answer is checked for canaries and for its shape: an object
+        that matches, or a call whose arguments parse (a grammar bug is an error)."""
+        r = await http.post(self.url + "/v1/chat/completions", json=body, headers=headers)
+        if r.status_code != 200:
+            self.count_failure(r.status_code, r.content)
+            return
+        choice = r.json()["choices"][0]
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
+        text = (message.get("content") or "") + "".join(c["function"]["arguments"] for c in calls)
+        self.ledger.check(tenant, canary, text)
+        if choice["finish_reason"] != "length":
+            try:
+                value = json.loads(calls[0]["function"]["arguments"] if kind == "tool_call" else message["content"])
+                shaped = isinstance(value, dict) and isinstance(value.get("code"), str)
+            except (IndexError, TypeError, ValueError):
+                shaped = False
+            if not shaped or (kind == "tool_call" and choice["finish_reason"] != "tool_calls"):
+                self.tally.errors[f"{kind}_malformed"] += 1
+                return
         self.tally.served[kind] += 1
 
     async def over_length(self, http, headers) -> None:

@@ -17,6 +17,11 @@ vLLM or SGLang, with one API key per tenant, it runs five checks:
                  testing lacked)
   aborts         streams closed after their first chunk must leave the
                  endpoint answering, and answering the same
+  structured     chat requests with response_format json_schema and with a
+                 forced tool call, amid plain completions of every tenant:
+                 their answers (content and tool-call arguments) are scanned
+                 for canaries too, and must parse (skipped where the endpoint
+                 refuses both)
 
 Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
 (unreachable, keys refused, bad input, or no completion succeeded).
@@ -25,6 +30,7 @@ Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import secrets
@@ -50,6 +56,10 @@ FILLER_TOKEN_ID = 1000
 ABORT_STREAMS = 4
 ABORT_MAX_TOKENS = 64
 FILLER_SENTENCE = "The quiet river runs past the old mill and the green hills. "
+CODE_SCHEMA = {"type": "object", "properties": {"reference": {"type": "string", "maxLength": 16}},
+               "required": ["reference"], "additionalProperties": False}
+RECORD_TOOL = {"type": "function", "function": {"name": "record_reference", "parameters": CODE_SCHEMA}}
+STRUCTURED_MAX_TOKENS = 64  # a call or an object around a 16-character string
 TOPICS = ("rivers", "mountains", "bread", "clocks", "lanterns", "bridges", "gardens", "ships", "maps", "bells")
 
 
@@ -378,11 +388,45 @@ class Probe:
                 "aborts", "after aborted streams a greedy prompt's completion changed from its solo answer"))
         result.detail = f"{len(jobs)} stream(s) closed after the first chunk, then a greedy request re-checked"
 
+    def structured(self, report: ProbeReport) -> None:
+        jobs: list[Job] = []
+        for i, tenant in enumerate(self.tenants):
+            key = self.tenant_keys[tenant]
+            for kind in ("json_schema", "tool_call"):
+                body: dict[str, Any] = {"model": self.model, "max_tokens": STRUCTURED_MAX_TOKENS, "temperature": 0,
+                                        "messages": [{"role": "user", "content": self._canary_prompt(tenant, i)}]}
+                if kind == "json_schema":
+                    body["response_format"] = {"type": "json_schema",
+                                               "json_schema": {"name": "reference", "schema": CODE_SCHEMA}}
+                else:
+                    body |= {"tools": [RECORD_TOOL], "tool_choice": "required"}
+                jobs.append(Job(tenant, key, body))
+            jobs.append(Job(tenant, key, self._greedy(self._canary_prompt(tenant, i), self.args.max_tokens)))
+        replies = self._run_all(jobs, lambda key, body: (self.client.chat(key, body) if "messages" in body
+                                                         else self.client.complete(key, body)))
+        for job, reply in zip(jobs, replies):
+            self.canaries.scan(job.tenant, reply.text, "structured")
+        chats = [(job, r) for job, r in zip(jobs, replies) if "messages" in job.body]
+        result = CheckResult("structured", len(jobs), detail=f"{len(chats)} structured chat request(s) among "
+                                                             f"{len(jobs) - len(chats)} completion(s)")
+        served = [(job, r) for job, r in chats if r.ok]
+        if not served:
+            result.status = "skipped"
+            result.detail = "the endpoint refused every structured request (no response_format or tools)"
+            report.warnings.append("structured check skipped: " + result.detail)
+        malformed = sum(1 for job, r in served if r.finish_reason != "length" and not _shaped(job.body, r))
+        if malformed:
+            result.status = "findings"
+            report.findings.append(ProbeFinding("structured", f"{malformed} of {len(served)} structured answer(s) "
+                                                "did not parse or match their schema"))
+        report.checks.append(result)
+
     def run(self, report: ProbeReport) -> None:
         self.differential_and_leaks(report)
         self.over_length(report, report.context_length)
         self.coherence(report, report.context_length)
         self.aborts(report)
+        self.structured(report)
         cross = next(c for c in report.checks if c.check == "cross_tenant")
         if self.canaries.hits:
             cross.status = "findings"
@@ -396,6 +440,16 @@ class Probe:
                 report.findings.append(ProbeFinding(
                     "request_failed", f"{phase}: {len(errors)} within-limit request(s) failed "
                     f"({', '.join(sorted(set(errors)))}); what they would have shown is unchecked"))
+
+
+def _shaped(body: dict[str, Any], reply: Reply) -> bool:
+    """A json_schema answer is an object with a string reference; a forced call's arguments are."""
+    texts = reply.tool_arguments if "tools" in body else (reply.text,)
+    try:
+        values = [json.loads(t) for t in texts]
+    except ValueError:
+        return False
+    return bool(values) and all(isinstance(v, dict) and isinstance(v.get("reference"), str) for v in values)
 
 
 def _clamped(reply: Reply, context: int) -> bool:

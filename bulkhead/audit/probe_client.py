@@ -50,6 +50,7 @@ class Reply:
     finish_reason: str | None = None  # choices[0].finish_reason
     error_code: str | None = None  # error.code of an OpenAI-shaped error body
     transport_error: str | None = None
+    tool_arguments: tuple[str, ...] = ()  # chat: each tool call's arguments (JSON text)
 
     @property
     def ok(self) -> bool:
@@ -119,9 +120,13 @@ class ProbeClient:
                 return model, info["context_length"], f"{path} context_length"
         return model, None, "not advertised"
 
-    def complete(self, key: str, body: dict[str, Any]) -> Reply:
+    def chat(self, key: str, body: dict[str, Any]) -> Reply:
+        """A chat completion; the reply's text is the content and every tool call's arguments."""
+        return self.complete(key, body, "/v1/chat/completions")
+
+    def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions") -> Reply:
         try:
-            response = self._client.post(self.base_url + "/v1/completions", json=body, headers=self._auth(key))
+            response = self._client.post(self.base_url + path, json=body, headers=self._auth(key))
         except httpx.HTTPError as error:
             return Reply(0, transport_error=f"{type(error).__name__}: {error}")
         if not 200 <= response.status_code < 300:
@@ -134,9 +139,13 @@ class ProbeClient:
         logprobs = choice.get("logprobs")
         tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+        arguments = tuple(str((c.get("function") or {}).get("arguments", "")) for c in calls if isinstance(c, dict))
         return Reply(
             response.status_code,
-            text=_choice_text(choice),
+            text=_choice_text(choice) + "".join(arguments),
+            tool_arguments=arguments,
             tokens=tuple(tokens) if isinstance(tokens, list) else None,
             prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
             total_tokens=usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None,

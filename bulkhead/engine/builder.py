@@ -13,6 +13,7 @@ import torch
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.engine import Engine
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
+from bulkhead.engine.grammar_mask import GrammarMasks
 from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import SchedulerConfig
 from bulkhead.kv.capacity import gate_context_length
@@ -169,7 +170,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                  prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
     runner = ModelRunner(model, pool, ledger, runner_config)
-    engine = seams.wrap_engine(Engine(scheduler, runner, Sampler(mc.eos_token_ids), pool, tokenizer,
+    sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
+    engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
                                       prefill_only=prefill_only))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "

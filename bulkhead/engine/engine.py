@@ -358,6 +358,8 @@ class Engine:
             self.scheduler.check_integrity()
             if set(self._sinks) - set(self.scheduler.requests):
                 raise AssertionError("sinks kept for finished requests")
+            if self.sampler.grammars.request_ids() - set(self.scheduler.requests):
+                raise AssertionError("grammar matchers kept for finished requests")
 
 
 def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:

@@ -31,6 +31,10 @@ class SamplingParams:
     # every prompt row's logits, and the prefix cache is bypassed (a cached
     # page has KV but no logits).
     prompt_logprobs: int | None = None
+    # Structured output: llguidance's grammar text (bulkhead/model/guidance.py),
+    # or None. Text, not a matcher, so it travels in the signed ticket and the
+    # decode worker rebuilds the same constraint (engine/grammar_mask.py).
+    grammar: str | None = None
 
     @property
     def penalized(self) -> bool:

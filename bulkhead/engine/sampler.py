@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import torch
 
+from bulkhead.engine.grammar_mask import GrammarMasks
 from bulkhead.engine.outputs import TokenLogprobs
 from bulkhead.engine.request import Request
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: tuple[int, ...]):
+    def __init__(self, eos_token_ids: tuple[int, ...], grammars: GrammarMasks | None = None):
         self.eos_token_ids = eos_token_ids
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars = grammars if grammars is not None else GrammarMasks(None, 0, eos_token_ids)
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.grammars.forget(request_id)
 
     def get_state(self, request_id: str) -> bytes | None:
         """The request's generator state, to continue sampling in another process."""
@@ -36,20 +39,24 @@ class Sampler:
         return gen
 
     def sample(self, requests: list[Request], logits: torch.Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: [len(requests), V] float32 raw model output."""
+        """logits: [len(requests), V] float32 raw model output. Logprobs are
+        the model's own (before bias, penalties and grammar), as vLLM's are."""
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] = []
         if not requests:
             return tokens, logprobs  # a prefill chunk that does not end its prompt
+        allowed = self.grammars.masked(requests, logits)  # [B, V]: -inf where a request's grammar forbids
         plain_greedy = all(r.params.greedy and not r.params.logit_bias and not r.params.penalized
                            and not self._suppressed(r) for r in requests)
         if plain_greedy:
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = allowed.argmax(dim=-1).tolist()
         for i, req in enumerate(requests):
-            row = logits[i]
             if not plain_greedy:
-                tokens.append(self._sample_row(req, row))
-            logprobs.append(self._logprobs(req, row, tokens[i]) if req.params.logprobs is not None else None)
+                tokens.append(self._sample_row(req, allowed[i]))
+            if req.params.logprobs is not None:
+                logprobs.append(self._logprobs(req, logits[i], tokens[i]))
+            else:
+                logprobs.append(None)
         return tokens, logprobs
 
     def _suppressed(self, req: Request) -> tuple[int, ...]:
@@ -68,7 +75,12 @@ class Sampler:
             apply_penalties(row, p, req.prompt_token_ids, req.output_token_ids)
         banned = self._suppressed(req)
         if banned:
+            kept = row.clone()
             row[list(banned)] = float("-inf")
+            if not torch.isfinite(row).any():
+                # A grammar that is complete allows only EOS: it ends the
+                # answer even before min_tokens (else nothing is samplable).
+                row = kept
         if p.greedy:
             return int(row.argmax())
         row = row / p.temperature

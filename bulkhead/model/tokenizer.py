@@ -28,6 +28,8 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(template) if template else None
+        # A template that mentions tools renders them (and calls, and results) itself.
+        self.template_knows_tools = bool(template) and "tools" in template
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
@@ -36,14 +38,19 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def to_json(self) -> str:
+        """tokenizer.json as text (the grammar library builds its own view of the vocabulary from it)."""
+        return self._tok.to_str()
+
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         if self._template is None:
             raise ChatTemplateError("this model has no chat template; use /v1/completions")
         return self._template.render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or ""
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            tools=tools,
         )
 
 

@@ -36,6 +36,9 @@ from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from bulkhead.server.structured import GrammarCompiler, request_grammar
+from bulkhead.server.tool_stream import HeldChoice
+from bulkhead.server.tools import ToolPlan, template_messages, tool_plan
 from bulkhead.server.tenants import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ def create_app(state: ServerState) -> FastAPI:
     backend = state.backend
     tok = backend.tokenizer
     metrics = state.metrics
+    grammars = GrammarCompiler(tok, lambda: backend.limits.vocab_size)
 
     @app.exception_handler(BulkheadError)
     async def _typed(_: Request, e: BulkheadError):
@@ -159,8 +163,9 @@ def create_app(state: ServerState) -> FastAPI:
         _check_model(body)
         limits = backend.limits
         validate_common(body, limits)
+        grammar = request_grammar(body, grammars)
         prompts = completion_prompts(body, limits, tok.encode)
-        return await _serve(request, body, tenant, prompts, limits, chat=False)
+        return await _serve(request, body, tenant, prompts, limits, chat=False, grammar=grammar)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -168,18 +173,26 @@ def create_app(state: ServerState) -> FastAPI:
         _check_model(body)
         limits = backend.limits
         validate_common(body, limits)
+        tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        grammar = request_grammar(body, grammars, tools)
+        native_tools = None
+        if tools is not None and tok.template_knows_tools:
+            native_tools = [{"type": "function", "function": f} for f in tools.functions]
         try:
-            text = tok.apply_chat_template(chat_messages(body))
+            messages = template_messages(chat_messages(body), tools, tok.template_knows_tools)
+            text = tok.apply_chat_template(messages, native_tools)
         except ChatTemplateError as e:
             raise InvalidRequest(str(e), param="messages") from None
-        return await _serve(request, body, tenant, [tok.encode(text)], limits, chat=True)
+        return await _serve(request, body, tenant, [tok.encode(text)], limits, chat=True, grammar=grammar,
+                            tools=tools)
 
     def _check_model(body: _SamplingFields) -> None:
         if body.model is not None and body.model != state.model_id:
             raise NotFound(f"model {body.model!r} does not exist; this server serves {state.model_id!r}",
                            param="model", code="model_not_found")
 
-    async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], limits, chat: bool):
+    async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], limits, chat: bool,
+                     grammar: str | None = None, tools: ToolPlan | None = None):
         # rid names the engine's requests (unique server-wide); public_id is
         # what the client sees and addresses, unique only within its tenant.
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -191,7 +204,7 @@ def create_app(state: ServerState) -> FastAPI:
         for pi, ids in enumerate(prompts):
             for j in range(body.n):
                 params = sampling_params(body, len(ids), limits, j, backend.sampling_defaults,
-                                         state.default_max_tokens)
+                                         state.default_max_tokens, grammar)
                 decision = state.seams.admit(f"{rid}-{pi}-{j}", tenant, ids, params, limits,
                                              cache_salt=body.cache_salt)
                 if isinstance(decision, Rejection):
@@ -213,7 +226,7 @@ def create_app(state: ServerState) -> FastAPI:
         metrics.tokens.labels(tenant, "prompt").inc(prompt_tokens)
         log.info("%s tenant=%s id=%s admitted prompts=%d prompt_tokens=%d n=%d max_tokens=%d", rid, tenant,
                  public_id, len(prompts), prompt_tokens, body.n, tickets[0].params.max_tokens)
-        run = _Run(state, rid, tenant, endpoint, tickets, chat, prompt_tokens, body, entry)
+        run = _Run(state, rid, tenant, endpoint, tickets, chat, prompt_tokens, body, entry, tools)
         headers = {"X-Request-Id": public_id}
         if body.stream:
             # The background task is a backstop: a stream never started still leaves the registry.
@@ -235,10 +248,11 @@ class _Run:
     """One HTTP request's generation: streams chunks or collects one response."""
 
     def __init__(self, state: ServerState, rid, tenant, endpoint, tickets, chat, prompt_tokens, body,
-                 entry: InFlight):
+                 entry: InFlight, tools: ToolPlan | None = None):
         self.state, self.rid, self.tenant, self.endpoint = state, rid, tenant, endpoint
         self.tickets, self.chat, self.prompt_tokens, self.body = tickets, chat, prompt_tokens, body
         self.entry = entry
+        self.tools = tools  # an answer may be tool calls: parsed once whole, then sent
         self.kind = "chat.completion" if chat else "text_completion"
         self.started = time.monotonic()
         self.first_token = False
@@ -326,6 +340,12 @@ class _Run:
                 c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
             if self.chat:
                 c["message"] = {"role": "assistant", "content": texts[i]}
+                if self.tools is not None:
+                    content, calls = self.tools.parse(texts[i])
+                    if calls:
+                        c["message"] = {"role": "assistant", "content": content,
+                                        "tool_calls": [call.to_dict() for call in calls]}
+                        c["finish_reason"] = "tool_calls"
             else:
                 c["text"] = texts[i]
             choices.append(c)
@@ -339,6 +359,7 @@ class _Run:
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
         echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk
+        held = [HeldChoice() for _ in self.tickets]  # with tools: each answer, until it is whole
         if self.chat:
             for i in range(len(self.tickets)):
                 yield sse(envelope(kind, self.entry.request_id, model, [
@@ -352,6 +373,10 @@ class _Run:
                     return
                 self._observe(out)
                 counts[i] = out.completion_tokens
+                if self.tools is not None:  # chat only, so never with echo (a completions field)
+                    for chunk in held[i].take(out, i, self.tools, self._logprobs):
+                        yield sse(envelope(kind, self.entry.request_id, model, [chunk]))
+                    continue
                 if not out.text and not out.finished and not out.logprobs and echoed[i]:
                     continue
                 text = out.text

@@ -24,8 +24,8 @@ ACCEPTED_IGNORED = {
     "metadata": "tags for stored completions, which bulkhead does not keep",
     # A billing/latency tier; every request here is served alike (tenant weights set shares).
     "service_tier": "one tier; shares come from the tenant table",
-    # Only matters with tools, which are refused.
-    "parallel_tool_calls": "only matters with tools, which are refused",
+    # Served with tools in chat (False: one call at most); /v1/completions has no tools.
+    "parallel_tool_calls": "served with chat tools; completions have none",
 }
 
 

@@ -48,15 +48,6 @@ def _unsupported(body: _SamplingFields) -> None:
         if body.best_of not in (None, body.n):
             raise _bad("best_of other than n is not supported", "best_of", value=body.best_of,
                        code="unsupported_parameter")
-    if isinstance(body, ChatCompletionRequest):
-        if body.tools:
-            raise _bad("tools are not supported", "tools", code="unsupported_parameter")
-        if body.tool_choice not in (None, "none"):  # "none" without tools asks for what is served anyway
-            raise _bad("tool_choice is not supported (only 'none'): tools are not served", "tool_choice",
-                       code="unsupported_parameter")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise _bad("only response_format type 'text' is supported", "response_format",
-                       code="unsupported_parameter")
 
 
 def requested_max_tokens(body: _SamplingFields) -> int | None:
@@ -162,7 +153,8 @@ def prompt_only(body: _SamplingFields) -> bool:
 
 
 def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choice: int,
-                    defaults: dict | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+                    defaults: dict | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                    grammar: str | None = None) -> SamplingParams:
     """Params for one choice of one prompt. A request without max_tokens gets
     `default_max_tokens` (at least its min_tokens), or the rest of the context
     where that is less or the default is 0; unnamed temperature/top_p/top_k
@@ -195,6 +187,7 @@ def sampling_params(body: _SamplingFields, prompt_len: int, limits: Limits, choi
         presence_penalty=float(body.presence_penalty or 0.0),
         frequency_penalty=float(body.frequency_penalty or 0.0),
         repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
+        grammar=grammar,
     )
 
 
@@ -227,7 +220,12 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
         content = m.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+        message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        if m.tool_calls:
+            message["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
     return messages
 
 

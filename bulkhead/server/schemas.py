@@ -33,6 +33,7 @@ class _SamplingFields(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
+    # Served with chat tools (False: at most one call per answer); nothing to do without them.
     parallel_tool_calls: bool | None = None
     # vLLM extensions (benchmarks use them)
     top_k: int | None = None
@@ -42,6 +43,10 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     # Subdivides the tenant's prefix-cache space; never crosses tenants.
     cache_salt: str | None = None
+    # vLLM's structured outputs (bulkhead/server/structured.py): at most one.
+    guided_json: dict | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -58,12 +63,27 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str | dict = "{}"  # OpenAI sends JSON text; a mapping is taken too
+
+
+class ToolCall(BaseModel):
+    """An assistant's earlier call, as a client sends it back."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: which call it answers
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -62,8 +62,20 @@ def test_clean_endpoint_passes(clean, keys, capsys):
     assert report["findings"] == [] and code == 0
     statuses = {c["check"]: c["status"] for c in report["checks"]}
     assert statuses == {"cross_tenant": "ok", "differential": "ok", "over_length": "ok",
-                        "coherence": "ok", "aborts": "ok"}
+                        "coherence": "ok", "aborts": "ok", "structured": "skipped"}  # the fake serves no chat
     assert report["cross_tenant_hits"] == 0
+
+
+def test_a_structured_answer_that_does_not_parse_is_caught():
+    from bulkhead.audit.probe import _shaped
+    from bulkhead.audit.probe_client import Reply
+
+    schema_body, tool_body = {"response_format": {}}, {"tools": []}
+    assert _shaped(schema_body, Reply(200, text='{"reference":"ZQ-1"}'))
+    assert not _shaped(schema_body, Reply(200, text='{"reference":'))
+    assert not _shaped(schema_body, Reply(200, text='{"other":"x"}'))
+    assert _shaped(tool_body, Reply(200, tool_arguments=('{"reference":"x"}',)))
+    assert not _shaped(tool_body, Reply(200, text="I would call record_reference"))  # no call at all
 
 
 def test_clean_endpoint_table(clean, keys, capsys):

@@ -35,6 +35,7 @@ def test_probe_finds_nothing_on_bulkhead(tmp_path, capsys):
         assert checks["over_length"]["status"] == "ok" and checks["over_length"]["sent"] == 3, report
         assert checks["differential"]["status"] == "ok", report
         assert checks["aborts"]["status"] == "ok", report
+        assert checks["structured"]["status"] == "ok", report  # response_format and forced tool calls served
         assert report["findings"] == [] and code == 0, report
         assert proc.metric("bulkhead_engine_failures_total") == 0
     finally:
