@@ -13,7 +13,7 @@ request produced another count is reported INVALID, not as a figure. Peers
 run in their best configuration for this CPU. Systems, one at a time:
 
   bulkhead             colocated, every isolation guard on (the baseline); for the
-                       bundled 4-bit SmolLM2 its decode takes int4 weights
+                       bundled 4-bit SmolLM2 its decode reads 4-bit weights
   bulkhead-fp32        the same with fp32 linear layers throughout: the exact model
   bulkhead-disagg      router + 1 prefill + 1 decode process, guards on
   bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):

@@ -49,8 +49,8 @@ class Settings:
 BULKHEAD_FLAGS = {
     "bulkhead": ["--role", "colocated"],
     # The exact fp32 model: oneDNN fp32 linear layers for decode too (the
-    # default takes int4 ones for the bundled 4-bit SmolLM2).
-    "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn"],
+    # default reads 4-bit ones for the bundled SmolLM2) and an fp32 KV cache.
+    "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn", "--kv-dtype", "float32"],
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
     # Benchmark only: the guard cost is this system against "bulkhead".
     "bulkhead-no-guards": ["--role", "colocated", "--unsafe-no-guards"],

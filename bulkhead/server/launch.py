@@ -49,13 +49,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "[operators] table of key = \"name\" for /metrics and /server_info (or set "
                         "BULKHEAD_OPERATOR_KEYS)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype of the weights as loaded, the activations and the KV cache (default %(default)s; "
+                   help="dtype of the weights as loaded and the activations (default %(default)s; the KV cache's is "
+                        "--kv-dtype; "
                         "--linear-kernel may run matmuls in int4 or bf16 over fp32 weights, /server_info "
                         "matmul_precision says which)")
     p.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="element type of the KV cache (default %(default)s: the model's dtype); a 2-byte type "
-                        "halves the bytes decode attention reads and doubles the tokens a KV budget holds; "
-                        "attention still computes in fp32 (docs/performance.md has its measured agreement)")
+                   help="element type of the KV cache (default %(default)s = bfloat16: half the bytes decode "
+                        "attention reads and twice the tokens a KV budget holds; attention still computes in fp32 "
+                        "on the widened values; docs/performance.md has its measured agreement with the exact "
+                        "model); float32 with --linear-kernel onednn is the exact fp32 model")
     p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
                         "as vLLM does, which lets a looping model run for minutes)")

@@ -1,10 +1,11 @@
 import pytest
 
+from bulkhead.engine.builder import KV_DTYPE_AUTO
 from bulkhead.kv.layout import KVLayout
 from tests.server_process import ServerProcess
 from tests.conftest import openai_client, write_keys_file
 from tests.disagg.cluster_tools import wait_workers_idle
-SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
+SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype=KV_DTYPE_AUTO)
 PREFILL_POOL_TOKENS = 1024  # smaller than decode's ...
 DECODE_POOL_TOKENS = 2048  # ... smaller than the model's 8192-token context: the incident's shape
 

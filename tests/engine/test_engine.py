@@ -110,10 +110,11 @@ def test_chunked_prefill_gives_the_same_tokens_as_one_pass(make_engine):
 
 
 def test_preemption_under_a_tight_pool_completes_everything(make_engine):
+    from bulkhead.engine.builder import KV_DTYPE_AUTO
     from bulkhead.kv.layout import KVLayout
 
     # Room for ~4 sequences of 64 tokens; 8 requests each growing to 60.
-    layout = KVLayout(2, 2, 16, 16, "float32")
+    layout = KVLayout(2, 2, 16, 16, KV_DTYPE_AUTO)  # the engine's default KV dtype
     built = make_engine(kv_memory_bytes=layout.bytes_per_page * 16, context_length=256)
     sink = Collector()
     for i, p in enumerate(prompts(8, length=20)):

@@ -67,12 +67,13 @@ def test_prompt_logprobs_bypass_the_prefix_cache(make_engine):
 
 
 def test_a_preempted_echo_request_sends_its_prompt_logprobs_once(make_engine):
+    from bulkhead.engine.builder import KV_DTYPE_AUTO
     from bulkhead.kv.layout import KVLayout
 
     # The tight pool of test_engine's preemption test: requests are preempted
     # after their first token and recomputed; the recompute must not compute
     # or send the prompt's logprobs again.
-    layout = KVLayout(2, 2, 16, 16, "float32")
+    layout = KVLayout(2, 2, 16, 16, KV_DTYPE_AUTO)  # the engine's default KV dtype
     built = make_engine(kv_memory_bytes=layout.bytes_per_page * 16, context_length=256)
     sink = Collector()
     ps = prompts(8, length=20)

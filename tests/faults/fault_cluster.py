@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 
 from bulkhead.disagg.launch import _die_with_parent
+from bulkhead.engine.builder import KV_DTYPE_AUTO
 from bulkhead.kv.layout import KVLayout
 from tests.server_process import HARNESS, ROOT, ServerProcess, free_port
 from tests.conftest import openai_client, write_keys_file
 from tests.disagg.cluster_tools import wait_for
 
 MODEL = "SmolLM2-135M-Instruct"
-SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype="float32")
+SMOLLM2_KV = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype=KV_DTYPE_AUTO)
 POOL_TOKENS = {"prefill": 2048, "decode": 512}
 WORKERS = ("prefill-0", "prefill-1", "decode-0", "decode-1")
 DRAIN_LEASE_S = 3  # decode's fence for an unacknowledged writer; grants say write_within_s = lease / 3

@@ -186,7 +186,7 @@ def test_server_info_and_models_show_the_live_limits(server, client):
     info = server.info()
     assert info["context_length"] == 2048 and info["max_input_tokens"] == 2047
     assert info["pool_tokens"] >= info["context_length"]
-    assert info["scrub_mode"] == "poison" and info["kv_dtype"] == "float32" and info["page_size"] == 16
+    assert info["scrub_mode"] == "poison" and info["kv_dtype"] == "bfloat16" and info["page_size"] == 16
     models = client.models.list()
     assert models.data[0].id == MODEL
 
