@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from bulkhead import __version__
 from bulkhead.errors import Overloaded
 from bulkhead.lineage import health as lineage_health
+from bulkhead.serving.tenant_metrics import tenant_metrics
 
 if TYPE_CHECKING:
     from bulkhead.disagg.router import DisaggBackend
@@ -84,3 +85,6 @@ class RouterCollector:
         yield router
         failures = sum(w.info.get("engine_failures", 0) for w in workers)
         yield CounterMetricFamily("bulkhead_engine_failures", "Steps failed closed on any worker", failures)
+        # The tenant families a colocated server exports, summed over the
+        # workers' last heartbeats (operators only, as all of /metrics).
+        yield from tenant_metrics(self.router.tenant_stats())
