@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 
 import torch
 
-from bulkhead.model import decode_kernel
+from bulkhead.model import c_linear
 
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "linear_bf16w.c"
 BLOCK = 32  # the C file's NB: outputs per packed block; N must be a multiple of it
@@ -31,18 +28,9 @@ BLOCK = 32  # the C file's NB: outputs per packed block; N must be a multiple of
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library, built with -fopenmp where torch runs on libgomp; None
-    where it cannot be built (no compiler, or no OpenMP: a single thread of
-    it would lose to oneDNN's two on the fp32 weight)."""
-    cc = decode_kernel._compiler()
-    if cc is None or not decode_kernel.torch_uses_libgomp():
-        return None
-    flags = [*decode_kernel.FLAGS, "-fopenmp"]
-    try:
-        lib = ctypes.CDLL(str(decode_kernel._build(cc, flags, SOURCE)))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("could not build the bf16-weight lm_head kernel (%s): the lm_head stays fp32",
-                    str(getattr(e, "stderr", "") or e).strip()[:500])
+    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None."""
+    lib = c_linear.load_in_torch_team(SOURCE, "the bf16-weight lm_head kernel: the lm_head stays fp32")
+    if lib is None:
         return None
     lib.linear_bf16w.restype = ctypes.c_int
     lib.linear_bf16w.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -68,14 +56,4 @@ def linear_bf16w(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     if lib is None:
         raise RuntimeError("the bf16-weight lm_head kernel is not available")
     blocks, k, _ = packed.shape
-    x = x.contiguous()
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
-    y = torch.empty(x.shape[0], blocks * BLOCK)
-    if x.shape[0] == 0:
-        return y
-    rc = lib.linear_bf16w(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], blocks * BLOCK, k,
-                          torch.get_num_threads())
-    if rc:
-        raise ValueError(f"linear_bf16w refused shapes x {tuple(x.shape)}, w [{blocks * BLOCK}, {k}]")
-    return y
+    return c_linear.call(lib.linear_bf16w, x, k, blocks * BLOCK, packed)

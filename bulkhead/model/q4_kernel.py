@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-from bulkhead.model import decode_kernel
-
-log = logging.getLogger(__name__)
+from bulkhead.model import c_linear
 
 SOURCE = Path(__file__).parent / "csrc" / "linear_q4.c"
 BLOCK = 32  # the C file's NB: outputs per packed block
@@ -32,16 +29,9 @@ GROUP = 32  # the C file's G: inputs per scale/offset pair
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library, built with -fopenmp where torch runs on libgomp; None
-    where it cannot be built (no compiler, or no OpenMP: one thread of it
-    would lose to torch's int4 kernel on two)."""
-    cc = decode_kernel._compiler()
-    if cc is None or not decode_kernel.torch_uses_libgomp():
-        return None
-    try:
-        lib = ctypes.CDLL(str(decode_kernel._build(cc, [*decode_kernel.FLAGS, "-fopenmp"], SOURCE)))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("could not build the 4-bit decode kernel (%s)", str(getattr(e, "stderr", "") or e).strip()[:500])
+    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None."""
+    lib = c_linear.load_in_torch_team(SOURCE, "the 4-bit decode kernel")
+    if lib is None:
         return None
     lib.linear_q4.restype = ctypes.c_int
     lib.linear_q4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
@@ -64,11 +54,24 @@ def _candidates(lo: torch.Tensor, hi: torch.Tensor) -> list[torch.Tensor]:
     return [half.float(), down, up, step]
 
 
+# grid()'s answer per weight tensor, while the tensor lives: the engine asks
+# once to choose the kernel (linear_kernel.q4_usable) and again to pack, and
+# each ask is a pass over every weight (about 1.2 s for SmolLM2). Weights
+# are not changed after loading.
+_GRIDS = WeakIdKeyDictionary()
+
+
 def grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """w [N, K] as (q [N, K/G, G] in 0..15, d [N, K/G, 1], m [N, K/G, 1])
     with q * d + m == w bit for bit, or None if some group is not on such a
     grid. The group's minimum is m (its q is 0, as GGUF's Q4_1 quantizer
     makes it); d is the first candidate scale that rebuilds every element."""
+    if w not in _GRIDS:
+        _GRIDS[w] = _solve_grid(w)
+    return _GRIDS[w]
+
+
+def _solve_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     if w.dtype != torch.float32 or not fits(w) or not bool(torch.isfinite(w).all()):
         return None
     groups = w.reshape(-1, GROUP)
@@ -115,14 +118,4 @@ def linear_q4(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> tor
         raise RuntimeError("the 4-bit decode kernel is not available")
     qs, dm = packed
     blocks, k, _ = qs.shape
-    x = x.contiguous()
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
-    y = torch.empty(x.shape[0], blocks * BLOCK)
-    if x.shape[0] == 0:
-        return y
-    rc = lib.linear_q4(x.data_ptr(), qs.data_ptr(), dm.data_ptr(), y.data_ptr(), x.shape[0], blocks * BLOCK, k,
-                       torch.get_num_threads())
-    if rc:
-        raise ValueError(f"linear_q4 refused shapes x {tuple(x.shape)}, w [{blocks * BLOCK}, {k}]")
-    return y
+    return c_linear.call(lib.linear_q4, x, k, blocks * BLOCK, qs, dm)

@@ -1,0 +1,48 @@
+"""What the blocked C linear kernels share (csrc/linear_bf16w.c for the
+lm_head, csrc/linear_q4.c for 4-bit decode rows): how each is built and
+loaded to run in torch's OpenMP team, and how a call checks its input and
+shapes. The kernels themselves differ only in how they read a weight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import decode_kernel
+
+log = logging.getLogger(__name__)
+
+
+def load_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
+    """The library of `source`, built with -fopenmp where torch runs on
+    libgomp (the decode-attention kernel's reasoning: the work runs in
+    torch's own thread team); None where it cannot be built, or without
+    OpenMP (one thread of it would lose to torch's kernels on two). `what`
+    names the kernel and its fallback in the warning."""
+    cc = decode_kernel._compiler()
+    if cc is None or not decode_kernel.torch_uses_libgomp():
+        return None
+    try:
+        return ctypes.CDLL(str(decode_kernel._build(cc, [*decode_kernel.FLAGS, "-fopenmp"], source)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not build %s (%s)", what, str(getattr(e, "stderr", "") or e).strip()[:500])
+        return None
+
+
+def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor) -> torch.Tensor:
+    """y = x @ w.T through `fn(x, *weights, y, M, N, K, threads)`: x [M, K]
+    float32, y [M, N] float32; a shape the kernel refuses is a ValueError."""
+    x = x.contiguous()
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
+    y = torch.empty(x.shape[0], n)
+    if x.shape[0] == 0:
+        return y
+    if fn(x.data_ptr(), *(w.data_ptr() for w in weights), y.data_ptr(), x.shape[0], n, k, torch.get_num_threads()):
+        raise ValueError(f"{fn.__name__} refused shapes x {tuple(x.shape)}, w [{n}, {k}]")
+    return y
