@@ -73,11 +73,20 @@ class FairQueue:
         served[0] += prompt_tokens
         served[1] += output_tokens
 
-    def rank(self, req: Request, running: bool) -> tuple:
-        """Sort key of a prefill candidate: least service first (fair), or
-        running prefills, then arrival (first come, first served)."""
+    def rank(self, req: Request, running: bool, next_tokens: int = 0) -> tuple:
+        """Sort key of a prefill candidate whose next chunk is next_tokens
+        prompt tokens: least service first (fair), or running prefills, then
+        arrival (first come, first served).
+
+        Fair order compares the service each tenant would have after the
+        chunk (a virtual finish tag, as weighted fair queueing does), not
+        before it: a tenant that has just become active is lifted to exactly
+        the floor, level with the busiest tenant, and on the start tag alone
+        the older arrival (the flood's half-done prompt) would win the tie and
+        the short prompt would wait a whole long chunk more."""
         if self.fair:
-            return self.counters.get(req.tenant, 0.0), req.arrival
+            finish = self.counters.get(req.tenant, 0.0) + next_tokens * self.prompt_cost / self.weight_of(req.tenant)
+            return finish, req.arrival
         return (not running), req.arrival
 
     # -- the waiting requests ----------------------------------------------------

@@ -252,7 +252,7 @@ class Scheduler:
             candidates = self._prefill_candidates(exclude)
             if not candidates:
                 return works
-            req, running = min(candidates, key=lambda c: self.waiting.rank(*c))
+            req, running = min(candidates, key=lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0])))
             exclude.add(req.request_id)
             work = self._plan_chunk(req, running, budget if works else None, preempted)
             if work is None and not self.config.fair:
@@ -260,6 +260,10 @@ class Scheduler:
             if work is not None:
                 works.append(work)
                 budget -= len(work.token_ids)
+
+    def _next_chunk_tokens(self, req: Request) -> int:
+        """Prompt tokens req's next chunk computes (before any prefix-cache hit)."""
+        return min(req.prefill_target - req.num_computed, self.config.prefill_chunk)
 
     def _plan_chunk(self, req: Request, running: bool, budget: int | None,
                     preempted: list[str]) -> PrefillWork | None:

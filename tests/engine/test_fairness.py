@@ -167,3 +167,19 @@ def test_a_tenant_arriving_at_an_idle_server_is_lifted_to_the_last_floor():
     assert q.counters["b"] == 1000
     q.join("a")
     assert q.counters["a"] == 1000
+
+
+def test_a_newly_active_tenant_level_with_the_flood_goes_first():
+    # b is lifted to exactly a's counter: a tie. Ordered by service before
+    # the chunk, a's older half-done prompt would win it and b's short prompt
+    # would wait one more long chunk; ordered by service after it (the
+    # virtual finish tag), b's short chunk goes first.
+    s = make(max_running=4, prefill_chunk=16, step_tokens=16)
+    s.add(ticket("a0", prompt_len=64, max_tokens=1, tenant="a"))
+    s.add(ticket("a1", prompt_len=64, max_tokens=1, tenant="a"))
+    plan = s.schedule()
+    assert [w.request_id for w in plan.prefills] == ["a0"]
+    s.complete(plan, {})
+    s.add(ticket("b0", prompt_len=4, max_tokens=1, tenant="b"))
+    assert s.waiting.counters["b"] == s.waiting.counters["a"]
+    assert [w.request_id for w in s.schedule().prefills] == ["b0"]
