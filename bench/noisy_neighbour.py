@@ -139,14 +139,17 @@ def summary(records: list[dict]) -> dict:
             "tpot_median_s": statistics.median(r["tpot"] for r in records)}
 
 
-def run_deployment(name: str, args, keys: Path, logs: Path, heavy_prompts, light_prompts) -> dict:
+def run_deployment(name: str, args, keys: Path, logs: Path, heavy_prompts, light_prompts: dict) -> dict:
+    """light_prompts: "warm-up", "alone" and "flooded", each its own prompts:
+    a prompt sent twice would be read from the prefix cache the second time."""
     flags = [*DEPLOYMENTS[name], "--api-keys", str(keys), "--kv-memory", args.kv_memory, "--model-id", "bench",
              *args.server_args.split()]
     server = ServerProcess(flags, logs / f"noisy-{name}.log").wait_ready(timeout=900)
     try:
-        asyncio.run(light_phase(server.url, light_prompts[:1], 4))  # warm-up
-        alone = summary(asyncio.run(light_phase(server.url, light_prompts, args.light_output_tokens)))
-        flooded_records, heavy_tok_s = asyncio.run(flood_phase(server.url, args, heavy_prompts, light_prompts))
+        asyncio.run(light_phase(server.url, light_prompts["warm-up"], 4))
+        alone = summary(asyncio.run(light_phase(server.url, light_prompts["alone"], args.light_output_tokens)))
+        flooded_records, heavy_tok_s = asyncio.run(flood_phase(server.url, args, heavy_prompts,
+                                                               light_prompts["flooded"]))
         flooded = summary(flooded_records)
         info = server.info().get("tenants", {})
     finally:
@@ -162,8 +165,12 @@ def main(argv=None) -> int:
     from bulkhead.model.gguf_import import default_model_dir
 
     tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
-    heavy_prompts = make_prompts(tok, min(args.heavy_streams * 2, 48), args.heavy_prompt_tokens, seed=1)
-    light_prompts = make_prompts(tok, args.light_requests, args.light_prompt_tokens, seed=2)
+    # Enough that no heavy stream sends a prompt twice in a run (a repeat
+    # would be read from the prefix cache, a lighter flood than asked for).
+    heavy_prompts = make_prompts(tok, args.heavy_streams * 8, args.heavy_prompt_tokens, seed=1)
+    light_prompts = {phase: make_prompts(tok, n, args.light_prompt_tokens, seed=seed)
+                     for phase, n, seed in (("warm-up", 1, 4), ("alone", args.light_requests, 2),
+                                            ("flooded", args.light_requests, 3))}
     work = Path(tempfile.mkdtemp(prefix="noisy-"))
     keys = work / "keys.toml"
     keys.write_text("[keys]\n" + f'"{LIGHT_KEY}" = "light"\n'

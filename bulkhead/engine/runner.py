@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,8 +56,12 @@ class ModelRunner:
         # logits [len(chunk), V]); row j predicts the token at start + j + 1.
         self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
 
-    def run(self, plan: StepPlan) -> tuple[list[str], torch.Tensor]:
+    def run(self, plan: StepPlan, between_layers: Callable[[], None] | None = None) -> tuple[list[str], torch.Tensor]:
         """Compute a step. Returns (request ids, logits [len(ids), V]) for the rows to sample.
+
+        between_layers: called between the layers of each prefill pass (the
+        engine's interjection point, bulkhead.engine.interjection); it may
+        run() another plan, which is why prompt_rows is built in a local.
 
         Each prefill chunk is its own forward pass, then the decode rows are
         one: a row's numbers then depend only on its own sequence (prefill
@@ -65,21 +70,23 @@ class ModelRunner:
         into one pass would put decode rows through prefill-shaped matmuls
         whose reduction order changes with the row count."""
         if self.config.safe_mode:
-            self._check_ownership(plan)
+            self.check_ownership(plan)
         ids: list[str] = []
         parts: list[torch.Tensor] = []
-        self.prompt_rows = []
+        prompt_rows: list[tuple[str, int, torch.Tensor]] = []
         passes = [[w] for w in plan.prefills] + ([list(plan.decode)] if plan.decode else [])
         for works in passes:
             batch, pass_ids = self._build_batch(works)
-            logits = self.model.forward(batch, self._layers)
-            if isinstance(works[0], PrefillWork) and works[0].all_logits:
-                self.prompt_rows.append((works[0].request_id, works[0].start, logits))
+            prefill = isinstance(works[0], PrefillWork)
+            logits = self.model.forward(batch, self._layers, between_layers if prefill else None)
+            if prefill and works[0].all_logits:
+                prompt_rows.append((works[0].request_id, works[0].start, logits))
                 logits = logits[-1:]  # the chunk's last row: the sampling row, if it samples
             logits = logits[: len(pass_ids)]
             if pass_ids:
                 ids += pass_ids
                 parts.append(logits)
+        self.prompt_rows = prompt_rows
         if not parts:
             return ids, torch.empty(0, self.model.config.vocab_size)
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -95,7 +102,7 @@ class ModelRunner:
             raise NonFiniteLogits(f"non-finite logits for {ids}")
         return ids, logits
 
-    def _check_ownership(self, plan: StepPlan) -> None:
+    def check_ownership(self, plan: StepPlan) -> None:
         # Each page is the request's own, or a prefix-cache page of its tenant.
         for w in [*plan.prefills, *plan.decode]:
             self.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)

@@ -222,6 +222,27 @@ class Scheduler:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
+    def plan_interjection(self, busy: StepPlan) -> StepPlan | None:
+        """One prefill chunk to run while `busy`'s long prefill pass is paused
+        between two layers (bulkhead.engine.interjection), or None: the next
+        chunk of the least-served tenant that is waiting, when that tenant
+        has nothing in busy and has had no more service than the least served
+        tenant busy prefills. Fair order only. Never preempts and takes no page
+        busy holds: busy's passes resume where they stopped, on the same
+        pages; no decode rows (they come in the next step)."""
+        if not self.config.fair or not busy.prefills:
+            return None
+        counters = self.waiting.counters
+        busy_tenants = {w.tenant for w in busy.prefills} | {w.tenant for w in busy.decode}
+        bar = min(counters.get(w.tenant, 0.0) for w in busy.prefills)
+        candidates = [(r, running) for r, running in self._prefill_candidates(set(busy.request_ids))
+                      if r.tenant not in busy_tenants and counters.get(r.tenant, 0.0) <= bar]
+        if not candidates:
+            return None
+        req, running = min(candidates, key=lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0])))
+        work = self._plan_chunk(req, running, None, [], may_preempt=False)
+        return StepPlan((work,), (), ()) if work is not None else None
+
     def _prefill_candidates(self, exclude: set[str]) -> list[tuple[Request, bool]]:
         """(request, is running) per tenant: its oldest half-prefilled request,
         else (while the batch has room) the head of its waiting line. First
@@ -266,9 +287,9 @@ class Scheduler:
         return min(req.prefill_target - req.num_computed, self.config.prefill_chunk)
 
     def _plan_chunk(self, req: Request, running: bool, budget: int | None,
-                    preempted: list[str]) -> PrefillWork | None:
+                    preempted: list[str], may_preempt: bool = True) -> PrefillWork | None:
         """The next chunk of req, if it fits the budget (None: no limit) and
-        its pages can be had."""
+        its pages can be had (without preempting anyone, unless may_preempt)."""
         wants_prompt_logprobs = req.params.prompt_logprobs is not None
         if not running and self.cache is not None and req.num_computed == 0 and not wants_prompt_logprobs:
             req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes, req.request_id)
@@ -279,14 +300,14 @@ class Scheduler:
                 self._drop_shared(req)
             return None
         if not running:
-            mode = "none" if self._has_room_for(req, end) else "others"
-            if not self._grow(req, end, preempted, mode):
+            room = self._has_room_for(req, end)
+            if not (room or may_preempt) or not self._grow(req, end, preempted, "none" if room else "others"):
                 self._drop_shared(req)
                 return None
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-        elif not self._grow(req, end, preempted, "any"):
+        elif not self._grow(req, end, preempted, "any" if may_preempt else "none"):
             return None
         fresh = end - max(req.num_computed, req.charged)
         if fresh > 0:

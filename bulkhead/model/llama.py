@@ -7,6 +7,7 @@ where each sequence's KV pages are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +68,14 @@ class LlamaModel:
         return self.weights.embed.dtype
 
     @torch.inference_mode()
-    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Run one pass; returns logits [S, V] (float32) for batch.logit_rows.
+
+        between_layers, if given, is called after every layer but the last:
+        the engine may run another pass there (a short prompt that should not
+        wait out this long one). The pass keeps all its state in locals, so
+        pausing it changes none of its numbers.
 
         kv_layers[i] = (k, v) of layer i, each [num_pages, page_size, KVH, hd]
         views of the one pool tensor. This pass writes its real rows' K/V at
@@ -94,5 +101,7 @@ class LlamaModel:
             h = _rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate, up = _linear(h, layer.gate_up, None, batch).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.down, None, batch)
+            if between_layers is not None and layer is not w.layers[-1]:
+                between_layers()
         x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
         return _linear(x, w.lm_head, None, batch).float()

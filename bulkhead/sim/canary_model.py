@@ -35,7 +35,8 @@ class CanaryModel:
         self.worker = worker
         self.on_bad_read = on_bad_read
 
-    def forward(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]],
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         # numpy views of the same storage: these pools are tiny and per-op overhead dominates
         slots = batch.write_slots.numpy()  # real rows only; padding rows write nothing
         n = len(slots)
@@ -48,6 +49,10 @@ class CanaryModel:
         for k, v in views:
             k[slots // page_size, slots % page_size] = tokens[:n, None, None]
             v[slots // page_size, slots % page_size] = positions[:, None, None]
+        if between_layers is not None:
+            # The engine may run another pass here, as between a real model's
+            # layers; this pass's own KV must still be there when it reads.
+            between_layers()
         pages = batch.pages.numpy()
         for seq in batch.sequences:
             self._check_read(int(tokens[seq.row_end - 1]), pages[seq.page_offset : seq.page_offset + seq.num_pages],

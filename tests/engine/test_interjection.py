@@ -1,0 +1,131 @@
+"""Interjection: a less-served tenant's short prompt runs between the layers
+of a long prefill pass, not after it (bulkhead.engine.engine's docstring)."""
+
+from bulkhead.engine.request import FinishReason
+from tests.engine.builders import FAKE_TOKEN, ticket
+from tests.engine.test_engine import Collector, assert_clean, prompts, submit
+from tests.engine.test_fairness import make
+
+HEAVY, LIGHT = prompts(2, length=200)[0], prompts(1, length=12)[0]
+
+
+def during_heavy_pass(built, action) -> dict:
+    """Run action() once, when the heavy prompt's first prefill pass starts
+    (so what it queues arrives mid-pass). Returns what was seen: whether the
+    heavy pass had finished when the light tenant's first token came out."""
+    model, seen = built.engine.runner.model, {"heavy_pass_done": False, "acted": False}
+    real_forward = model.forward
+
+    def forward(batch, layers, between_layers=None):
+        heavy = len(batch.token_ids) >= 100
+        if heavy and not seen["acted"]:
+            seen["acted"] = True
+            action()
+        logits = real_forward(batch, layers, between_layers)
+        if heavy:
+            seen["heavy_pass_done"] = True
+        return logits
+
+    model.forward = forward
+    return seen
+
+
+def solo_tokens(make_engine, rid, prompt, tenant):
+    built, sink = make_engine(prefill_chunk=256), Collector()
+    submit(built, sink, rid, prompt, tenant=tenant, max_tokens=6)
+    built.engine.run_until_idle()
+    return sink.tokens(rid)
+
+
+def test_a_short_prompt_arriving_mid_pass_is_answered_before_the_pass_ends(make_engine):
+    built, sink = make_engine(prefill_chunk=256), Collector()
+    light_first_token_after_heavy_pass = []
+
+    def record(out):
+        if out.request_id == "light" and "light" not in sink.outputs:
+            light_first_token_after_heavy_pass.append(seen["heavy_pass_done"])
+        sink(out)
+
+    seen = during_heavy_pass(built, lambda: submit(built, record, "light", LIGHT, tenant="light", max_tokens=6))
+    submit(built, sink, "heavy", HEAVY, tenant="heavy", max_tokens=6)
+    built.engine.run_until_idle()
+    assert seen["acted"] and built.engine.stats.interjections == 1
+    assert light_first_token_after_heavy_pass == [False]
+    # Pausing a pass changes none of its numbers, nor the interjected one's.
+    assert sink.tokens("heavy") == solo_tokens(make_engine, "heavy", HEAVY, "heavy")
+    assert sink.tokens("light") == solo_tokens(make_engine, "light", LIGHT, "light")
+    assert_clean(built)
+
+
+def test_the_same_tenant_does_not_interject_into_its_own_pass(make_engine):
+    built, sink = make_engine(prefill_chunk=256), Collector()
+    seen = during_heavy_pass(built, lambda: submit(built, sink, "heavy2", LIGHT, tenant="heavy", max_tokens=2))
+    submit(built, sink, "heavy", HEAVY, tenant="heavy", max_tokens=2)
+    built.engine.run_until_idle()
+    assert seen["acted"] and built.engine.stats.interjections == 0
+    assert sink.final("heavy2").completion_tokens == 2
+
+
+def test_first_come_first_served_never_interjects(make_engine):
+    built, sink = make_engine(prefill_chunk=256, fair=False), Collector()
+    seen = during_heavy_pass(built, lambda: submit(built, sink, "light", LIGHT, tenant="light", max_tokens=2))
+    submit(built, sink, "heavy", HEAVY, tenant="heavy", max_tokens=2)
+    built.engine.run_until_idle()
+    assert seen["acted"] and built.engine.stats.interjections == 0
+
+
+def test_an_abort_of_the_paused_request_waits_for_the_step_to_end(make_engine):
+    # Run mid-pass, the abort would free and scrub the pages the paused pass
+    # is writing; it is held, with what follows it, until the step ends.
+    built, sink = make_engine(prefill_chunk=256), Collector()
+
+    def abort_then_light():
+        built.engine.abort("heavy")
+        submit(built, sink, "light", LIGHT, tenant="light", max_tokens=3)
+
+    seen = during_heavy_pass(built, abort_then_light)
+    submit(built, sink, "heavy", HEAVY, tenant="heavy", max_tokens=6)
+    built.engine.run_until_idle()
+    assert seen["acted"] and built.engine.stats.failures == 0
+    assert sink.final("heavy").finish_reason == FinishReason.ABORT.value
+    assert sink.final("light").completion_tokens == 3
+    assert_clean(built)
+
+
+# -- the scheduler's choice, no model -------------------------------------------
+def busy_plan(s, tenant="a", prompt_len=64):
+    s.add(ticket(f"{tenant}-long", prompt_len=prompt_len, max_tokens=1, tenant=tenant))
+    plan = s.schedule()
+    assert [w.request_id for w in plan.prefills] == [f"{tenant}-long"]
+    return plan
+
+
+def test_the_interjected_chunk_is_another_less_served_tenants_and_preempts_nobody():
+    s = make(max_running=4, prefill_chunk=16, step_tokens=16)
+    busy = busy_plan(s)
+    s.add(ticket("a-short", prompt_len=4, max_tokens=1, tenant="a"))
+    assert s.plan_interjection(busy) is None  # the busy tenant's own: it waits its turn
+    s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))
+    sub = s.plan_interjection(busy)
+    assert [w.request_id for w in sub.prefills] == ["b-short"] and not sub.decode and not sub.preempted
+    s.complete(sub, {"b-short": FAKE_TOKEN})
+    s.check_integrity()
+
+
+def test_a_tenant_with_more_service_than_the_paused_one_does_not_interject():
+    s = make(max_running=4, prefill_chunk=16, step_tokens=16)
+    busy = busy_plan(s)
+    s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))
+    s.waiting.counters["b"] = s.waiting.counters["a"] + 1
+    assert s.plan_interjection(busy) is None
+
+
+def test_an_interjection_that_needs_a_preemption_is_not_planned():
+    # 16 pages of 4 tokens: a's 64-token prompt will hold all of them.
+    s = make(max_running=4, prefill_chunk=64, step_tokens=64, num_pages=16)
+    busy = busy_plan(s)
+    held = s.ledger.pages_of("a-long")
+    s.add(ticket("b-short", prompt_len=8, max_tokens=1, tenant="b"))
+    assert s.plan_interjection(busy) is None
+    assert s.ledger.pages_of("a-long") == held and not s.num_preemptions
+    s.check_integrity()
