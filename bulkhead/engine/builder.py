@@ -85,6 +85,9 @@ class EngineConfig:
     # "bfloat16" or "float16". Prefill and decode workers must agree (the
     # router's pairing gate compares kv_dtype).
     kv_dtype: str = "auto"
+    # Fair order only: a less-served tenant's chunk and decode rows may run
+    # between the layers of a long prefill pass (bulkhead.engine.engine).
+    interject: bool = True
 
     def __post_init__(self):
         if self.kv_dtype != "auto" and self.kv_dtype not in DTYPE_BYTES:
@@ -172,7 +175,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     runner = ModelRunner(model, pool, ledger, runner_config)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
     engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
-                                      prefill_only=prefill_only))
+                                      prefill_only=prefill_only, interject=cfg.interject))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
         "lm_head %s; decode attention %s", num_pages, cfg.page_size, pool.num_tokens,

@@ -12,12 +12,16 @@ just after a flood's chunk began used to wait all of it and then the step
 it joined. Now, between two layers of each prefill pass, the engine takes
 the commands that have arrived and, when a tenant with no more service than
 the pass's tenant has a prompt waiting (fair order only), runs that prompt's
-next chunk there, sampled and emitted, then resumes the paused pass. Safe
-because the paused pass keeps its state in locals, the interjected chunk
-never preempts nor takes a page the paused plan holds
-(Scheduler.plan_interjection), a command that could free a page (abort, a
-test's call) is held until the step ends together with every command after
-it, and the paused plan's page ownership is checked again before it resumes.
+next chunk there, sampled and emitted, then resumes the paused pass. The
+same tenant's next tokens do not wait out the pass either: a step's decode
+rows run before its prefill passes, and between layers, while such a tenant
+has requests decoding, their rows run again every DECODE_GAP times a decode
+pass's time (Scheduler.plan_decode_between; they get at most a third of
+the time, the pass the rest). Safe because the paused pass keeps its state
+in locals, what runs inside it never preempts nor touches a request or page
+the paused plan holds, a command that could free a page (abort, a test's
+call) is held until the step ends together with every command after it,
+and the paused plan's page ownership is checked again before it resumes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -50,6 +55,9 @@ log = logging.getLogger(__name__)
 # Commands that may run while a pass is paused between two layers: none of
 # them frees or moves a page a scheduled request holds.
 MID_PASS_SAFE = (cmd.Add, cmd.StartPrefilled, cmd.Reserve, cmd.ReleaseReserved, cmd.ReadPages, cmd.Wake)
+# Inside a paused prefill pass, a less-served tenant's decode rows run again
+# once this many times their last decode pass's time has gone by.
+DECODE_GAP = 2.0
 
 
 Sink = Callable[[RequestOutput], None]
@@ -63,6 +71,7 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     failures: int = 0
     interjections: int = 0  # chunks run inside a paused prefill pass
+    decode_interjections: int = 0  # decode passes run inside a paused prefill pass
 
 
 class Engine:
@@ -82,10 +91,11 @@ class Engine:
         self.prefill_only = prefill_only
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.interject = interject
+        self.interject = interject and scheduler.config.fair  # first come, first served: steps as planned
         # Taken from _commands while a pass was paused but not safe to run
         # then (MID_PASS_SAFE); run first, in order, when the step ends.
         self._held: deque = deque()
+        self._decode_pass_s = 0.02  # the last decode pass's wall time (DECODE_GAP's unit)
         self._sinks: dict[str, Sink] = {}
         self._trackers: dict[str, OutputTracker] = {}
         # Echo's prompt logprobs by request and position, gathered chunk by
@@ -290,7 +300,13 @@ class Engine:
                 self._scrub()
                 return False
             self._scrub()  # preemption released pages
-            self._run_plan(plan, self._between_layers(plan) if self.interject and plan.prefills else None)
+            if not (self.interject and plan.prefills):
+                self._run_plan(plan)
+                return True
+            if plan.decode:  # first, their tokens out now; the prefill passes may pause for more
+                self._timed_decode(StepPlan((), plan.decode, plan.preempted))
+                plan = StepPlan(plan.prefills, (), ())
+            self._run_plan(plan, self._between_layers(plan))
             return True
 
     def _run_plan(self, plan: StepPlan, between_layers: Callable[[], None] | None = None) -> None:
@@ -320,20 +336,41 @@ class Engine:
         """The hook the runner calls between the layers of busy's prefill passes."""
         ready = False  # an interjection ran: the next layer may run another
 
+        last_decode = time.monotonic()
+
         def hook() -> None:
-            nonlocal ready
-            if not (self._take_commands_mid_pass() or ready):
-                return  # nothing arrived since busy was planned, which saw everything before
-            sub = self.scheduler.plan_interjection(busy)
-            ready = sub is not None
-            if sub is None:
-                return
-            self.stats.interjections += 1
-            self._run_plan(sub)
-            if self.runner.config.safe_mode:
-                self.runner.check_ownership(busy)  # raises: busy fails closed
+            nonlocal ready, last_decode
+            # Nothing new arrived, and nothing ran here last time: busy's plan saw every waiting prompt.
+            if self._take_commands_mid_pass() or ready:
+                sub = self.scheduler.plan_interjection(busy)
+                ready = sub is not None
+                if sub is not None:
+                    self.stats.interjections += 1
+                    self._run_plan(sub)
+                    self._recheck(busy)
+            if time.monotonic() - last_decode >= self._decode_gap_s():
+                rows = self.scheduler.plan_decode_between(busy)
+                if rows is not None:
+                    self.stats.decode_interjections += 1
+                    self._timed_decode(rows)
+                    self._recheck(busy)
+                last_decode = time.monotonic()
 
         return hook
+
+    def _decode_gap_s(self) -> float:
+        return DECODE_GAP * self._decode_pass_s
+
+    def _timed_decode(self, plan: StepPlan) -> None:
+        start = time.monotonic()
+        self._run_plan(plan)
+        self._decode_pass_s = time.monotonic() - start
+
+    def _recheck(self, busy: StepPlan) -> None:
+        """Before a paused pass resumes: its pages are still its own (raises,
+        and busy fails closed, if what ran inside it moved one)."""
+        if self.runner.config.safe_mode:
+            self.runner.check_ownership(busy)
 
     def _take_commands_mid_pass(self) -> bool:
         """Run the commands queued so far that are safe mid-pass, in order,

@@ -69,6 +69,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fairness", choices=("vtc", "fcfs"), default="vtc",
                    help="colocated: which prompt is prefilled next; vtc = the least-served tenant's (default), "
                         "fcfs = first come, first served (to measure what fairness costs)")
+    p.add_argument("--no-interjection", action="store_true",
+                   help="a less-served tenant's prompt and decode rows wait for a long prefill pass to end instead "
+                        "of running between its layers (to measure what interjection does)")
     p.add_argument("--no-kv-quotas", action="store_true",
                    help="colocated: under page pressure preempt the newest request, whoever's it is, instead of "
                         "the tenant furthest over its KV share")
@@ -125,6 +128,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         decode_attention=args.decode_attention,
         guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
+        interject=not args.no_interjection,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),
     )
 

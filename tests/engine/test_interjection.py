@@ -2,6 +2,7 @@
 of a long prefill pass, not after it (bulkhead.engine.engine's docstring)."""
 
 from bulkhead.engine.request import FinishReason
+from bulkhead.engine.scheduler import StepPlan
 from tests.engine.builders import FAKE_TOKEN, ticket
 from tests.engine.test_engine import Collector, assert_clean, prompts, submit
 from tests.engine.test_fairness import make
@@ -128,4 +129,53 @@ def test_an_interjection_that_needs_a_preemption_is_not_planned():
     s.add(ticket("b-short", prompt_len=8, max_tokens=1, tenant="b"))
     assert s.plan_interjection(busy) is None
     assert s.ledger.pages_of("a-long") == held and not s.num_preemptions
+    s.check_integrity()
+
+
+# -- decode rows between the layers -----------------------------------------------
+def test_a_less_served_tenants_decode_rows_run_inside_the_pass(make_engine):
+    built, sink = make_engine(prefill_chunk=256), Collector()
+    built.engine._decode_gap_s = lambda: 0.0  # due at every layer (the real gap is measured in seconds)
+    light_tokens_inside_the_pass = []
+
+    def record(out):
+        if out.request_id == "light" and seen["acted"] and not seen["heavy_pass_done"]:
+            light_tokens_inside_the_pass.extend(out.token_ids)
+        sink(out)
+
+    seen = during_heavy_pass(built, lambda: None)
+    submit(built, record, "light", LIGHT, tenant="light", max_tokens=6)
+    built.engine._take_commands(block=False)
+    built.engine.step()  # light is decoding when heavy's prompt arrives
+    submit(built, sink, "heavy", HEAVY, tenant="heavy", max_tokens=6)
+    built.engine.run_until_idle()
+    assert seen["acted"] and built.engine.stats.decode_interjections == 1
+    assert len(light_tokens_inside_the_pass) == 1  # the tiny model has one pause: two layers
+    # Pausing changes no numbers.
+    assert sink.tokens("heavy") == solo_tokens(make_engine, "heavy", HEAVY, "heavy")
+    assert sink.tokens("light") == solo_tokens(make_engine, "light", LIGHT, "light")
+    assert_clean(built)
+
+
+def test_the_decode_rows_between_layers_are_less_served_tenants_and_never_preempt():
+    s = make(max_running=4, prefill_chunk=16, step_tokens=16)
+    for rid, tenant in (("a-dec", "a"), ("b-dec", "b")):
+        s.add(ticket(rid, prompt_len=4, max_tokens=8, tenant=tenant))
+    while not all(s.requests[r].decoding for r in ("a-dec", "b-dec")):
+        plan = s.schedule()
+        s.complete(plan, {w.request_id: FAKE_TOKEN for w in plan.prefills if w.samples})
+    s.add(ticket("a-long", prompt_len=64, max_tokens=1, tenant="a"))
+    plan = s.schedule()  # as the engine runs it: the decode rows first, then the paused prefill pass
+    s.complete(StepPlan((), plan.decode, ()), {w.request_id: FAKE_TOKEN for w in plan.decode})
+    busy = StepPlan(plan.prefills, (), ())
+    assert [w.request_id for w in busy.prefills] == ["a-long"]
+    rows = s.plan_decode_between(busy)
+    assert [w.request_id for w in rows.decode] == ["a-dec", "b-dec"]  # b's are due; a's ride along
+    level = s.waiting.counters["b"]
+    s.waiting.counters["b"] = s.waiting.counters["a"] + 1
+    assert s.plan_decode_between(busy) is None  # b has had more service than a
+    s.waiting.counters["b"] = level
+    s.finish("b-dec", FinishReason.ABORT)
+    assert s.plan_decode_between(busy) is None  # a's own rows wait for a's pass
+    assert make(fair=False).plan_decode_between(busy) is None
     s.check_integrity()
