@@ -222,19 +222,32 @@ class Scheduler:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
+    def _interjection_bar(self, busy: StepPlan) -> float:
+        """The most service a tenant may have had and still run inside busy's
+        paused pass: the least served busy tenant's counter plus one full
+        chunk's cost. Without the chunk, a light tenant whose last short
+        prompt ran inside this same long pass is a few tokens ahead of the
+        flood (the flood is charged a chunk at a time) and its next prompt
+        waits out the rest of the pass; with it, no tenant gets further ahead
+        than the granularity at which the flood itself is served, which keeps
+        the VTC bound's order (a chunk, not a request, of slack)."""
+        counters = self.waiting.counters
+        return (min(counters.get(w.tenant, 0.0) for w in busy.prefills)
+                + self.config.prefill_chunk * self.config.prompt_token_cost)
+
     def plan_interjection(self, busy: StepPlan) -> StepPlan | None:
         """One prefill chunk to run while `busy`'s long prefill pass is paused
         between two layers (bulkhead.engine.interjection), or None: the next
         chunk of the least-served tenant that is waiting, when that tenant
         has nothing in busy and has had no more service than the least served
-        tenant busy prefills. Fair order only. Never preempts and takes no page
+        tenant busy prefills, give or take a chunk (_interjection_bar). Fair order only. Never preempts and takes no page
         busy holds: busy's passes resume where they stopped, on the same
         pages; no decode rows (they come in the next step)."""
         if not self.config.fair or not busy.prefills:
             return None
         counters = self.waiting.counters
         busy_tenants = {w.tenant for w in busy.prefills} | {w.tenant for w in busy.decode}
-        bar = min(counters.get(w.tenant, 0.0) for w in busy.prefills)
+        bar = self._interjection_bar(busy)
         candidates = [(r, running) for r, running in self._prefill_candidates(set(busy.request_ids))
                       if r.tenant not in busy_tenants and counters.get(r.tenant, 0.0) <= bar]
         if not candidates:
@@ -246,7 +259,8 @@ class Scheduler:
     def plan_decode_between(self, busy: StepPlan) -> StepPlan | None:
         """Decode rows to run while `busy`'s long prefill pass is paused between
         two layers, or None. Only when a tenant that busy does not prefill for,
-        with no more service than the least served tenant busy prefills, has
+        with no more service than the least served tenant busy prefills (give
+        or take a chunk: _interjection_bar), has
         a request decoding (its next token need not wait out a better-served
         tenant's pass); then every decoding request busy does not hold gets a
         row, the busy tenants' too: on this CPU a decode pass costs about the
@@ -256,7 +270,7 @@ class Scheduler:
         if not self.config.fair or not busy.prefills:
             return None
         counters = self.waiting.counters
-        bar = min(counters.get(w.tenant, 0.0) for w in busy.prefills)
+        bar = self._interjection_bar(busy)
         busy_ids, busy_tenants = set(busy.request_ids), {w.tenant for w in busy.prefills}
         decoding = [r for r in self.running if r.decoding and r.request_id not in busy_ids]
         if not any(r.tenant not in busy_tenants and counters.get(r.tenant, 0.0) <= bar for r in decoding):

@@ -113,12 +113,15 @@ def test_the_interjected_chunk_is_another_less_served_tenants_and_preempts_nobod
     s.check_integrity()
 
 
-def test_a_tenant_with_more_service_than_the_paused_one_does_not_interject():
+def test_a_tenant_more_than_a_chunk_ahead_of_the_paused_one_does_not_interject():
     s = make(max_running=4, prefill_chunk=16, step_tokens=16)
     busy = busy_plan(s)
     s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))
-    s.waiting.counters["b"] = s.waiting.counters["a"] + 1
+    slack = s.config.prefill_chunk * s.config.prompt_token_cost  # a chunk: the flood is charged a chunk ahead
+    s.waiting.counters["b"] = s.waiting.counters["a"] + slack + 1
     assert s.plan_interjection(busy) is None
+    s.waiting.counters["b"] = s.waiting.counters["a"] + slack
+    assert s.plan_interjection(busy) is not None  # within a chunk of a: say its last short prompt ran in this pass
 
 
 def test_an_interjection_that_needs_a_preemption_is_not_planned():
@@ -172,8 +175,8 @@ def test_the_decode_rows_between_layers_are_less_served_tenants_and_never_preemp
     rows = s.plan_decode_between(busy)
     assert [w.request_id for w in rows.decode] == ["a-dec", "b-dec"]  # b's are due; a's ride along
     level = s.waiting.counters["b"]
-    s.waiting.counters["b"] = s.waiting.counters["a"] + 1
-    assert s.plan_decode_between(busy) is None  # b has had more service than a
+    s.waiting.counters["b"] = s.waiting.counters["a"] + s.config.prefill_chunk + 1
+    assert s.plan_decode_between(busy) is None  # b has had more service than a, by over a chunk
     s.waiting.counters["b"] = level
     s.finish("b-dec", FinishReason.ABORT)
     assert s.plan_decode_between(busy) is None  # a's own rows wait for a's pass
