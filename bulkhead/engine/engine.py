@@ -76,11 +76,13 @@ class EngineStats:
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
-                 prefill_only: bool = False, interject: bool = True):
+                 prefill_only: bool = False, interject: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
         """prefill_only: a request ends at its first token and keeps its pages
         (reserved) for a KV transfer; release_reserved_pages() gives them back.
         interject: run a less-served tenant's chunk between the layers of a
-        long prefill pass (module docstring); fair scheduling only."""
+        long prefill pass (module docstring); fair scheduling only. clock:
+        what paces decode rows inside a pass (the simulator's virtual one)."""
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
@@ -95,7 +97,8 @@ class Engine:
         # Taken from _commands while a pass was paused but not safe to run
         # then (MID_PASS_SAFE); run first, in order, when the step ends.
         self._held: deque = deque()
-        self._decode_pass_s = 0.02  # the last decode pass's wall time (DECODE_GAP's unit)
+        self.clock = clock
+        self._decode_pass_s = 0.02  # the last decode pass's time on self.clock (DECODE_GAP's unit)
         self._sinks: dict[str, Sink] = {}
         self._trackers: dict[str, OutputTracker] = {}
         # Echo's prompt logprobs by request and position, gathered chunk by
@@ -335,8 +338,7 @@ class Engine:
     def _between_layers(self, busy: StepPlan) -> Callable[[], None]:
         """The hook the runner calls between the layers of busy's prefill passes."""
         ready = False  # an interjection ran: the next layer may run another
-
-        last_decode = time.monotonic()
+        last_decode = self.clock()
 
         def hook() -> None:
             nonlocal ready, last_decode
@@ -348,13 +350,13 @@ class Engine:
                     self.stats.interjections += 1
                     self._run_plan(sub)
                     self._recheck(busy)
-            if time.monotonic() - last_decode >= self._decode_gap_s():
+            if self.clock() - last_decode >= self._decode_gap_s():
                 rows = self.scheduler.plan_decode_between(busy)
                 if rows is not None:
                     self.stats.decode_interjections += 1
                     self._timed_decode(rows)
                     self._recheck(busy)
-                last_decode = time.monotonic()
+                last_decode = self.clock()
 
         return hook
 
@@ -362,9 +364,9 @@ class Engine:
         return DECODE_GAP * self._decode_pass_s
 
     def _timed_decode(self, plan: StepPlan) -> None:
-        start = time.monotonic()
+        start = self.clock()
         self._run_plan(plan)
-        self._decode_pass_s = time.monotonic() - start
+        self._decode_pass_s = self.clock() - start
 
     def _recheck(self, busy: StepPlan) -> None:
         """Before a paused pass resumes: its pages are still its own (raises,
@@ -386,8 +388,11 @@ class Engine:
                 self._held.append(command)
                 break
             handler = _HANDLERS.get(type(command))
-            if handler is not None:  # the step holds self.lock already
-                handler(self, command)
+            try:
+                if handler is not None:  # the step holds self.lock already
+                    handler(self, command)
+            except Exception:  # one bad command must not fail the paused plan
+                log.exception("command %s failed", type(command).__name__)
             arrived |= isinstance(command, (cmd.Add, cmd.StartPrefilled))
         return arrived
 

@@ -45,8 +45,9 @@ class CanaryTokenizer:
 
 
 def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read, prefill_only: bool,
-                     pool: KVPool | None = None) -> BuiltEngine:
-    """pool: decode's, owned by the simulated transfer target (as tcp's receiver owns it)."""
+                     pool: KVPool | None = None, clock=None) -> BuiltEngine:
+    """pool: decode's, owned by the simulated transfer target (as tcp's receiver owns it).
+    clock: the virtual one, so that the engine's pacing replays seed for seed."""
     layout = geo.layout
     pool = pool or KVPool(layout, num_pages, "zero")
     ledger = PageLedger(num_pages)
@@ -59,7 +60,8 @@ def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read,
     runner = ModelRunner(CanaryModel(VOCAB, worker, on_bad_read), pool, ledger,
                          RunnerConfig(decode_tile=geo.decode_tile, safe_mode=True))
     tokenizer = CanaryTokenizer()
-    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only)
+    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only,
+                    **({"clock": clock} if clock is not None else {}))
     limits = Limits(context_length=context, pool_tokens=pool.num_tokens, page_size=geo.page_size, vocab_size=VOCAB)
     return BuiltEngine(engine, tokenizer, limits, config, clamped=context < geo.model_context, layout=layout,
                        model_config=None)
