@@ -18,6 +18,7 @@ run in their best configuration for this CPU. Systems, one at a time:
   bulkhead-disagg      router + 1 prefill + 1 decode process, guards on
   bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):
                        no scrub, transfer digests or per-step checks
+  bulkhead-lineage     colocated with the page-lineage log on (--lineage-log)
   transformers         `generate` over static batches of the concurrency's size
   llama-cpp            llama.cpp's llama-server on the model's GGUF, one slot per
                        client, continuous batching (optional: bench/setup_llama.sh)
@@ -30,7 +31,8 @@ run in their best configuration for this CPU. Systems, one at a time:
 Prints one table per concurrency (output tok/s, median and p99 TTFT, median
 TPOT, peak RSS of the server's processes), each figure also as a ratio to
 bulkhead colocated's, the headline (bulkhead against the best valid peer at
-each concurrency) and the guard cost (guards on / off). This machine is
+each concurrency), the guard cost (guards on / off) and the lineage log's
+cost (with / without). This machine is
 shared and noisy: only ratios measured in the same run mean anything. Raw
 results: bench/results/peers-<commit>.json and a throughput PNG beside it.
 """
@@ -54,8 +56,9 @@ from bench import report, systems  # noqa: E402
 from bench.memory import PeakMemory  # noqa: E402
 from bench.workload import Prompt, make_prompts, run_level, summarise  # noqa: E402
 
-# Guards on and off run back to back: the guard cost is their ratio, on a machine whose load drifts.
-SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-fp32", "bulkhead-disagg", "transformers", "llama-cpp", "vllm",
+# Guards on and off, and the lineage log on, run back to back: each cost is a
+# ratio to "bulkhead", on a machine whose load drifts.
+SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-lineage", "bulkhead-fp32", "bulkhead-disagg", "transformers", "llama-cpp", "vllm",
            "vllm-fp32")
 # vLLM flags that keep it from its best speed: a figure measured with them is not its best.
 VLLM_HANDICAPS = ("-O0", "--enforce-eager")
@@ -301,7 +304,8 @@ class Harness:
                      "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
                      "context_length": self.settings.context_length, "model": str(self.settings.model_dir)},
             "levels": self.levels, "headline": report.headline(self.levels),
-            "guard_cost": report.guard_cost(self.levels), "prefill": self.prefill,
+            "guard_cost": report.guard_cost(self.levels), "lineage_cost": report.lineage_cost(self.levels),
+            "prefill": self.prefill,
             "skipped": self.skipped, "failed": self.failed, "server_info": self.infos, "raw": self.raw,
         }
 
@@ -325,6 +329,7 @@ def main(argv=None) -> int:
     for line in results["headline"]:
         print(line)
     print(report.guard_line(results["guard_cost"]))
+    print(report.lineage_line(results["lineage_cost"]))
     for line in report.prefill_lines(harness.prefill):
         print(line)
     for system, why in {**harness.skipped, **harness.failed}.items():

@@ -54,11 +54,19 @@ BULKHEAD_FLAGS = {
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
     # Benchmark only: the guard cost is this system against "bulkhead".
     "bulkhead-no-guards": ["--role", "colocated", "--unsafe-no-guards"],
+    # The lineage log's cost is this system against "bulkhead" (the log and
+    # its key go to the run's log folder: bulkhead() adds them).
+    "bulkhead-lineage": ["--role", "colocated"],
 }
 
 
 @contextlib.contextmanager
 def bulkhead(name: str, s: Settings, extra_flags: list[str]):
+    if name == "bulkhead-lineage":
+        for stale in s.logs.glob("peers-lineage.jsonl*"):  # a log of an earlier run would be continued
+            stale.unlink()
+        extra_flags = [*extra_flags, "--lineage-log", str(s.logs / "peers-lineage.jsonl"),
+                       "--lineage-key", str(s.logs / "peers-lineage.key")]
     flags = [*BULKHEAD_FLAGS[name], "--kv-memory", f"{int(s.kv_memory_gib * 2**30)}",
              "--context-length", str(s.context_length), "--model", str(s.model_dir),
              "--model-id", "bench", *extra_flags]

@@ -4,7 +4,7 @@ which levels count (every request produced its tokens); and the peers'
 best configurations."""
 
 from bench.peers import parse_args, requests_for
-from bench.report import best_of, best_peer, guard_cost, guard_line, headline, level_table
+from bench.report import best_of, best_peer, guard_cost, guard_line, headline, level_table, lineage_cost, lineage_line
 from bench.systems import VLLM_CORES, Settings, cpu_flags, llama_server_cmd, vllm_best_dtype
 from bench.workload import Endpoint, Prompt, percentile, summarise
 
@@ -43,6 +43,16 @@ def test_guard_cost_is_on_over_off_at_the_highest_common_concurrency():
     assert abs(cost["tpot_on_over_off"] - 1.25) < 1e-9
     assert "c=16" in guard_line(cost) and "0.80x" in guard_line(cost)
     assert guard_cost({"bulkhead": levels["bulkhead"]}) is None
+
+
+def test_lineage_cost_is_with_over_without_the_log_at_the_highest_common_concurrency():
+    levels = {"bulkhead": {1: level(10.0, 0.1), 16: level(100.0, 0.2)},
+              "bulkhead-lineage": {1: level(10.0, 0.1), 16: level(99.0, 0.2)}}
+    cost = lineage_cost(levels)
+    assert cost["concurrency"] == 16 and abs(cost["tok_s_with_over_without"] - 0.99) < 1e-9
+    assert "c=16" in lineage_line(cost) and "0.990x" in lineage_line(cost)
+    assert lineage_cost({"bulkhead": levels["bulkhead"]}) is None
+    assert "not measured" in lineage_line(None)
 
 
 def test_requests_per_level_is_a_count_or_a_multiple_of_the_clients():
