@@ -60,7 +60,7 @@ class ModelRunner:
         """Compute a step. Returns (request ids, logits [len(ids), V]) for the rows to sample.
 
         between_layers: called between the layers of each prefill pass (the
-        engine's interjection point, bulkhead.engine.interjection); it may
+        engine's interjection point, bulkhead.engine.engine); it may
         run() another plan, which is why prompt_rows is built in a local.
 
         Each prefill chunk is its own forward pass, then the decode rows are

@@ -5,7 +5,9 @@ and prefill chunks of waiting or half-prefilled requests, up to a token
 budget per step (chunked prefill as in vLLM): a short new prompt is
 prefilled within a step or two instead of after every prompt ahead of it.
 Which prompt goes next is fair across tenants (bulkhead.engine.fair_queue:
-least service first). A request's chunks always start at multiples of
+least service first), and a less-served tenant's chunk or decode rows may
+run inside another tenant's long prefill pass (plan_interjection,
+plan_decode_between; the engine runs them between layers). A request's chunks always start at multiples of
 `prefill_chunk` from where its prefill started, whoever shares the step, so
 its numbers do not depend on its batch-mates. When the pool runs out of
 pages, a request is preempted (its pages released and scrubbed; it is
@@ -237,12 +239,13 @@ class Scheduler:
 
     def plan_interjection(self, busy: StepPlan) -> StepPlan | None:
         """One prefill chunk to run while `busy`'s long prefill pass is paused
-        between two layers (bulkhead.engine.interjection), or None: the next
-        chunk of the least-served tenant that is waiting, when that tenant
-        has nothing in busy and has had no more service than the least served
-        tenant busy prefills, give or take a chunk (_interjection_bar). Fair order only. Never preempts and takes no page
-        busy holds: busy's passes resume where they stopped, on the same
-        pages; no decode rows (they come in the next step)."""
+        between two layers (interjection: bulkhead.engine.engine), or None:
+        the next chunk of the least-served tenant that is waiting, when that
+        tenant has nothing in busy and has had no more service than the least
+        served tenant busy prefills, give or take a chunk (_interjection_bar).
+        Fair order only. Never preempts and takes no page busy holds: busy's
+        passes resume where they stopped, on the same pages. No decode rows
+        (plan_decode_between plans those)."""
         if not self.config.fair or not busy.prefills:
             return None
         counters = self.waiting.counters
@@ -258,11 +261,11 @@ class Scheduler:
 
     def plan_decode_between(self, busy: StepPlan) -> StepPlan | None:
         """Decode rows to run while `busy`'s long prefill pass is paused between
-        two layers, or None. Only when a tenant that busy does not prefill for,
-        with no more service than the least served tenant busy prefills (give
-        or take a chunk: _interjection_bar), has
-        a request decoding (its next token need not wait out a better-served
-        tenant's pass); then every decoding request busy does not hold gets a
+        two layers, or None. Only when a tenant that busy does not prefill
+        for, with no more service than the least served tenant busy prefills
+        (give or take a chunk: _interjection_bar), has a request decoding (its
+        next token need not wait out a better-served tenant's pass); then
+        every decoding request busy does not hold gets a
         row, the busy tenants' too: on this CPU a decode pass costs about the
         same for 1 row as for 16 (it reads the weights once), so the extra rows
         are nearly free tokens. Fair order only. Never preempts (a row whose
