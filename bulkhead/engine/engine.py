@@ -10,9 +10,10 @@ prefill chunk of SmolLM2 takes 0.7 s on two cores (1.4 s on the one core a
 prefill worker gets beside decode). A light tenant's short prompt arriving
 just after a flood's chunk began used to wait all of it and then the step
 it joined. Now, between two layers of each prefill pass, the engine takes
-the commands that have arrived and, when a tenant with no more service than
-the pass's tenant has a prompt waiting (fair order only), runs that prompt's
-next chunk there, sampled and emitted, then resumes the paused pass. The
+the commands that have arrived and, when another tenant's waiting prompt can
+finish there with less service than the pass's tenant (fair order only:
+Scheduler.plan_interjection), runs that prompt's last chunk there, sampled
+and emitted, then resumes the paused pass. The
 same tenant's next tokens do not wait out the pass either: a step's decode
 rows run before its prefill passes, and between layers, while such a tenant
 has requests decoding, their rows run again every DECODE_GAP times a decode

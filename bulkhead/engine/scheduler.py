@@ -225,14 +225,19 @@ class Scheduler:
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
     def _interjection_bar(self, busy: StepPlan) -> float:
-        """The most service a tenant may have had and still run inside busy's
-        paused pass: the least served busy tenant's counter plus one full
-        chunk's cost. Without the chunk, a light tenant whose last short
-        prompt ran inside this same long pass is a few tokens ahead of the
-        flood (the flood is charged a chunk at a time) and its next prompt
-        waits out the rest of the pass; with it, no tenant gets further ahead
-        than the granularity at which the flood itself is served, which keeps
-        the VTC bound's order (a chunk, not a request, of slack)."""
+        """The most service a tenant may have *after* what it would run inside
+        busy's paused pass (its virtual finish tag): the least served busy
+        tenant's counter plus one full chunk's cost, where that tenant's next
+        chunk would finish. Compared without the chunk, a light tenant whose
+        last short prompt ran inside this same long pass is a few tokens
+        ahead of the flood (charged a chunk at a time) and its next prompt
+        waited out the pass. Compared by counters alone, with the chunk as
+        slack, another flooding tenant's whole chunk fit, and ran inside the
+        pass where nothing can interject (one heavy tenant's 1.9 s chunk inside
+        another's, the light prompt waiting behind both: measured with four
+        heavy tenants). Finish tags (strictly below it) let the short prompt
+        in and keep a flood level with busy's out, and no tenant gets more
+        than a chunk ahead."""
         counters = self.waiting.counters
         return (min(counters.get(w.tenant, 0.0) for w in busy.prefills)
                 + self.config.prefill_chunk * self.config.prompt_token_cost)
@@ -243,7 +248,12 @@ class Scheduler:
         the next chunk of the least-served tenant that is waiting, when that
         tenant has nothing in busy and has had no more service than the least
         served tenant busy prefills, give or take a chunk (_interjection_bar).
-        Fair order only. Never preempts and takes no page busy holds: busy's
+        Only a prompt's last chunk (the one that yields its first token): a
+        flooding tenant's first chunk of a long prompt waits for the next
+        step, since nothing can interject inside an interjected pass (with
+        four heavy tenants, one's 1.4 s chunk ran inside another's while the
+        light prompt waited behind both). Fair order only. Never preempts and
+        takes no page busy holds: busy's
         passes resume where they stopped, on the same pages. No decode rows
         (plan_decode_between plans those)."""
         if not self.config.fair or not busy.prefills:
@@ -251,11 +261,13 @@ class Scheduler:
         counters = self.waiting.counters
         busy_tenants = {w.tenant for w in busy.prefills} | {w.tenant for w in busy.decode}
         bar = self._interjection_bar(busy)
-        candidates = [(r, running) for r, running in self._prefill_candidates(set(busy.request_ids))
-                      if r.tenant not in busy_tenants and counters.get(r.tenant, 0.0) <= bar]
+        finish = lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0]))  # noqa: E731
+        last_chunk = lambda r: self._next_chunk_tokens(r) == r.prefill_target - r.num_computed  # noqa: E731
+        candidates = [c for c in self._prefill_candidates(set(busy.request_ids))
+                      if c[0].tenant not in busy_tenants and last_chunk(c[0]) and finish(c)[0] < bar]
         if not candidates:
             return None
-        req, running = min(candidates, key=lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0])))
+        req, running = min(candidates, key=finish)
         work = self._plan_chunk(req, running, None, [], may_preempt=False)
         return StepPlan((work,), (), ()) if work is not None else None
 
@@ -272,11 +284,12 @@ class Scheduler:
         page cannot be had waits for the next step)."""
         if not self.config.fair or not busy.prefills:
             return None
-        counters = self.waiting.counters
+        counters, q = self.waiting.counters, self.waiting
         bar = self._interjection_bar(busy)
         busy_ids, busy_tenants = set(busy.request_ids), {w.tenant for w in busy.prefills}
         decoding = [r for r in self.running if r.decoding and r.request_id not in busy_ids]
-        if not any(r.tenant not in busy_tenants and counters.get(r.tenant, 0.0) <= bar for r in decoding):
+        after_a_token = lambda t: counters.get(t, 0.0) + q.output_cost / q.weight_of(t)  # noqa: E731
+        if not any(r.tenant not in busy_tenants and after_a_token(r.tenant) <= bar for r in decoding):
             return None
         work = []
         for req in sorted(decoding, key=lambda r: r.arrival):

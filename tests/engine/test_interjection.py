@@ -117,11 +117,24 @@ def test_a_tenant_more_than_a_chunk_ahead_of_the_paused_one_does_not_interject()
     s = make(max_running=4, prefill_chunk=16, step_tokens=16)
     busy = busy_plan(s)
     s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))
-    slack = s.config.prefill_chunk * s.config.prompt_token_cost  # a chunk: the flood is charged a chunk ahead
-    s.waiting.counters["b"] = s.waiting.counters["a"] + slack + 1
+    # Where a's next chunk would finish: b may be ahead of a, by less than a
+    # chunk (its last short prompt ran in this pass), if its own 4 tokens fit.
+    a_next = s.waiting.counters["a"] + s.config.prefill_chunk * s.config.prompt_token_cost
+    s.waiting.counters["b"] = a_next - 4
     assert s.plan_interjection(busy) is None
-    s.waiting.counters["b"] = s.waiting.counters["a"] + slack
-    assert s.plan_interjection(busy) is not None  # within a chunk of a: say its last short prompt ran in this pass
+    s.waiting.counters["b"] = a_next - 5
+    assert s.plan_interjection(busy) is not None
+
+
+def test_another_flooding_tenant_does_not_run_its_whole_chunk_inside_the_pass():
+    s = make(max_running=4, prefill_chunk=16, step_tokens=16)
+    busy = busy_plan(s)
+    s.add(ticket("c-long", prompt_len=64, max_tokens=1, tenant="c"))
+    s.waiting.counters["c"] = s.waiting.counters["a"] - 100  # even a little behind a: not a first chunk of four
+    assert s.plan_interjection(busy) is None
+    s.add(ticket("c-short", prompt_len=8, max_tokens=1, tenant="c2"))
+    s.waiting.counters["c2"] = s.waiting.counters["a"]  # level with a: its whole prompt fits before a's next chunk
+    assert [w.request_id for w in s.plan_interjection(busy).prefills] == ["c-short"]
 
 
 def test_an_interjection_that_needs_a_preemption_is_not_planned():
@@ -175,8 +188,8 @@ def test_the_decode_rows_between_layers_are_less_served_tenants_and_never_preemp
     rows = s.plan_decode_between(busy)
     assert [w.request_id for w in rows.decode] == ["a-dec", "b-dec"]  # b's are due; a's ride along
     level = s.waiting.counters["b"]
-    s.waiting.counters["b"] = s.waiting.counters["a"] + s.config.prefill_chunk + 1
-    assert s.plan_decode_between(busy) is None  # b has had more service than a, by over a chunk
+    s.waiting.counters["b"] = s.waiting.counters["a"] + s.config.prefill_chunk - 1
+    assert s.plan_decode_between(busy) is None  # b's next token would put it past a's next chunk
     s.waiting.counters["b"] = level
     s.finish("b-dec", FinishReason.ABORT)
     assert s.plan_decode_between(busy) is None  # a's own rows wait for a's pass
