@@ -244,7 +244,7 @@ class DecodeWorker(WorkerBase):
             if job is None:
                 return
             if out.finished:  # the engine has freed the pages
-                job.take(decode_job.finished(job.phase))
+                job.take(decode_job.finished(job.phase, runtime=True))
                 self.jobs.pop(rid)
             else:
                 job.take(decode_job.decode_step(job.phase, runtime=True))

@@ -230,7 +230,7 @@ class DisaggBackend(Backend):
             return
         if out.finished:  # decode's last output is the outcome (its tokens, or its error)
             with self.lock:
-                route.take(router_job.finished(route.phase))
+                route.take(router_job.finished(route.phase, runtime=True))
         route.loop.call_soon_threadsafe(route.queue.put_nowait, (route.index, out))
 
     def _fail(self, rid: str, error: BulkheadError, outcome: str) -> None:

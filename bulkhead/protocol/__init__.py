@@ -48,14 +48,21 @@ Life of a request (REAL, all guards on):
     decode   DECODE_ALLOCATED  manifest == allocation,   COMMITTED          -
                                all written, digests ok
     decode   DECODE_ALLOCATED  mismatch / bad digest     (failed)           TransferFailed to router
-    decode   COMMITTED         DecodeStep                DECODING           Output (finished) to router
-    router   BOOTSTRAPPED      Output / TransferFailed / ClientAbort /
+    decode   COMMITTED         DecodeStep                DECODING           - (tokens)
+    prefill  TRANSFERRING      Quiesced (writes ended)   DONE               DrainAck to decode (the success path)
+    decode   DECODING          DecodeStep(last)          DONE               Output (finished) to router;
+                                                                            pages scrubbed, freed
+    router   BOOTSTRAPPED      Output (finished)         DONE(FINISHED)     response (no Finalize)
+    router   BOOTSTRAPPED      TransferFailed / ClientAbort /
                                DeadlinePassed / PeerLost DONE(outcome)      Finalize to both, response
     prefill  any live          Finalize                  DRAINING           - (never posts again)
     prefill  DRAINING          Quiesced                  DONE               DrainAck to decode
     decode   holds pages       Finalize                  DRAINING           -
     decode   DRAINING          DrainAck / LeaseExpired   DONE               - (pages scrubbed, freed)
 
+A success ends at each actor on its own: decode frees the pages with the
+last token (no write is admitted after the commit), prefill acks as its
+writes end, and the router answers the client; no Finalize is sent.
 Every failure ends in one outcome (Outcome), decided by the router alone and
 recorded by both workers from its Finalize. Unsigned (forged) control
 messages are dropped; duplicates and late messages are no-ops.

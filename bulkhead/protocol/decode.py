@@ -194,6 +194,8 @@ def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
 
 def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
     record = find(state.requests, event.rid)
+    if event.last:
+        return _last_token(config, state, record)
     step = decode_job.decode_step(record.phase if record else None)
     if not step.does(Effect.DECODE_DONE):
         if record is not None and record.phase is Phase.DECODING:
@@ -212,9 +214,19 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
                   for p in record.pages)
     record = replace(record, phase=step.phase)
     state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
-    # The model's tokens are not modelled: one finished output, no error (the 200).
-    done = Output(RequestOutput(rid, (), "", (), True, "length", 0, 0))
-    return Step(state, (Envelope(ROUTER, done),), reads)
+    # The model's tokens are not modelled, and the router waits for the
+    # last output only: this step sends nothing.
+    return Step(state, notes=reads)
+
+
+def _last_token(config, state: DecodeState, record: DecodeRequest) -> Step:
+    """The success path's end: the pages are scrubbed and freed and the
+    router hears the finished output (no error: the 200). No Finalize
+    follows, and prefill's ack, before or after, changes nothing more."""
+    step = decode_job.finished(record.phase)
+    done = Output(RequestOutput(record.rid, (), "", (), True, "length", 0, 0))
+    freed = _release(config, state, replace(record, phase=step.phase))
+    return Step(freed.state, (Envelope(ROUTER, done),) + freed.send, freed.notes)
 
 
 def _finalize(config, state: DecodeState, message: Finalize) -> Step:

@@ -12,7 +12,7 @@ actor (decode.py) and the running decode worker (bulkhead.disagg.decode_worker).
     finalize          the router's outcome               START_LEASE, RELEASE_PAGES, or ABORT_ENGINE (runtime)
     drain_ack         prefill: no write can still land   MARK_DRAINED, RELEASE_PAGES
     lease_expired     the fence ran out                  RELEASE_PAGES
-    finished          runtime only: the engine freed a committed request's pages
+    finished          the last token                     RELEASE_PAGES (the runtime's engine already has)
 
 `runtime` picks the lifecycle table: the model's (False) or the runtime's,
 whose few extra rows (bulkhead.protocol.lifecycle.RUNTIME) say where the
@@ -147,11 +147,13 @@ def lease_expired(phase: Phase | None, *, runtime: bool = False) -> JobStep:
                    "released")
 
 
-@transition("decode", outcomes=(), runtime_only={
-    "finished": "the model's one decode step waits for the router's Finalize; the runtime's engine "
-                "frees the pages with the last token and the router sends no Finalize after a success"})
-def finished(phase: Phase | None) -> JobStep:
-    """The engine's last output for a decoding request: its pages are gone."""
+@transition("decode", outcomes=("finished",))
+def finished(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """The last token: the request is over and its pages go, without a
+    Finalize (the router sends none after a success) and without waiting
+    for prefill's ack (no write is admitted after the commit). The
+    runtime's engine frees the pages itself as it emits the last token;
+    the model's decode scrubs and frees them here."""
     if phase is Phase.COMMITTED:  # one output can be the first and the last
-        phase = advance(DECODE, phase, Event.DECODE_STEP, runtime=True)
-    return JobStep(advance(DECODE, phase, Event.FINISHED, runtime=True), outcome="finished")
+        phase = advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime)
+    return JobStep(advance(DECODE, phase, Event.FINISHED, runtime=runtime), (Effect.RELEASE_PAGES,), "finished")

@@ -69,8 +69,10 @@ class LeaseExpired:
 
 @dataclass(frozen=True)
 class DecodeStep:
-    """Decode's scheduler runs the request's decode step."""
+    """Decode's scheduler runs the request's decode step; `last`: the one
+    that produces its last token (the success path's end)."""
     rid: int
+    last: bool = False
 
 
 # --- notes: what observers may check --------------------------------------

@@ -50,7 +50,7 @@ class Event(enum.Enum):
     MANIFEST_VERIFIED = "manifest_verified"  # decode: manifest == allocation, all written, digests ok
     VERIFY_FAILED = "verify_failed"          # decode (runtime): it gives up on the KV
     DECODE_STEP = "decode_step"              # decode: tokens generated and sent on
-    FINISHED = "finished"                    # decode (runtime): the engine's last output
+    FINISHED = "finished"                    # decode: the last token; the pages go with it
     FINALIZE = "finalize"                    # router: decides the outcome; workers: hear it
     QUIESCED = "quiesced"                    # prefill: no write for the request is outstanding
     UNDRAINED = "undrained"                  # prefill (runtime): a write may still land; never acked
@@ -84,6 +84,10 @@ PROTOCOL = {
         (P.PREFILLING,       E.FINALIZE,           P.DRAINING,         "never posts a write"),
         (P.TRANSFERRING,     E.FINALIZE,           P.DRAINING,         "posts no more; writes may be in flight"),
         (P.DRAINING,         E.QUIESCED,           P.DONE,             "DrainAck to decode"),
+        # The success path: every write was posted at once, so once they
+        # have all ended none is outstanding and none will be posted; the
+        # router sends no Finalize after a success, so this is the ack.
+        (P.TRANSFERRING,     E.QUIESCED,           P.DONE,             "DrainAck as the writes end"),
         # A transfer that failed with a write still in flight (a timeout):
         # no ack, ever; decode's lease fences the write.
         (P.TRANSFERRING,     E.UNDRAINED,          P.DONE,             "a write may still land: never acked"),
@@ -97,7 +101,11 @@ PROTOCOL = {
         # A check that fails reports TransferFailed and keeps the phase (the
         # model's `failed` flag) until the router's Finalize.
         (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
-        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "Output (finished) to the router"),
+        (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "tokens to the router"),
+        # The success path: the last token frees the pages at once. No drain
+        # wait: the commit came after every write had landed, and no write
+        # is admitted after it (manifest.write_admissible).
+        (P.DECODING,         E.FINISHED,           P.DONE,             "Output (finished) to the router; pages freed"),
         (P.DECODE_ALLOCATED, E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.COMMITTED,        E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
         (P.DECODING,         E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
@@ -113,9 +121,6 @@ RUNTIME = {
     PREFILL: (
         # The engine can end a prompt (an error) before handing it over.
         (P.WAITING_POOL,     E.QUIESCED,           P.DONE,             "ended before the hand-over: nothing written"),
-        # The runtime's router sends no Finalize after a success, so prefill
-        # acks as soon as its writes end instead of waiting for one.
-        (P.TRANSFERRING,     E.QUIESCED,           P.DONE,             "DrainAck as the writes end"),
     ),
     DECODE: (
         # Replaces WAITING_PAGES -finalize-> DONE. The runtime reserves pages
@@ -125,10 +130,6 @@ RUNTIME = {
         # The model waits for the router's Finalize after a failed check;
         # the runtime drains at once. Either way no commit can follow.
         (P.DECODE_ALLOCATED, E.VERIFY_FAILED,      P.DRAINING,         "reports TransferFailed, drains now"),
-        # A committed request's pages are the engine's: it frees them when
-        # the request ends. No drain wait, since no write is admitted after
-        # the commit (manifest.write_admissible).
-        (P.DECODING,         E.FINISHED,           P.DONE,             "the engine frees the pages"),
     ),
 }
 

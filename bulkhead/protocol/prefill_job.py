@@ -81,9 +81,11 @@ def finalize(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     "moot": "a runtime job that a failed write left DONE (undrained) is never acked"})
 def quiesced(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     """No write for the request is outstanding: free the local pages and
-    tell decode it may free its own. The model acks only after the outcome;
-    the runtime also as soon as its writes end (rows in lifecycle.RUNTIME)."""
-    if phase in (None, Phase.DONE) or (phase is not Phase.DRAINING and not runtime):
+    tell decode it may free its own: after the outcome, or as soon as the
+    writes posted have ended (TRANSFERRING: the success path, which no
+    Finalize follows); the runtime also for a prompt its engine ended
+    before the hand-over (a row in lifecycle.RUNTIME)."""
+    if phase in (None, Phase.DONE) or (phase not in (Phase.DRAINING, Phase.TRANSFERRING) and not runtime):
         return JobStep(phase, outcome="moot")
     return JobStep(advance(PREFILL, phase, Event.QUIESCED, runtime=runtime),
                    (Effect.RELEASE_LOCAL, Effect.SEND_DRAIN_ACK), "acked")

@@ -67,8 +67,8 @@ def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
     if isinstance(event, DeadlinePassed):
         return _finalize(config, state, event.rid, Outcome.TIMED_OUT, "deadline passed")
     if isinstance(event, Output):
-        # The model's decode sends one output, finished, after its decode step: the 200.
-        return _finalize(config, state, event.request_id, Outcome.FINISHED)
+        # The model's decode sends one output, its last (the 200).
+        return _finished(config, state, event.request_id)
     if isinstance(event, TransferFailed):
         return _finalize(config, state, event.request_id, Outcome.TRANSFER_FAILED, event.reason)
     if isinstance(event, PrefillFailed):
@@ -162,6 +162,20 @@ def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Out
         return Step(state, sends, notes)
     more = _bootstrap_waiting(config, state)  # the room just came free
     return Step(more.state, sends + more.send, notes + more.notes)
+
+
+def _finished(config: ProtocolConfig, state: RouterState, rid: int) -> Step:
+    """Decode's last output answers the client. The workers are not told:
+    each ends a success on its own (decode freed its pages with the last
+    token, prefill acks as its writes end)."""
+    record = find(state.requests, rid)
+    step = router_job.finished(record.phase if record else None)
+    if step.outcome == "repeat":
+        return Step(state)  # an abort or deadline answered first
+    record = replace(record, phase=step.phase, outcome=Outcome.FINISHED)
+    state = replace(state, requests=upsert(state.requests, record))
+    more = _bootstrap_waiting(config, state)  # the room just came free
+    return Step(more.state, more.send, (ClientResponse(rid, Outcome.FINISHED, ""),) + more.notes)
 
 
 def _peer_lost(config: ProtocolConfig, state: RouterState, event: PeerLost) -> Step:

@@ -8,7 +8,7 @@ router actor (router.py) and the running router (bulkhead.disagg.router).
     drain_worker  the operator drains a worker        - (no request is assigned to it again)
     decide     an outcome: a report, abort, deadline,  FINALIZE_WORKERS, RESPOND
                or a lost worker; the first one wins
-    finished   runtime only: decode's last output      RESPOND
+    finished   decode's last output: the success path  RESPOND (no Finalize: the workers end it themselves)
 
 `runtime` picks the lifecycle table (bulkhead.protocol.lifecycle).
 """
@@ -65,12 +65,13 @@ def decide(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     return JobStep(after, (Effect.RESPOND,), "unassigned")
 
 
-@transition("router", outcomes=(), runtime_only={
-    "finished": "the model's router finalizes a success to both workers; the runtime's workers end a "
-                "success on their own (decode frees at the last token, prefill acks as its writes end)",
-    "repeat": "the same step after a decision: the error output of a failure the router answered first"})
-def finished(phase: Phase | None) -> JobStep:
-    """Decode's last output (its tokens, or its typed error) is the outcome."""
+@transition("router", outcomes=("finished", "repeat"))
+def finished(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+    """Decode's last output (its tokens, or its typed error) is the outcome.
+    The workers are not finalized: decode freed its pages with the last
+    token and prefill acks as its writes end. After a decision (an abort
+    that overtook the output; in the runtime also the error output of a
+    failure the router answered first) it changes nothing."""
     if phase in (None, Phase.DONE):
         return JobStep(phase, outcome="repeat")
-    return JobStep(advance(ROUTER, phase, Event.FINALIZE, runtime=True), (Effect.RESPOND,), "finished")
+    return JobStep(advance(ROUTER, phase, Event.FINALIZE, runtime=runtime), (Effect.RESPOND,), "finished")

@@ -179,7 +179,8 @@ def _moving(state: WorldState) -> set:
         moving.add(_rid_of(message))
     for actor in state.prefills + state.decodes:
         for record in actor.requests:
-            if record.phase in (Phase.COMMITTED, Phase.DRAINING):
+            # Each can take a step of its own: decode, finish, ack, or expire.
+            if record.phase in (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING):
                 moving.add(record.rid)
     return moving
 
@@ -195,10 +196,11 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
                 out.append(apply_event(config, state, ROUTER, DeadlinePassed(record.rid),
                                        f"deadline of r{record.rid} passes"))
     writes = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
-    dmas = {m.body.request_id for m in in_flight(state) if isinstance(m.body, Landing)}
+    dmas = dmas_in_flight(state)
     for prefill in state.prefills:
         for record in prefill.requests:
-            if record.phase is Phase.DRAINING and record.rid not in writes:
+            # After the outcome, or (the success path) as soon as the writes it posted have ended.
+            if record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and record.rid not in writes:
                 out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
                                        f"prefill{prefill.index} sees r{record.rid}'s writes complete"))
     for decode in state.decodes:
@@ -214,6 +216,16 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase is Phase.DECODING:
                 out.append(apply_event(config, state, addr, DecodeStep(record.rid),
                                        f"decode{decode.index} runs r{record.rid}'s next decode step"))
+                # The last token frees the pages. The runtime commits on
+                # TransferDone, which prefill sends once every write it
+                # posted has returned, so no write of the request is in
+                # flight after its commit; the model's network can still
+                # hold a duplicated DMA (the "duplicate" fault), and the
+                # request ends only once it has landed: the fence the lease
+                # assumes too.
+                if record.rid not in dmas:
+                    out.append(apply_event(config, state, addr, DecodeStep(record.rid, last=True),
+                                           f"decode{decode.index} emits r{record.rid}'s last token"))
             if record.phase is Phase.DONE:
                 out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
                                        f"decode{decode.index}'s lease timer for finished r{record.rid} fires late"))
@@ -228,6 +240,15 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             out.append(apply_event(config, state, ROUTER, PeerLost(worker, incarnation),
                                    f"router notices {worker[0]}{worker[1]} restarted"))
     return out
+
+
+def dmas_in_flight(state: WorldState) -> set:
+    """Requests with an admitted DMA still landing. Neither the lease nor
+    the last token frees pages under one: the fence the model assumes
+    (no admitted write outlives write_within_s, and none is in flight after
+    a commit, which follows TransferDone: prefill sends it once every write
+    it posted has returned)."""
+    return {m.body.request_id for m in in_flight(state) if isinstance(m.body, Landing)}
 
 
 def _actor(state: WorldState, addr):

@@ -18,7 +18,7 @@ from bulkhead.protocol import router as protocol_router
 from bulkhead.protocol.lifecycle import Actor, Event, IllegalTransition, advance
 from bulkhead.seams import Seams
 from bulkhead.verify.checker import explore
-from bulkhead.verify.world import default_world
+from bulkhead.verify.world import default_world, small_world
 from tests.disagg.test_decode_guard import FakeTarget
 from tests.disagg.tickets import make_ticket
 
@@ -37,6 +37,12 @@ JOB_MODULES = (router_job, prefill_job, decode_job)
 # for a room or for decode pages, so it never finalizes one that is waiting.
 EVERY_ROW = replace(default_world(), name="every row", decode_pools=(3, 6), rooms=1,
                     fault_kinds=frozenset({"abort", "fail_write"}))
+# A success sends no Finalize, so a prefill DRAINING with a write still in
+# flight takes an abort mid-transfer, and its failed write a second fault:
+# one request, two faults (a few hundred states).
+ABORT_THEN_FAILED_WRITE = replace(small_world(), name="abort, then a failed write",
+                                  requests=small_world().requests[:1], faults=2,
+                                  fault_kinds=frozenset({"abort", "fail_write"}))
 
 
 def _key(row):
@@ -55,8 +61,9 @@ def test_an_exhaustive_search_takes_every_protocol_row_and_no_other(monkeypatch)
 
     for module in JOB_MODULES:
         monkeypatch.setattr(module, "advance", recording)
-    result = explore(EVERY_ROW, EVERY_ROW.protocol(Guards(), Variant.REAL), liveness=False)
-    assert result.complete and result.ok, result.violations
+    for world in (EVERY_ROW, ABORT_THEN_FAILED_WRITE):
+        result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=False)
+        assert result.complete and result.ok, result.violations
     assert taken == {_key(row) for row in lifecycle.rows()}
 
 

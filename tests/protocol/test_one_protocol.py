@@ -2,6 +2,7 @@
 model checker's network carry the same classes, and nothing outside
 bulkhead/protocol/messages.py defines a message kind of its own."""
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 from bulkhead.disagg import messages as wire
@@ -10,7 +11,7 @@ from bulkhead.protocol import messages as protocol_messages
 from bulkhead.protocol.ticket import SignedTicket, Ticket
 from bulkhead.verify.checker import explore
 from bulkhead.verify.model import in_flight
-from bulkhead.verify.world import drain_world
+from bulkhead.verify.world import drain_world, small_world
 from tests.disagg.tickets import make_ticket
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bulkhead"
@@ -42,9 +43,11 @@ def test_the_runtimes_verified_ticket_is_the_protocols_ticket():
 
 def test_the_checkers_network_carries_only_protocol_messages():
     """Every message the model's actors put in flight, in a search of
-    the drain world (all of it), is one of the protocol's types (in an Envelope)."""
+    the drain world (all of it) and of one request with a client abort (a
+    success sends no Finalize), is one of the protocol's types (in an Envelope)."""
     seen = set()
-    world = drain_world()
+    drain = drain_world()
+    aborted = replace(small_world(), requests=drain.requests[:1], fault_kinds=frozenset({"abort"}))
 
     import bulkhead.verify.checker as checker
     original = checker.successors
@@ -57,7 +60,8 @@ def test_the_checkers_network_carries_only_protocol_messages():
 
     checker.successors = recording
     try:
-        explore(world, world.protocol(), liveness=False)
+        for world in (drain, aborted):
+            explore(world, world.protocol(), liveness=False)
     finally:
         checker.successors = original
     allowed = set(protocol_messages.MESSAGES) | set(protocol_messages.DATA_MESSAGES)

@@ -47,7 +47,9 @@ def test_router_bootstraps_and_queues_when_rooms_run_out():
     assert second.state.requests[1].phase is Phase.ADMITTED and second.send == ()
     done = router_step(CONFIG, second.state, finished(0))
     assert done.state.requests[1].phase is Phase.BOOTSTRAPPED  # the room came free
-    assert any(isinstance(m.body, Finalize) and m.body.outcome is Outcome.FINISHED for m in done.send)
+    assert done.state.requests[0].outcome is Outcome.FINISHED
+    # A success is not finalized: each worker ends it on its own.
+    assert not any(isinstance(m.body, Finalize) for m in done.send)
 
 
 def test_router_first_outcome_wins():
@@ -132,14 +134,36 @@ def test_lease_expiry_also_releases():
     assert find_phase(decode_step(CONFIG, state, LeaseExpired(0)).state) is Phase.DONE
 
 
-def test_decode_step_reads_own_pages_and_reports():
+def test_decode_step_reads_own_pages_and_the_last_token_frees_them():
     state, _ = _allocated()
     state, _ = _write(state, 3, 1)
     state = decode_step(CONFIG, state, transfer_done(_manifest_for(3))).state
     step = decode_step(CONFIG, state, DecodeStep(0))
-    assert {n.content for n in step.notes} == {kv_origin(0, 1)}
-    (done,) = step.send
+    assert {n.content for n in step.notes} == {kv_origin(0, 1)} and step.send == ()
+    last = decode_step(CONFIG, step.state, DecodeStep(0, last=True))
+    (done,) = last.send
     assert done.dst == ROUTER and isinstance(done.body, Output) and done.body.output.finished
+    # The success path: no Finalize, no drain ack awaited; scrubbed and free.
+    assert find_phase(last.state) is Phase.DONE
+    assert all(last.state.ledger.entries[p].content is ZERO for p in (2, 3))
+    assert len(last.state.ledger.free) == len(last.state.ledger.entries)
+    # An abort that comes after it, and prefill's ack, change nothing.
+    for late in (Finalize(0, Outcome.ABORTED), DrainAck(0)):
+        after = decode_step(CONFIG, last.state, to(decode_addr(0), late))
+        assert after.state == last.state and after.send == ()
+
+
+def test_prefill_acks_as_its_writes_end_before_any_outcome():
+    """The success path: every write was posted at once, so once they have
+    ended prefill acks (the router sends no Finalize after a success)."""
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = prefill_step(CONFIG, state, _allocated()[1]).state
+    assert find_phase(state) is Phase.TRANSFERRING and state.pages_in_use() == 1
+    step = prefill_step(CONFIG, state, Quiesced(0))
+    assert step.send == (to(ROUTER, DrainAck(0)),)
+    assert find_phase(step.state) is Phase.DONE and step.state.pages_in_use() == 0
+    late = prefill_step(CONFIG, step.state, to(prefill_addr(0), Finalize(0, Outcome.ABORTED)))
+    assert late.state == step.state and late.send == ()
 
 
 def test_restart_keeps_memory_but_scrubs_it():
