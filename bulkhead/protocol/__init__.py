@@ -57,7 +57,9 @@ Life of a request (REAL, all guards on):
                                DeadlinePassed / PeerLost DONE(outcome)      Finalize to both, response
     prefill  any live          Finalize                  DRAINING           - (never posts again)
     prefill  DRAINING          Quiesced                  DONE               DrainAck to decode
-    decode   holds pages       Finalize                  DRAINING           -
+    decode   allocated         Finalize                  DRAINING           -
+    decode   committed         Finalize                  (same)             - (the engine ends it: pages
+                                                                            freed at its next step)
     decode   DRAINING          DrainAck / LeaseExpired   DONE               - (pages scrubbed, freed)
 
 A success ends at each actor on its own: decode frees the pages with the

@@ -40,7 +40,7 @@ class DecodeRequest:
     manifest: Manifest | None = None
     failed: bool = False               # reported TransferFailed, awaits the outcome
     drain_acked: bool = False          # prefill's ack came before our Finalize
-    outcome: Outcome | None = None
+    outcome: Outcome | None = None     # the router's Finalize; on a committed record: the engine ends it
 
     @property
     def prompt_pages(self) -> tuple[int, ...]:
@@ -235,7 +235,9 @@ def _finalize(config, state: DecodeState, message: Finalize) -> Step:
     step = decode_job.finalize(record.phase, record.drain_acked, drain_guard=config.guards.drain_before_reuse)
     if step.outcome == "repeat":
         return Step(state)
-    # The table sends a record holding pages to DRAINING, one without to DONE.
+    # The table sends a record holding pages to DRAINING, one without to DONE;
+    # a committed one stays (ABORT_ENGINE): the engine ends it at its next
+    # step, which frees the pages (the scheduler's last token).
     record = replace(record, phase=step.phase, outcome=message.outcome)
     if step.does(Effect.RELEASE_PAGES):
         return _release(config, state, record)

@@ -9,7 +9,7 @@ actor (decode.py) and the running decode worker (bulkhead.disagg.decode_worker).
     manifest_arrived  prefill says what it wrote         CHECK_KV
     verdict           the checks ran                     COMMIT, or MARK_FAILED
     decode_step       the scheduler ran a step           DECODE_DONE
-    finalize          the router's outcome               START_LEASE, RELEASE_PAGES, or ABORT_ENGINE (runtime)
+    finalize          the router's outcome               START_LEASE, RELEASE_PAGES, or ABORT_ENGINE (committed)
     drain_ack         prefill: no write can still land   MARK_DRAINED, RELEASE_PAGES
     lease_expired     the fence ran out                  RELEASE_PAGES
     finished          the last token                     RELEASE_PAGES (the runtime's engine already has)
@@ -101,19 +101,18 @@ def decode_step(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     return JobStep(advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime), (Effect.DECODE_DONE,), "step")
 
 
-@transition("decode", outcomes=("repeat", "released", "draining"), runtime_only={
-    "abort": "the model drains a committed request like any other; the runtime's engine owns its pages "
-             "and ends it (no write is admitted after the commit)"})
+@transition("decode", outcomes=("repeat", "released", "draining", "abort"))
 def finalize(phase: Phase | None, drained: bool, *, drain_guard: bool = True, runtime: bool = False) -> JobStep:
     """The router's outcome. Pages a writer may still reach wait for the
     drain ack (or the lease); with the ack already in, or with nothing
     held, they are freed now. Guard off (drain_before_reuse), the ack is
-    not waited for: the ablation that shows it unsafe. In the runtime a
-    committed request is the engine's to end (abort): not a phase change;
-    its last output is `finished`."""
+    not waited for: the ablation that shows it unsafe. A committed request
+    is the engine's to end (abort): not a phase change here; its last
+    output is `finished`, which frees the pages (no write is admitted after
+    the commit)."""
     if phase in (Phase.DRAINING, Phase.DONE):
         return JobStep(phase, outcome="repeat")
-    if runtime and phase in (Phase.COMMITTED, Phase.DECODING):
+    if phase in (Phase.COMMITTED, Phase.DECODING):
         return JobStep(phase, (Effect.ABORT_ENGINE,), "abort")
     after = advance(DECODE, phase, Event.FINALIZE, runtime=runtime)
     if after is Phase.DRAINING and (drained or not drain_guard):

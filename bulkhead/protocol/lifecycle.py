@@ -107,8 +107,8 @@ PROTOCOL = {
         # is admitted after it (manifest.write_admissible).
         (P.DECODING,         E.FINISHED,           P.DONE,             "Output (finished) to the router; pages freed"),
         (P.DECODE_ALLOCATED, E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
-        (P.COMMITTED,        E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
-        (P.DECODING,         E.FINALIZE,           P.DRAINING,         "holds pages a writer may reach"),
+        # A committed request has no finalize row: it is the engine's to
+        # end (decode_job.finalize aborts it there), through FINISHED.
         (P.DRAINING,         E.DRAIN_ACK,          P.DONE,             "pages scrubbed and freed"),
         (P.DRAINING,         E.LEASE_EXPIRED,      P.DONE,             "pages scrubbed and freed"),
     ),

@@ -206,6 +206,14 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
     for decode in state.decodes:
         addr = decode_addr(decode.index)
         for record in decode.requests:
+            if record.phase in (Phase.COMMITTED, Phase.DECODING) and record.outcome is not None:
+                # Finalized while committed (an abort): the engine ends the
+                # request at its next step, freeing the pages, under the
+                # same fence as the last token below.
+                if record.rid not in dmas:
+                    out.append(apply_event(config, state, addr, DecodeStep(record.rid, last=True),
+                                           f"decode{decode.index}'s engine ends aborted r{record.rid}"))
+                continue
             if record.phase is Phase.COMMITTED:
                 out.append(apply_event(config, state, addr, DecodeStep(record.rid),
                                        f"decode{decode.index} runs r{record.rid}'s decode step"))

@@ -240,3 +240,19 @@ def test_a_transfer_that_fails_with_a_write_in_flight_is_never_acked():
     for later in (to(prefill_addr(0), Finalize(0, Outcome.TRANSFER_FAILED)), Quiesced(0)):
         after = prefill_step(CONFIG, step.state, later)
         assert after.state == step.state and after.send == ()  # no ack, ever
+
+
+def test_an_abort_of_a_committed_request_is_the_engines_to_end():
+    """A committed request has no drain: its Finalize leaves the phase and
+    asks the engine to end it; that last step frees the pages (no write is
+    admitted after the commit), and its output changes nothing at the router."""
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1)
+    state = decode_step(CONFIG, state, transfer_done(_manifest_for(3))).state
+    state = decode_step(CONFIG, state, DecodeStep(0)).state
+    step = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED)))
+    assert find_phase(step.state) is Phase.DECODING and step.send == ()
+    assert step.state.requests[0].outcome is Outcome.ABORTED
+    ended = decode_step(CONFIG, step.state, DecodeStep(0, last=True))
+    assert find_phase(ended.state) is Phase.DONE and len(ended.state.ledger.free) == len(ended.state.ledger.entries)
+    assert ended.state.requests[0].outcome is Outcome.ABORTED  # the router's outcome, kept for the audit
