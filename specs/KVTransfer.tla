@@ -109,10 +109,12 @@ Decide(r, o) ==   \* the router alone decides the one outcome
   /\ rout' = [rout EXCEPT ![r] = o]
   /\ ctl' = ctl \cup {[t |-> "finP", r |-> r, o |-> o], [t |-> "finD", r |-> r, o |-> o]}
 
-RouterDone(r) ==
+RouterDone(r) ==   \* decode's last output: the client's answer; a success is not finalized
   /\ [t |-> "decodeDone", r |-> r, o |-> "none"] \in ctl
-  /\ Decide(r, "finished")
-  /\ UNCHANGED <<grantMsg, manMsg, wire, dma, faults, prefill, decreq, ledger, hist>>
+  /\ rphase[r] = "live"
+  /\ rphase' = [rphase EXCEPT ![r] = "done"]
+  /\ rout' = [rout EXCEPT ![r] = "finished"]
+  /\ UNCHANGED <<net, prefill, decreq, ledger, hist>>
 
 RouterFailed(r) ==
   /\ [t |-> "failed", r |-> r, o |-> "none"] \in ctl
@@ -171,7 +173,7 @@ PFinalize(r) ==  \* never posts again
 Outstanding(r) == {w \in wire \cup dma : w.r = r /\ (BlindDup => ~w.dup)}
 
 PQuiesce(r) ==   \* all my writes for r completed: free local pages, ack the drain
-  /\ pphase[r] = "draining"
+  /\ pphase[r] \in {"draining", "transferring"}   \* after the outcome, or as the writes end
   /\ Outstanding(r) = {}
   /\ pphase' = [pphase EXCEPT ![r] = "done"]
   /\ plocal' = [plocal EXCEPT ![r] = 0]
@@ -260,8 +262,7 @@ DStep(r) ==      \* write generated tokens' KV into the decode pages, attend ove
      IN /\ mem' = m2
         /\ reads' = reads \cup {<<r, p, m2[p]>> : p \in Range(dpages[r])}
   /\ dphase' = [dphase EXCEPT ![r] = "decoding"]
-  /\ ctl' = ctl \cup {[t |-> "decodeDone", r |-> r, o |-> "none"]}
-  /\ UNCHANGED <<router, grantMsg, manMsg, wire, dma, faults, prefill, dpages, dgotman, dfailed,
+  /\ UNCHANGED <<router, net, prefill, dpages, dgotman, dfailed,
                  dacked, dout, owner, gen, wr, ldig, free, moved>>
 
 \* scrub on free (real only), push back so the same block is handed out next
@@ -275,11 +276,25 @@ Release(r) ==
   /\ dphase' = [dphase EXCEPT ![r] = "done"]
   /\ UNCHANGED gen
 
+\* The last token (or an abort, which the engine ends at its next step):
+\* the pages go at once, no drain wait, once no admitted DMA of r is
+\* landing (the fence); decode's last output goes to the router.
+DFinish(r) ==
+  /\ \/ dphase[r] = "decoding"
+     \/ dphase[r] = "committed" /\ dout[r] # "none"
+  /\ ~\E w \in dma : w.r = r
+  /\ Release(r)
+  /\ ctl' = ctl \cup {[t |-> "decodeDone", r |-> r, o |-> "none"]}
+  /\ UNCHANGED <<router, grantMsg, manMsg, wire, dma, faults, prefill, dgotman, dfailed, dacked,
+                 dout, reads, moved>>
+
 DFinalize(r) ==
   /\ \E m \in ctl : m.t = "finD" /\ m.r = r /\
        /\ dphase[r] \notin {"draining", "done"}
        /\ dout' = [dout EXCEPT ![r] = m.o]
-       /\ IF dpages[r] # <<>> /\ ~Legacy /\ ~dacked[r]
+       /\ IF dphase[r] \in {"committed", "decoding"}
+            THEN UNCHANGED <<dphase, dpages, owner, gen, wr, ldig, mem, free>>  \* the engine's to end
+          ELSE IF dpages[r] # <<>> /\ ~Legacy /\ ~dacked[r]
             THEN /\ dphase' = [dphase EXCEPT ![r] = "draining"]   \* a writer may still reach them
                  /\ UNCHANGED <<dpages, owner, gen, wr, ldig, mem, free>>
             ELSE Release(r)
@@ -323,7 +338,7 @@ Next ==
   \/ \E r \in Req :
        \/ Submit(r) \/ RouterDone(r) \/ RouterFailed(r) \/ ClientAbort(r)
        \/ PAssign(r) \/ PCompute(r) \/ PPost(r) \/ PFinalize(r) \/ PQuiesce(r)
-       \/ DAssign(r) \/ DAllocate(r) \/ DManifest(r) \/ DCommit(r) \/ DFail(r) \/ DStep(r)
+       \/ DAssign(r) \/ DAllocate(r) \/ DManifest(r) \/ DCommit(r) \/ DFail(r) \/ DStep(r) \/ DFinish(r)
        \/ DFinalize(r) \/ DDrainAck(r) \/ DLeaseExpired(r)
   \/ \E w \in wire : DAdmit(w) \/ Duplicate(w) \/ Lose(w) \/ Corrupt(w)
   \/ \E w \in dma : DLand(w)
