@@ -224,7 +224,7 @@ class DecodeWorker(WorkerBase):
             return
         with self.failing_closed(rid):  # an illegal step skips the rest of the block
             with self.lock:
-                step = decode_job.verdict(job.phase, False, lambda: "", runtime=True)
+                step = decode_job.verdict(job.phase, lambda: "", runtime=True)
                 if not step.does(Effect.COMMIT):  # finalized while the check ran
                     return
                 job.take(step)
@@ -259,7 +259,7 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            if job.take(decode_job.verdict(job.phase, False, lambda: reason, runtime=True)).does(Effect.MARK_FAILED):
+            if job.take(decode_job.verdict(job.phase, lambda: reason, runtime=True)).does(Effect.MARK_FAILED):
                 job.lease_deadline = self.clock() + self.drain_lease_s
         self.send(m.TransferFailed(rid, reason, code))
         self._release_if_remembered_ack(rid)

@@ -47,7 +47,7 @@ Life of a request (REAL, all guards on):
     decode   any               Landing                   (same)             - (ledger credits owner@gen)
     decode   DECODE_ALLOCATED  manifest == allocation,   COMMITTED          -
                                all written, digests ok
-    decode   DECODE_ALLOCATED  mismatch / bad digest     (failed)           TransferFailed to router
+    decode   DECODE_ALLOCATED  mismatch / bad digest     DRAINING           TransferFailed to router
     decode   COMMITTED         DecodeStep                DECODING           - (tokens)
     prefill  TRANSFERRING      Quiesced (writes ended)   DONE               DrainAck to decode (the success path)
     decode   DECODING          DecodeStep(last)          DONE               Output (finished) to router;

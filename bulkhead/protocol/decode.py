@@ -38,7 +38,6 @@ class DecodeRequest:
     ticket: Ticket | None = None       # verified: the signature is off
     pages: tuple[int, ...] = ()        # prompt pages first, then decode pages
     manifest: Manifest | None = None
-    failed: bool = False               # reported TransferFailed, awaits the outcome
     drain_acked: bool = False          # prefill's ack came before our Finalize
     outcome: Outcome | None = None     # the router's Finalize; on a committed record: the engine ends it
 
@@ -153,11 +152,14 @@ def _try_commit(config, state: DecodeState, rid: int) -> Step:
     record = find(state.requests, rid)
     if record is None or record.manifest is None:
         return Step(state)  # no manifest yet: nothing to check against
-    step = decode_job.verdict(record.phase, record.failed, lambda: _verdict(config, state, record))
-    if step.does(Effect.MARK_FAILED):
-        record = replace(record, failed=True)
-        return Step(replace(state, requests=upsert(state.requests, record)),
-                    (Envelope(ROUTER, TransferFailed(rid, step.detail)),))
+    step = decode_job.verdict(record.phase, lambda: _verdict(config, state, record))
+    if step.does(Effect.MARK_FAILED):  # drains now: the pages wait for prefill's ack or the lease
+        failed = (Envelope(ROUTER, TransferFailed(rid, step.detail)),)
+        record = replace(record, phase=step.phase)
+        if record.drain_acked:  # the ack came first (prefill's writes had ended): free now
+            freed = _release(config, state, replace(record, phase=decode_job.drain_ack(record.phase).phase))
+            return Step(freed.state, failed + freed.send, freed.notes)
+        return Step(replace(state, requests=upsert(state.requests, record)), failed)
     if not step.does(Effect.COMMIT):
         return Step(state)  # moot, or waiting for more landings
     record = replace(record, phase=step.phase)

@@ -74,21 +74,21 @@ def manifest_arrived(phase: Phase | None, has_manifest: bool) -> JobStep:
 @transition("decode", outcomes=("moot", "failed", "commit"), model_only={
     "wait": "the runtime checks once, after prefill's writes have returned (TransferDone follows them); "
             "the model's writes land in any order around the manifest"})
-def verdict(phase: Phase | None, failed: bool, check: Callable[[], str], *, runtime: bool = False) -> JobStep:
+def verdict(phase: Phase | None, check: Callable[[], str], *, runtime: bool = False) -> JobStep:
     """The checks' result: check() returns "" to commit, WAIT to wait for
     more landings, or why the KV is refused; it runs only while the request
     can still commit (not once it has failed or moved on, say finalized
-    while the check ran)."""
-    if phase is not Phase.DECODE_ALLOCATED or failed:
+    while the check ran). A refusal drains at once (TransferFailed to the
+    router, whose Finalize then changes nothing here): the pages go at
+    prefill's ack, or the lease."""
+    if phase is not Phase.DECODE_ALLOCATED:
         return JobStep(phase, outcome="moot")
     problems = check()
     if problems == WAIT:
         return JobStep(phase, outcome="wait")
     if problems:
-        # The model keeps the phase until the router's Finalize; the runtime
-        # drains at once (VERIFY_FAILED, a runtime row). No commit follows either way.
-        after = advance(DECODE, phase, Event.VERIFY_FAILED, runtime=True) if runtime else phase
-        return JobStep(after, (Effect.MARK_FAILED,), "failed", problems)
+        return JobStep(advance(DECODE, phase, Event.VERIFY_FAILED, runtime=runtime), (Effect.MARK_FAILED,),
+                       "failed", problems)
     return JobStep(advance(DECODE, phase, Event.MANIFEST_VERIFIED, runtime=runtime), (Effect.COMMIT,), "commit")
 
 

@@ -48,7 +48,7 @@ class Event(enum.Enum):
     PREFILLED = "prefilled"                  # prefill: local pages held, the prompt's KV computed
     PAGES_GRANTED = "pages_granted"          # decode grants pages; prefill holds the grant
     MANIFEST_VERIFIED = "manifest_verified"  # decode: manifest == allocation, all written, digests ok
-    VERIFY_FAILED = "verify_failed"          # decode (runtime): it gives up on the KV
+    VERIFY_FAILED = "verify_failed"          # decode: it gives up on the KV
     DECODE_STEP = "decode_step"              # decode: tokens generated and sent on
     FINISHED = "finished"                    # decode: the last token; the pages go with it
     FINALIZE = "finalize"                    # router: decides the outcome; workers: hear it
@@ -98,9 +98,10 @@ PROTOCOL = {
         (NEW,                E.FINALIZE,           P.DONE,             "the outcome overtook the ticket"),
         (P.WAITING_PAGES,    E.PAGES_GRANTED,      P.DECODE_ALLOCATED, "PagesGranted(pages, gens) to prefill"),
         (P.WAITING_PAGES,    E.FINALIZE,           P.DONE,             "no pages yet: nothing to drain"),
-        # A check that fails reports TransferFailed and keeps the phase (the
-        # model's `failed` flag) until the router's Finalize.
         (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
+        # A check that fails: no commit can follow, so drain now, not at
+        # the router's Finalize (which its TransferFailed brings).
+        (P.DECODE_ALLOCATED, E.VERIFY_FAILED,      P.DRAINING,         "reports TransferFailed, drains now"),
         (P.COMMITTED,        E.DECODE_STEP,        P.DECODING,         "tokens to the router"),
         # The success path: the last token frees the pages at once. No drain
         # wait: the commit came after every write had landed, and no write
@@ -127,9 +128,6 @@ RUNTIME = {
         # on the engine thread and does not track a reservation in flight;
         # it keeps the job until the drain ack or the lease, as if granted.
         (P.WAITING_PAGES,    E.FINALIZE,           P.DRAINING,         "waits for the ack or lease, as if granted"),
-        # The model waits for the router's Finalize after a failed check;
-        # the runtime drains at once. Either way no commit can follow.
-        (P.DECODE_ALLOCATED, E.VERIFY_FAILED,      P.DRAINING,         "reports TransferFailed, drains now"),
     ),
 }
 

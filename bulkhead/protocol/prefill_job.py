@@ -77,8 +77,7 @@ def finalize(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     return JobStep(advance(PREFILL, phase, Event.FINALIZE, runtime=runtime), effects, "draining")
 
 
-@transition("prefill", outcomes=("acked",), runtime_only={
-    "moot": "a runtime job that a failed write left DONE (undrained) is never acked"})
+@transition("prefill", outcomes=("acked", "moot"))
 def quiesced(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     """No write for the request is outstanding: free the local pages and
     tell decode it may free its own: after the outcome, or as soon as the

@@ -203,6 +203,12 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and record.rid not in writes:
                 out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
                                        f"prefill{prefill.index} sees r{record.rid}'s writes complete"))
+            # A self-loop, as the runtime takes it: another thread (the
+            # engine's output, a transfer's end) asks to ack a request that
+            # is over (a failed write left it DONE, never acked); nothing.
+            if record.phase is Phase.DONE and record.ticket is not None:
+                out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
+                                       f"prefill{prefill.index} sees finished r{record.rid}'s writes end late"))
     for decode in state.decodes:
         addr = decode_addr(decode.index)
         for record in decode.requests:

@@ -38,11 +38,12 @@ JOB_MODULES = (router_job, prefill_job, decode_job)
 EVERY_ROW = replace(default_world(), name="every row", decode_pools=(3, 6), rooms=1,
                     fault_kinds=frozenset({"abort", "fail_write"}))
 # A success sends no Finalize, so a prefill DRAINING with a write still in
-# flight takes an abort mid-transfer, and its failed write a second fault:
-# one request, two faults (a few hundred states).
-ABORT_THEN_FAILED_WRITE = replace(small_world(), name="abort, then a failed write",
-                                  requests=small_world().requests[:1], faults=2,
-                                  fault_kinds=frozenset({"abort", "fail_write"}))
+# flight takes an abort mid-transfer, and its failed write a second fault;
+# a failed check takes a corrupted write. One request, two faults (a few
+# hundred states).
+TWO_FAULTS = replace(small_world(), name="two faults, one request",
+                     requests=small_world().requests[:1], faults=2,
+                     fault_kinds=frozenset({"abort", "fail_write", "corrupt"}))
 
 
 def _key(row):
@@ -61,7 +62,7 @@ def test_an_exhaustive_search_takes_every_protocol_row_and_no_other(monkeypatch)
 
     for module in JOB_MODULES:
         monkeypatch.setattr(module, "advance", recording)
-    for world in (EVERY_ROW, ABORT_THEN_FAILED_WRITE):
+    for world in (EVERY_ROW, TWO_FAULTS):
         result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=False)
         assert result.complete and result.ok, result.violations
     assert taken == {_key(row) for row in lifecycle.rows()}

@@ -104,7 +104,21 @@ def test_corrupt_payload_fails_closed():
     state, _ = _allocated()
     state, _ = _write(state, 3, 1, payload=GARBAGE)
     step = decode_step(CONFIG, state, transfer_done(_manifest_for(3)))
-    assert isinstance(step.send[0].body, TransferFailed) and find_phase(step.state) is Phase.DECODE_ALLOCATED
+    # Drains at once: no commit can follow; the router's Finalize changes nothing.
+    assert isinstance(step.send[0].body, TransferFailed) and find_phase(step.state) is Phase.DRAINING
+    late = decode_step(CONFIG, step.state, to(decode_addr(0), Finalize(0, Outcome.TRANSFER_FAILED)))
+    assert late.state == step.state and late.send == ()
+    freed = decode_step(CONFIG, step.state, to(decode_addr(0), DrainAck(0))).state
+    assert find_phase(freed) is Phase.DONE and freed.ledger.entries[3].content is ZERO
+
+
+def test_a_failed_check_after_prefills_ack_frees_the_pages_at_once():
+    state, _ = _allocated()
+    state, _ = _write(state, 3, 1, payload=GARBAGE)
+    state = decode_step(CONFIG, state, to(decode_addr(0), DrainAck(0))).state  # prefill's writes had ended
+    step = decode_step(CONFIG, state, transfer_done(_manifest_for(3)))
+    assert isinstance(step.send[0].body, TransferFailed)
+    assert find_phase(step.state) is Phase.DONE and len(step.state.ledger.free) == len(step.state.ledger.entries)
 
 
 def test_manifest_that_differs_from_the_allocation_fails():
