@@ -22,7 +22,7 @@ The simulator (bulkhead.sim) checks the runtime's classes themselves.
         DeadlinePassed, PeerLost, DrainWorker; messages: Output, TransferFailed,
         PrefillFailed
     prefill_step(config, PrefillState, event)  messages: Assign, PagesGranted,
-        Finalize; events: Quiesced
+        Finalize; events: HandedOver, PromptFailed, Quiesced, WriteFailed
     decode_step(config, DecodeState, event)    messages: Assign, PageWrite,
         Landing, TransferDone, Finalize, DrainAck; events: DecodeStep, LeaseExpired
 
@@ -41,7 +41,8 @@ Life of a request (REAL, all guards on):
     decode   -                 Assign (signed ticket)    WAITING_PAGES      -
     decode   WAITING_PAGES     pages free                DECODE_ALLOCATED   PagesGranted(pages, gens)
     prefill  -                 Assign (signed ticket)    WAITING_POOL       -
-    prefill  WAITING_POOL      local pages free          PREFILLING         -
+    prefill  WAITING_POOL      local pages free          (same)             - (the engine computes the prompt)
+    prefill  WAITING_POOL      HandedOver                PREFILLING         -
     prefill  PREFILLING        PagesGranted              TRANSFERRING       PageWrite per page, TransferDone
     decode   any               PageWrite, gen current    (same)             Landing (DMA admitted)
     decode   any               Landing                   (same)             - (ledger credits owner@gen)

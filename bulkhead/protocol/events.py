@@ -47,6 +47,19 @@ class PeerLost:
 
 
 @dataclass(frozen=True)
+class HandedOver:
+    """Prefill's engine has computed rid's prompt and hands its KV over
+    (after the outcome too: the engine is not stopped mid-step)."""
+    rid: int
+
+
+@dataclass(frozen=True)
+class PromptFailed:
+    """Prefill's engine ends rid's prompt with an error before the hand-over."""
+    rid: int
+
+
+@dataclass(frozen=True)
 class Quiesced:
     """Prefill's completion queue holds no outstanding write for rid."""
     rid: int

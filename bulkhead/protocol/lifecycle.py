@@ -84,6 +84,8 @@ PROTOCOL = {
         (P.PREFILLING,       E.FINALIZE,           P.DRAINING,         "never posts a write"),
         (P.TRANSFERRING,     E.FINALIZE,           P.DRAINING,         "posts no more; writes may be in flight"),
         (P.DRAINING,         E.QUIESCED,           P.DONE,             "DrainAck to decode"),
+        # The engine ended the prompt (an error) before handing it over.
+        (P.WAITING_POOL,     E.QUIESCED,           P.DONE,             "ended before the hand-over: nothing written"),
         # The success path: every write was posted at once, so once they
         # have all ended none is outstanding and none will be posted; the
         # router sends no Finalize after a success, so this is the ack.
@@ -119,10 +121,7 @@ PROTOCOL = {
 # PROTOCOL row replaces it for the runtime.
 RUNTIME = {
     ROUTER: (),
-    PREFILL: (
-        # The engine can end a prompt (an error) before handing it over.
-        (P.WAITING_POOL,     E.QUIESCED,           P.DONE,             "ended before the hand-over: nothing written"),
-    ),
+    PREFILL: (),
     DECODE: (
         # Replaces WAITING_PAGES -finalize-> DONE. The runtime reserves pages
         # on the engine thread and does not track a reservation in flight;

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import prefill_job
 from bulkhead.protocol.manifest import Manifest
-from bulkhead.protocol.events import Quiesced, Step, WriteFailed
+from bulkhead.protocol.events import HandedOver, PromptFailed, Quiesced, Step, WriteFailed
 from bulkhead.protocol.messages import (
     Assign, DrainAck, Envelope, Finalize, PagesGranted, PageWrite, PrefillFailed, TransferDone, TransferFailed,
 )
@@ -38,6 +38,7 @@ class PrefillRequest:
     ticket: Ticket | None = None          # verified: the signature is off
     grant: PagesGranted | None = None     # may arrive before the ticket
     local_pages: int = 0                  # pages held in prefill's own pool
+    computing: bool = False               # the engine has the prompt: no hand-over yet
     outcome: Outcome | None = None
     stub: bool = False                    # LEGACY: prompt swapped for 1 token
 
@@ -73,6 +74,10 @@ def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
         return _finalize(state, event)
     if isinstance(event, Quiesced):
         return _quiesced(config, state, event.rid)
+    if isinstance(event, HandedOver):
+        return _handed_over(config, state, event.rid)
+    if isinstance(event, PromptFailed):
+        return _prompt_failed(config, state, event.rid)
     if isinstance(event, WriteFailed):
         return _write_failed(config, state, event.rid)
     raise TypeError(f"prefill cannot handle {type(event).__name__}")
@@ -114,14 +119,15 @@ def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -
 
 
 def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
-    """Take local pages for waiting tickets, then post the writes of every
+    """Give local pages to waiting tickets (their engine computes the
+    prompt: a step of its own, HandedOver), then post the writes of every
     prefilled request whose grant has arrived."""
     sends = []
     for record in state.requests:
-        if record.phase is Phase.WAITING_POOL and record.ticket is not None:
+        if record.phase is Phase.WAITING_POOL and record.ticket is not None and not record.computing:
             need = 1 if record.stub else record.ticket.admitted.prompt_pages
             if config.prefill_pools[state.index] - state.pages_in_use() >= need:
-                record = replace(record, phase=prefill_job.prefilled(record.phase).phase, local_pages=need)
+                record = replace(record, local_pages=need, computing=True)
                 state = replace(state, requests=upsert(state.requests, record))
         step = prefill_job.start_transfer(record.phase, _grant_matches(record))
         if step.does(Effect.POST_WRITES):
@@ -186,6 +192,31 @@ def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
     ack = Envelope(ROUTER, DrainAck(rid))
     step = _advance(config, state)  # local pages came free
     return Step(step.state, (ack,) + step.send)
+
+
+def _handed_over(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+    """The engine hands the prompt's KV over: ready to write once a grant
+    is here; after the outcome the pages go straight back (nothing was
+    posted) and, no write being outstanding, the drain is acked."""
+    record = find(state.requests, rid)
+    step = prefill_job.prefilled(record.phase)
+    record = replace(record, phase=step.phase, computing=False)
+    if step.does(Effect.RELEASE_LOCAL):
+        record = replace(record, local_pages=0)
+        state = replace(state, requests=upsert(state.requests, record))
+        return _quiesced(config, state, rid)
+    return _advance(config, replace(state, requests=upsert(state.requests, record)))
+
+
+def _prompt_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+    """The engine ends the prompt with an error before the hand-over: the
+    router hears it (a typed error for the client), and nothing having been
+    written, prefill's pages go and decode may free its own at once."""
+    record = replace(find(state.requests, rid), computing=False)
+    state = replace(state, requests=upsert(state.requests, record))
+    failed = Envelope(ROUTER, PrefillFailed(rid, "the prompt's computation failed", "internal_error"))
+    step = _quiesced(config, state, rid)
+    return Step(step.state, (failed,) + step.send, step.notes)
 
 
 def _write_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:

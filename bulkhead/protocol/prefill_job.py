@@ -22,6 +22,7 @@ from bulkhead.protocol.types import Phase
 
 PREFILL = Actor.PREFILL
 _ENDED = (Phase.DRAINING, Phase.DONE)
+_QUIESCE_FROM = (Phase.DRAINING, Phase.TRANSFERRING, Phase.WAITING_POOL)
 
 
 @transition("prefill", outcomes=("new", "duplicate"), model_only={
@@ -48,11 +49,11 @@ def pages_granted(phase: Phase | None, has_grant: bool, *, runtime: bool = False
     return JobStep(phase, outcome="kept")
 
 
-@transition("prefill", outcomes=("prefilled",), runtime_only={
-    "finalized": "the model's prefill stops at the outcome; the runtime's engine may hand the KV over "
-                 "after it, and the pages go straight back (no write was posted)"})
+@transition("prefill", outcomes=("prefilled", "finalized"))
 def prefilled(phase: Phase | None, *, runtime: bool = False) -> JobStep:
-    """The prompt's KV exists in prefill's own pages."""
+    """The engine hands the prompt's KV over, in prefill's own pages. After
+    the outcome (the engine is not stopped mid-step) they go straight back:
+    no write was posted."""
     if phase is Phase.WAITING_POOL:
         return JobStep(advance(PREFILL, phase, Event.PREFILLED, runtime=runtime), outcome="prefilled")
     return JobStep(phase, (Effect.RELEASE_LOCAL,), "finalized")
@@ -80,11 +81,11 @@ def finalize(phase: Phase | None, *, runtime: bool = False) -> JobStep:
 @transition("prefill", outcomes=("acked", "moot"))
 def quiesced(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     """No write for the request is outstanding: free the local pages and
-    tell decode it may free its own: after the outcome, or as soon as the
+    tell decode it may free its own: after the outcome, as soon as the
     writes posted have ended (TRANSFERRING: the success path, which no
-    Finalize follows); the runtime also for a prompt its engine ended
-    before the hand-over (a row in lifecycle.RUNTIME)."""
-    if phase in (None, Phase.DONE) or (phase not in (Phase.DRAINING, Phase.TRANSFERRING) and not runtime):
+    Finalize follows), or for a prompt the engine ended (an error) before
+    the hand-over (WAITING_POOL: nothing was written)."""
+    if phase in (None, Phase.DONE) or (phase not in _QUIESCE_FROM and not runtime):
         return JobStep(phase, outcome="moot")
     return JobStep(advance(PREFILL, phase, Event.QUIESCED, runtime=runtime),
                    (Effect.RELEASE_LOCAL, Effect.SEND_DRAIN_ACK), "acked")

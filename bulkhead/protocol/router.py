@@ -75,8 +75,8 @@ def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
         if config.variant is Variant.LEGACY:
             # prefill's 400 is dropped; the router waits for decode's 200.
             return Step(state)
-        # REAL prefill never sends it in the model (it never re-decides
-        # admission, and its prompt computation cannot fail); the runtime's can.
+        # REAL prefill never re-decides admission; it sends this when its
+        # engine fails the prompt (the "fail_prompt" fault).
         return _finalize(config, state, event.request_id, Outcome.PREFILL_FAILED, event.reason)
     if isinstance(event, PeerLost):
         return _peer_lost(config, state, event)

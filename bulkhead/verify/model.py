@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
     Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    Quiesced, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
+    HandedOver, PromptFailed, Quiesced, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
 from bulkhead.protocol.types import cached_hash
@@ -179,8 +179,9 @@ def _moving(state: WorldState) -> set:
         moving.add(_rid_of(message))
     for actor in state.prefills + state.decodes:
         for record in actor.requests:
-            # Each can take a step of its own: decode, finish, ack, or expire.
-            if record.phase in (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING):
+            # Each can take a step of its own: decode, finish, ack, expire, or hand over.
+            if (record.phase in (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING)
+                    or getattr(record, "computing", False)):
                 moving.add(record.rid)
     return moving
 
@@ -199,8 +200,13 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
     dmas = dmas_in_flight(state)
     for prefill in state.prefills:
         for record in prefill.requests:
-            # After the outcome, or (the success path) as soon as the writes it posted have ended.
-            if record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and record.rid not in writes:
+            if record.computing:  # the engine's step ends: the KV is handed over, outcome or not
+                out.append(apply_event(config, state, prefill_addr(prefill.index), HandedOver(record.rid),
+                                       f"prefill{prefill.index}'s engine hands r{record.rid}'s KV over"))
+            # After the outcome (once the engine has let go of the prompt), or
+            # (the success path) as soon as the writes it posted have ended.
+            if (record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and record.rid not in writes
+                    and not record.computing):
                 out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
                                        f"prefill{prefill.index} sees r{record.rid}'s writes complete"))
             # A self-loop, as the runtime takes it: another thread (the
@@ -273,7 +279,7 @@ def _actor(state: WorldState, addr):
 
 def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Transition]:
     """One shared budget: a crash, an abort, a lost, duplicated or corrupted
-    write, a forged message. Each costs one."""
+    write, a forged message, a failed write, a failed prompt. Each costs one."""
     if not state.faults_left:
         return []
     out = []
@@ -290,6 +296,9 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
                     and record.phase in (Phase.TRANSFERRING, Phase.DRAINING)):
                 out.append(apply_event(config, spent, prefill_addr(prefill.index), WriteFailed(record.rid),
                                        f"prefill{prefill.index}'s transfer of r{record.rid} fails, a write in flight"))
+            if "fail_prompt" in kinds and record.computing and record.phase is Phase.WAITING_POOL:
+                out.append(apply_event(config, spent, prefill_addr(prefill.index), PromptFailed(record.rid),
+                                       f"prefill{prefill.index}'s engine fails r{record.rid}'s prompt"))
         if "crash" in kinds and _busy(prefill):
             crashed = replace(spent, prefills=_set(state.prefills, prefill.index, prefill_restart(prefill)))
             out.append(Transition(f"prefill{prefill.index} crashes and restarts", crashed))

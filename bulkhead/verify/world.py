@@ -22,10 +22,12 @@ class World:
     rooms: int                       # fewer rooms than requests: rooms get reused
     # Faults the environment may inject in one run, in total: a client abort,
     # a worker crash-and-restart, a lost, duplicated or corrupted write, a
-    # forged control message, a transfer that fails with a write in flight.
+    # forged control message, a transfer that fails with a write in flight,
+    # a prompt whose computation fails at prefill.
     # Reordering, delay and deadlines are free.
     faults: int = 1
-    fault_kinds: frozenset = frozenset({"abort", "crash", "duplicate", "lose", "corrupt", "forge", "fail_write"})
+    fault_kinds: frozenset = frozenset({"abort", "crash", "duplicate", "lose", "corrupt", "forge", "fail_write",
+                                        "fail_prompt"})
     # Workers the operator may drain in one run (any worker, at any moment;
     # the last of its role too: the runtime refuses that only unless forced).
     drains: int = 0

@@ -39,11 +39,11 @@ EVERY_ROW = replace(default_world(), name="every row", decode_pools=(3, 6), room
                     fault_kinds=frozenset({"abort", "fail_write"}))
 # A success sends no Finalize, so a prefill DRAINING with a write still in
 # flight takes an abort mid-transfer, and its failed write a second fault;
-# a failed check takes a corrupted write. One request, two faults (a few
-# hundred states).
+# a failed check takes a corrupted write, a failed prompt its own fault.
+# One request, two faults (a few hundred states).
 TWO_FAULTS = replace(small_world(), name="two faults, one request",
                      requests=small_world().requests[:1], faults=2,
-                     fault_kinds=frozenset({"abort", "fail_write", "corrupt"}))
+                     fault_kinds=frozenset({"abort", "fail_write", "corrupt", "fail_prompt"}))
 
 
 def _key(row):

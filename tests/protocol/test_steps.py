@@ -2,9 +2,10 @@
 from dataclasses import replace
 
 from bulkhead.protocol import (
-    GARBAGE, MODEL_MAC, ROUTER, ZERO, Assign, DecodeStep, DrainAck, Envelope, Finalize, Guards, Landing,
-    Ledger, LeaseExpired, Outcome, Output, PagesGranted, PageWrite, Phase, PrefillState, ProtocolConfig,
-    Quiesced, RequestSpec, RouterState, SignedTicket, Submit, Ticket, TransferDone, TransferFailed,
+    GARBAGE, MODEL_MAC, ROUTER, ZERO, Assign, DecodeStep, DrainAck, Envelope, Finalize, Guards, HandedOver,
+    Landing, Ledger, LeaseExpired, Outcome, Output, PagesGranted, PageWrite, Phase, PrefillFailed, PrefillState,
+    PromptFailed, ProtocolConfig, Quiesced, RequestSpec, RouterState, SignedTicket, Submit, Ticket, TransferDone,
+    TransferFailed,
     decode_addr, decode_initial, decode_restart, decode_step, kv_origin, prefill_addr, prefill_step,
     router_step,
 )
@@ -170,7 +171,7 @@ def test_decode_step_reads_own_pages_and_the_last_token_frees_them():
 def test_prefill_acks_as_its_writes_end_before_any_outcome():
     """The success path: every write was posted at once, so once they have
     ended prefill acks (the router sends no Finalize after a success)."""
-    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = _prefilled()
     state = prefill_step(CONFIG, state, _allocated()[1]).state
     assert find_phase(state) is Phase.TRANSFERRING and state.pages_in_use() == 1
     step = prefill_step(CONFIG, state, Quiesced(0))
@@ -187,8 +188,34 @@ def test_restart_keeps_memory_but_scrubs_it():
     assert fresh.incarnation == 2 and fresh.requests == () and fresh.ledger.entries[3].content is ZERO
 
 
-def test_prefill_posts_every_granted_page_then_acks_drain():
+def _prefilled():
+    """A ticket at prefill whose engine has handed the prompt's KV over."""
     state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    assert find_phase(state) is Phase.WAITING_POOL and state.requests[0].computing
+    return prefill_step(CONFIG, state, HandedOver(0)).state
+
+
+def test_a_prompt_handed_over_after_the_outcome_goes_straight_back():
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = prefill_step(CONFIG, state, to(prefill_addr(0), Finalize(0, Outcome.ABORTED))).state
+    assert find_phase(state) is Phase.DRAINING and state.pages_in_use() == 1  # the engine still has it
+    step = prefill_step(CONFIG, state, HandedOver(0))
+    assert step.send == (to(ROUTER, DrainAck(0)),)  # nothing was posted: acked at once
+    assert find_phase(step.state) is Phase.DONE and step.state.pages_in_use() == 0
+
+
+def test_a_prompt_the_engine_fails_is_reported_and_acked():
+    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    step = prefill_step(CONFIG, state, PromptFailed(0))
+    assert [(m.dst, type(m.body)) for m in step.send] == [(ROUTER, PrefillFailed), (ROUTER, DrainAck)]
+    assert find_phase(step.state) is Phase.DONE and step.state.pages_in_use() == 0
+    # The router fails the request; its Finalize changes nothing here.
+    late = prefill_step(CONFIG, step.state, to(prefill_addr(0), Finalize(0, Outcome.PREFILL_FAILED)))
+    assert late.state == step.state and late.send == ()
+
+
+def test_prefill_posts_every_granted_page_then_acks_drain():
+    state = _prefilled()
     grant = _allocated()[1]
     step = prefill_step(CONFIG, state, grant)
     assert [type(m.body).__name__ for m in step.send] == ["PageWrite", "TransferDone"]
@@ -245,7 +272,7 @@ def test_a_transfer_that_fails_with_a_write_in_flight_is_never_acked():
     reports the failure, frees its pages, and never acks; decode's lease
     fences the write that may still land."""
     from bulkhead.protocol import WriteFailed
-    state = prefill_step(CONFIG, PrefillState(0), to(prefill_addr(0), Assign(0, TICKET))).state
+    state = _prefilled()
     state = prefill_step(CONFIG, state, _allocated()[1]).state
     assert find_phase(state) is Phase.TRANSFERRING
     step = prefill_step(CONFIG, state, WriteFailed(0))
