@@ -24,7 +24,7 @@ The simulator (bulkhead.sim) checks the runtime's classes themselves.
     prefill_step(config, PrefillState, event)  messages: Assign, PagesGranted,
         Finalize; events: HandedOver, PromptFailed, Quiesced, WriteFailed
     decode_step(config, DecodeState, event)    messages: Assign, PageWrite,
-        Landing, TransferDone, Finalize, DrainAck; events: DecodeStep, LeaseExpired
+        Landing, TransferDone, Finalize, DrainAck; events: Reserved, DecodeStep, LeaseExpired
 
 Messages (messages.py) are the runtime's own types, one class each; the
 model's network carries each in an Envelope (destination, signed), which a
@@ -39,7 +39,8 @@ Life of a request (REAL, all guards on):
     router   -                 Submit, fits              ADMITTED           -
     router   ADMITTED          a room is free            BOOTSTRAPPED       Assign(ticket) to both
     decode   -                 Assign (signed ticket)    WAITING_PAGES      -
-    decode   WAITING_PAGES     pages free                DECODE_ALLOCATED   PagesGranted(pages, gens)
+    decode   WAITING_PAGES     pages free                (same)             - (the engine reserves them)
+    decode   WAITING_PAGES     Reserved                  DECODE_ALLOCATED   PagesGranted(pages, gens)
     prefill  -                 Assign (signed ticket)    WAITING_POOL       -
     prefill  WAITING_POOL      local pages free          (same)             - (the engine computes the prompt)
     prefill  WAITING_POOL      HandedOver                PREFILLING         -

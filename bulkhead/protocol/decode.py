@@ -14,7 +14,7 @@ from bulkhead.protocol import decode_job
 from bulkhead.protocol.decode_job import WAIT
 from bulkhead.protocol.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
 from bulkhead.protocol.ledger_model import Ledger
-from bulkhead.protocol.events import Committed, DecodeStep, LeaseExpired, PageRead, Step, WriteLanded
+from bulkhead.protocol.events import Committed, DecodeStep, LeaseExpired, PageRead, Reserved, Step, WriteLanded
 from bulkhead.protocol.messages import (
     Assign, DrainAck, Endpoint, Envelope, Finalize, Landing, Output, PagesGranted, PageWrite, TransferDone,
     TransferFailed,
@@ -39,6 +39,7 @@ class DecodeRequest:
     pages: tuple[int, ...] = ()        # prompt pages first, then decode pages
     manifest: Manifest | None = None
     drain_acked: bool = False          # prefill's ack came before our Finalize
+    reserving: bool = False            # pages reserved on the engine; the job has not heard yet
     outcome: Outcome | None = None     # the router's Finalize; on a committed record: the engine ends it
 
     @property
@@ -89,26 +90,43 @@ def _assign(config, state: DecodeState, message: Assign) -> Step:
 
 
 def _allocate_waiting(config, state: DecodeState) -> Step:
-    """Give pages to waiting tickets in rid order while the pool has room.
-    REAL trusts the ticket: admission already proved the request fits."""
-    sends = []
+    """Reserve pages for waiting tickets in rid order while the pool has
+    room: the engine takes them now (owned by the request), and the job
+    hears of it in a step of its own (Reserved), which an outcome may
+    overtake. REAL trusts the ticket: admission already proved the request fits."""
     for record in state.requests:
-        if not decode_job.wants_pages(record.phase).does(Effect.RESERVE_PAGES):
+        if record.reserving or not decode_job.wants_pages(record.phase).does(Effect.RESERVE_PAGES):
             continue
         need = record.ticket.admitted.total_pages
         if need > len(state.ledger.free):
             continue
         ledger, pages = state.ledger.allocate(record.rid, need)
-        step = decode_job.pages_reserved(record.phase)  # granted: the model reserves atomically
-        record = replace(record, phase=step.phase, pages=pages)
+        record = replace(record, pages=pages, reserving=True)
         state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
-        ticket = record.ticket
-        pages = record.prompt_pages
-        grant = PagesGranted(ticket.request_id, ticket.room, ticket.epoch, pages,
-                             tuple(ledger.entries[p].gen for p in pages),
-                             Endpoint("model", (state.index, state.incarnation)), write_within_s=float("inf"))
-        sends.append(Envelope(prefill_addr(ticket.admitted.prefill), grant))
-    return Step(state, tuple(sends))
+    return Step(state)
+
+
+def _reserved(config, state: DecodeState, event: Reserved) -> Step:
+    """The reservation reaches the job: granted (and told to the writer)
+    while the request still waits for pages; after its outcome the pages go
+    straight back (no writer was ever told of them). A drain that ended
+    first has freed them already, and the record no longer waits for this
+    (the runtime's engine runs a release queued behind the reservation
+    after it; the callback then finds no job)."""
+    record = find(state.requests, event.rid)
+    step = decode_job.pages_reserved(record.phase)
+    record = replace(record, phase=step.phase, reserving=False)
+    if step.does(Effect.RETURN_PAGES):
+        ledger = state.ledger.release(record.pages, scrub=config.guards.scrub_on_free)
+        record = replace(record, pages=())
+        return _allocate_waiting(config, replace(state, ledger=ledger, requests=upsert(state.requests, record)))
+    state = replace(state, requests=upsert(state.requests, record))
+    ticket, ledger = record.ticket, state.ledger
+    pages = record.prompt_pages
+    grant = PagesGranted(ticket.request_id, ticket.room, ticket.epoch, pages,
+                         tuple(ledger.entries[p].gen for p in pages),
+                         Endpoint("model", (state.index, state.incarnation)), write_within_s=float("inf"))
+    return Step(state, (Envelope(prefill_addr(ticket.admitted.prefill), grant),))
 
 
 def _admit_write(config, state: DecodeState, write: PageWrite) -> Step:
@@ -276,5 +294,5 @@ def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
 _HANDLERS = {
     Assign: _assign, PageWrite: _admit_write, Landing: _land, TransferDone: _transfer_done,
     DecodeStep: _decode_step, Finalize: _finalize, DrainAck: _drain_ack,
-    LeaseExpired: _lease_expired,
+    LeaseExpired: _lease_expired, Reserved: _reserved,
 }

@@ -5,7 +5,7 @@ actor (decode.py) and the running decode worker (bulkhead.disagg.decode_worker).
     ----------------  ---------------------------------  -------------------------------------
     assign            a verified ticket arrived          -
     wants_pages       the pool may have room             RESERVE_PAGES
-    pages_reserved    the pool handed pages over         GRANT_PAGES, or RETURN_PAGES (runtime)
+    pages_reserved    the pool handed pages over         GRANT_PAGES, or RETURN_PAGES (the outcome came first)
     manifest_arrived  prefill says what it wrote         CHECK_KV
     verdict           the checks ran                     COMMIT, or MARK_FAILED
     decode_step       the scheduler ran a step           DECODE_DONE
@@ -48,9 +48,7 @@ def wants_pages(phase: Phase | None) -> JobStep:
     return JobStep(phase, outcome="not_waiting")
 
 
-@transition("decode", outcomes=("granted",), runtime_only={
-    "unwanted": "the model reserves pages atomically; the runtime reserves on the engine thread, and "
-                "the outcome can overtake the reservation"})
+@transition("decode", outcomes=("granted", "unwanted"))
 def pages_reserved(phase: Phase | None, *, runtime: bool = False) -> JobStep:
     """The pool handed over the request's pages. Granted (and told to the
     writer) only while the request still waits for them; otherwise the

@@ -47,6 +47,13 @@ class PeerLost:
 
 
 @dataclass(frozen=True)
+class Reserved:
+    """Decode's engine has reserved rid's pages (a command of its own, on
+    the engine thread): the reservation's outcome reaches the job."""
+    rid: int
+
+
+@dataclass(frozen=True)
 class HandedOver:
     """Prefill's engine has computed rid's prompt and hands its KV over
     (after the outcome too: the engine is not stopped mid-step)."""

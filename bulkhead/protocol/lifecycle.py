@@ -8,9 +8,10 @@ explores exactly these rows: a step that is not a row raises, and
 tests/disagg/test_lifecycle.py checks that an exhaustive search takes every
 row. The runtime's records (bulkhead.disagg: router.Route,
 prefill_worker.PrefillJob, decode_worker.DecodeJob) change
-phase only through the same table, with runtime=True, which adds the few
-RUNTIME rows below; each says why the running system differs from the model
-there. A from-phase of None (shown "-") means no record yet: the event
+phase only through the same table, with runtime=True, which adds the
+RUNTIME rows below, each saying why the running system differs from the
+model there. Today there are none: every step the runtime takes, the model
+checker explores. A from-phase of None (shown "-") means no record yet: the event
 creates it.
 
 LEGACY and the guard ablations take only PROTOCOL rows (they change what
@@ -99,7 +100,9 @@ PROTOCOL = {
         (NEW,                E.ASSIGN,             P.WAITING_PAGES,    "-"),
         (NEW,                E.FINALIZE,           P.DONE,             "the outcome overtook the ticket"),
         (P.WAITING_PAGES,    E.PAGES_GRANTED,      P.DECODE_ALLOCATED, "PagesGranted(pages, gens) to prefill"),
-        (P.WAITING_PAGES,    E.FINALIZE,           P.DONE,             "no pages yet: nothing to drain"),
+        # A reservation may be in flight on the engine thread: the job
+        # waits for the ack or the lease, as if granted.
+        (P.WAITING_PAGES,    E.FINALIZE,           P.DRAINING,         "waits for the ack or lease, as if granted"),
         (P.DECODE_ALLOCATED, E.MANIFEST_VERIFIED,  P.COMMITTED,        "-"),
         # A check that fails: no commit can follow, so drain now, not at
         # the router's Finalize (which its TransferFailed brings).
@@ -117,17 +120,13 @@ PROTOCOL = {
     ),
 }
 
-# Where the running system differs from the model. A row with the key of a
-# PROTOCOL row replaces it for the runtime.
+# Where the running system differs from the model (none today; the last, a
+# decode reservation the outcome overtakes, is the model's now). A row with
+# the key of a PROTOCOL row replaces it for the runtime.
 RUNTIME = {
     ROUTER: (),
     PREFILL: (),
-    DECODE: (
-        # Replaces WAITING_PAGES -finalize-> DONE. The runtime reserves pages
-        # on the engine thread and does not track a reservation in flight;
-        # it keeps the job until the drain ack or the lease, as if granted.
-        (P.WAITING_PAGES,    E.FINALIZE,           P.DRAINING,         "waits for the ack or lease, as if granted"),
-    ),
+    DECODE: (),
 }
 
 

@@ -69,13 +69,13 @@ def format_coverage(rows: list[HandlerCoverage]) -> str:
         for name, outcome in r.missing:
             lines.append(f"{'':46} never taken: {name} -> {outcome}")
     lines += ["", "Steps only the runtime takes (never explored; each is why the model differs):"]
-    for name, info in sorted(REGISTRY.items()):
-        for outcome, why in info.runtime_only.items():
-            lines.append(f"  {name} -> {outcome}: {why}")
+    runtime_only = [f"  {name} -> {outcome}: {why}"
+                    for name, info in sorted(REGISTRY.items()) for outcome, why in info.runtime_only.items()]
     for row in lifecycle.rows(runtime=True):
         if row.runtime_only:
             src = "-" if row.src is None else row.src.name
-            lines.append(f"  {row.actor.value} table: {src} -{row.event.value}-> {row.dst.name}: {row.why}")
+            runtime_only.append(f"  {row.actor.value} table: {src} -{row.event.value}-> {row.dst.name}: {row.why}")
+    lines += runtime_only or ["  none: the model takes every step the runtime takes"]
     lines += ["", "Steps only the model takes (the runtime cannot reach them):"]
     for name, info in sorted(REGISTRY.items()):
         for outcome, why in info.model_only.items():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
     Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    HandedOver, PromptFailed, Quiesced, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
+    HandedOver, PromptFailed, Quiesced, Reserved, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
 from bulkhead.protocol.types import cached_hash
@@ -181,7 +181,7 @@ def _moving(state: WorldState) -> set:
         for record in actor.requests:
             # Each can take a step of its own: decode, finish, ack, expire, or hand over.
             if (record.phase in (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING)
-                    or getattr(record, "computing", False)):
+                    or getattr(record, "computing", False) or getattr(record, "reserving", False)):
                 moving.add(record.rid)
     return moving
 
@@ -218,6 +218,9 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
     for decode in state.decodes:
         addr = decode_addr(decode.index)
         for record in decode.requests:
+            if record.reserving:  # the engine's reservation reaches the job (the outcome may have come first)
+                out.append(apply_event(config, state, addr, Reserved(record.rid),
+                                       f"decode{decode.index}'s engine reserves r{record.rid}'s pages"))
             if record.phase in (Phase.COMMITTED, Phase.DECODING) and record.outcome is not None:
                 # Finalized while committed (an abort): the engine ends the
                 # request at its next step, freeing the pages, under the

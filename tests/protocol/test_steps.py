@@ -4,8 +4,8 @@ from dataclasses import replace
 from bulkhead.protocol import (
     GARBAGE, MODEL_MAC, ROUTER, ZERO, Assign, DecodeStep, DrainAck, Envelope, Finalize, Guards, HandedOver,
     Landing, Ledger, LeaseExpired, Outcome, Output, PagesGranted, PageWrite, Phase, PrefillFailed, PrefillState,
-    PromptFailed, ProtocolConfig, Quiesced, RequestSpec, RouterState, SignedTicket, Submit, Ticket, TransferDone,
-    TransferFailed,
+    PromptFailed, ProtocolConfig, Quiesced, RequestSpec, Reserved, RouterState, SignedTicket, Submit, Ticket,
+    TransferDone, TransferFailed,
     decode_addr, decode_initial, decode_restart, decode_step, kv_origin, prefill_addr, prefill_step,
     router_step,
 )
@@ -67,9 +67,24 @@ def test_unsigned_messages_are_dropped_only_with_hmac():
 
 
 def _allocated():
-    step = decode_step(CONFIG, decode_initial(CONFIG, 0), to(decode_addr(0), Assign(0, TICKET)))
+    """A ticket at decode whose reservation has reached the job: granted."""
+    state = decode_step(CONFIG, decode_initial(CONFIG, 0), to(decode_addr(0), Assign(0, TICKET))).state
+    assert find_phase(state) is Phase.WAITING_PAGES and state.requests[0].reserving
+    step = decode_step(CONFIG, state, Reserved(0))
     (grant,) = step.send
     return step.state, grant
+
+
+def test_a_reservation_the_outcome_overtook_goes_straight_back():
+    state = decode_step(CONFIG, decode_initial(CONFIG, 0), to(decode_addr(0), Assign(0, TICKET))).state
+    held = state.requests[0].pages
+    assert held and all(state.ledger.entries[p].owner == 0 for p in held)  # the engine took them
+    state = decode_step(CONFIG, state, to(decode_addr(0), Finalize(0, Outcome.ABORTED))).state
+    assert find_phase(state) is Phase.DRAINING  # as if granted: waits for the ack or the lease
+    step = decode_step(CONFIG, state, Reserved(0))
+    assert step.send == ()  # no writer is ever told of them
+    assert len(step.state.ledger.free) == len(step.state.ledger.entries)
+    assert find_phase(decode_step(CONFIG, step.state, LeaseExpired(0)).state) is Phase.DONE
 
 
 def test_decode_allocates_newest_freed_first_and_bumps_generations():
