@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import (
     GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
     Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    HandedOver, PromptFailed, Quiesced, Reserved, RouterState, SignedTicket, Submit, Ticket, WriteFailed, decode_addr, decode_initial, decode_restart,
+    HandedOver, PromptFailed, Quiesced, Reserved, RouterState, SignedTicket, Submit, Ticket, WriteFailed,
+    decode_addr, decode_initial, decode_restart,
     decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
 )
 from bulkhead.protocol.types import cached_hash
