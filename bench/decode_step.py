@@ -3,6 +3,7 @@
     python bench/decode_step.py                         # 1 and 16 requests, default kernels
     python bench/decode_step.py --requests 1 --profile  # torch.profiler's op table too
     python bench/decode_step.py --linear-kernel onednn,auto --reps 30   # A/B, interleaved
+    python bench/decode_step.py --decode-glue c,torch --kv-dtype bfloat16,bfloat16   # the C layers vs torch ops
 
 Builds the model and runner as the engine does (kernel choice, measured row
 multiple, guards on), fills each request's KV with random values instead of
@@ -37,12 +38,13 @@ from bulkhead.model.llama import LlamaModel  # noqa: E402
 from bulkhead.model.loader import load_weights  # noqa: E402
 
 
-def build(kernel: str, head_kernel: str | None, max_requests: int, context: int, kv_dtype: str = "float32"):
+def build(kernel: str, head_kernel: str | None, max_requests: int, context: int, kv_dtype: str = "float32",
+          glue: str = "auto"):
     mc, weights = load_weights(default_model_dir(), torch.float32)
     chosen = linear_kernel.choose(kernel, torch.float32, weights)
     attention = decode_kernel.choose("auto", kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
     prepared = linear_kernel.prepare(weights, chosen, head_kernel)
-    model = LlamaModel(mc, prepared, attention)
+    model = LlamaModel(mc, prepared, attention, glue)
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, kv_dtype)
     pages_each = -(-(context + 8) // 16)
     pool, ledger = KVPool(layout, pages_each * max_requests + 1), PageLedger(pages_each * max_requests + 1)
@@ -65,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32 or bf16w ('' = the kernel's default)")
     ap.add_argument("--kv-dtype", default="", help="comma list, one per variant: the KV cache's dtype "
                                                    "('' = float32)")
+    ap.add_argument("--decode-glue", default="", help="comma list, one per variant: auto, c or torch "
+                                                      "('' = auto)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
@@ -77,12 +81,16 @@ def main(argv=None) -> int:
     clock = time.thread_time if args.cpu_time else time.perf_counter
     sizes = [int(x) for x in args.requests.split(",")]
     kernels = args.linear_kernel.split(",")
-    heads = (args.head_kernel.split(",") + [""] * len(kernels))[: len(kernels)]
-    kv_dtypes = (args.kv_dtype.split(",") + [""] * len(kernels))[: len(kernels)]
+    count = max(len(kernels), len(args.decode_glue.split(",")))
+    kernels = (kernels * count)[:count] if len(kernels) == 1 else kernels
+    heads = (args.head_kernel.split(",") + [""] * count)[:count]
+    kv_dtypes = (args.kv_dtype.split(",") + [""] * count)[:count]
+    glues = (args.decode_glue.split(",") + [""] * count)[:count]
     variants = {}
-    for k, h, kv in zip(kernels, heads, kv_dtypes):
-        runner, pages, chosen = build(k, h or None, max(sizes), args.context, kv or "float32")
-        variants[f"{chosen}" + (f"/head={h}" if h else "") + (f"/kv={kv}" if kv else "")] = (runner, pages)
+    for k, h, kv, g in zip(kernels, heads, kv_dtypes, glues):
+        runner, pages, chosen = build(k, h or None, max(sizes), args.context, kv or "float32", g or "auto")
+        name = f"{chosen}" + (f"/head={h}" if h else "") + (f"/kv={kv}" if kv else "")
+        variants[name + f"/glue={runner.model.decode_glue}"] = (runner, pages)
     times = {(v, n): [] for v in variants for n in sizes}
     for n in sizes:
         for runner, pages in variants.values():

@@ -21,7 +21,7 @@ from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
-from bulkhead.model import decode_kernel, linear_kernel
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
@@ -68,6 +68,9 @@ class EngineConfig:
     # "auto": the C kernel that reads decode KV in place where it compiles
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
+    # "auto": a decode step's layers in one C call where the linear kernel is
+    # q4 and decode attention c, else torch ops (bulkhead.model.decode_layers).
+    decode_glue: str = "auto"
     prefix_cache: bool = False
     # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
     # full decode batch (SchedulerConfig.step_tokens).
@@ -97,6 +100,8 @@ class EngineConfig:
         if self.decode_attention not in decode_kernel.CHOICES:
             raise ValueError(f"decode_attention must be one of {decode_kernel.CHOICES}, "
                              f"not {self.decode_attention!r}")
+        if self.decode_glue not in decode_layers.CHOICES:
+            raise ValueError(f"decode_glue must be one of {decode_layers.CHOICES}, not {self.decode_glue!r}")
 
 
 @dataclass
@@ -112,6 +117,7 @@ class BuiltEngine:
     linear_kernel: str = "aten"  # what "auto" resolved to
     decode_attention: str = "torch"  # what "auto" resolved to
     lm_head_kernel: str = "fp32"  # bulkhead.model.linear_kernel.choose_head's answer
+    decode_glue: str = "torch"  # what "auto" resolved to (LlamaModel.decode_glue)
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -133,7 +139,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     kv_dtype = resolve_kv_dtype(cfg)
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
-    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention)
+    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue)
     del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -178,14 +184,14 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                       prefill_only=prefill_only, interject=cfg.interject))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
-        "lm_head %s; decode attention %s", num_pages, cfg.page_size, pool.num_tokens,
+        "lm_head %s; decode attention %s; decode glue %s", num_pages, cfg.page_size, pool.num_tokens,
         num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode, decision.context_length, kernel, head,
-        attention,
+        attention, model.decode_glue,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
     return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
-                       head)
+                       head, model.decode_glue)
 
 
 # The KV cache's default element type. bf16 halves the bytes decode attention

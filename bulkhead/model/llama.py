@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model.attention import paged_attention
+from bulkhead.model import decode_layers
 from bulkhead.model.batch import PagedBatch
 from bulkhead.model.config import ModelConfig
 from bulkhead.model.linear_kernel import Linear
@@ -55,13 +56,28 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, decode_attention: str = "torch"):
+    def __init__(self, config: ModelConfig, weights: ModelWeights, decode_attention: str = "torch",
+                 decode_glue: str = "auto"):
         """decode_attention: "c" (the C kernel over the pool, see
-        bulkhead.model.decode_kernel.choose) or "torch"."""
+        bulkhead.model.decode_kernel.choose) or "torch". decode_glue: "c"
+        runs a decode step's layers in one C call (bulkhead.model.decode_layers),
+        "torch" through the ops below, "auto" the C call where it can run."""
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
         self.cos, self.sin = rope_tables(config.rope, config.head_dim, config.max_position_embeddings)
+        if decode_glue not in decode_layers.CHOICES:
+            raise ValueError(f"decode glue must be one of {decode_layers.CHOICES}, not {decode_glue!r}")
+        usable = decode_glue != "torch" and decode_layers.DecodeLayers.usable(config, weights, decode_attention)
+        if decode_glue == "c" and not usable:
+            raise RuntimeError("decode glue c needs the q4 linear kernel, C decode attention and a C compiler")
+        self._c_layers = decode_layers.DecodeLayers(config, weights, self.cos, self.sin, decode_layers.load()) \
+            if usable else None
+
+    @property
+    def decode_glue(self) -> str:
+        """What runs a decode step's layers around the kernels: "c" or "torch"."""
+        return "c" if self._c_layers is not None else "torch"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -83,6 +99,10 @@ class LlamaModel:
         """
         cfg, w = self.config, self.weights
         x = w.embed[batch.token_ids]  # [T, D]
+        if batch.decode and self._c_layers is not None:
+            x = self._c_layers.run(x, batch, kv_layers)
+            x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
+            return _linear(x, w.lm_head, None, batch).float()
         cos = self.cos[batch.positions].unsqueeze(1).to(x.dtype)  # [T, 1, hd]
         sin = self.sin[batch.positions].unsqueeze(1).to(x.dtype)
         page_size = kv_layers[0][1].shape[1]

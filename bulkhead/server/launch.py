@@ -15,7 +15,7 @@ from pathlib import Path
 from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import decode_kernel, linear_kernel
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -92,6 +92,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
                    help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
                         "machine), torch = gather pages and SDPA per request; auto = c where it builds")
+    p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
+                   help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
+                        "c = every layer in one C call, where the linear kernel is q4 and decode attention c; "
+                        "torch = one torch op at a time; auto = c where it can run")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
                    help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
                         "make greedy output depend on which request filled the cache)")
@@ -125,7 +129,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
-        decode_attention=args.decode_attention,
+        decode_attention=args.decode_attention, decode_glue=args.decode_glue,
         guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         interject=not args.no_interjection,

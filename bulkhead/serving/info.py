@@ -68,6 +68,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "matmul_precision": f"{MATMUL_PRECISION[built.linear_kernel]}; {HEAD_PRECISION[built.lm_head_kernel]}",
         "lm_head_kernel": built.lm_head_kernel,
         "decode_attention": built.decode_attention,
+        "decode_glue": built.decode_glue,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.

@@ -1,0 +1,212 @@
+/* Every transformer layer of one decode step in one call: the glue between
+ * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
+ * in C, the matmuls and attention through the 4-bit kernel
+ * (linear_q4.c) and the decode-attention kernel (paged_decode_attention.c),
+ * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
+ *
+ * Why: at one request a step's matmuls and attention take about 7 ms and
+ * the ~20 small torch ops a layer around them (600 a step, each a dispatch
+ * of a few microseconds, plus 150 ctypes calls) about 4 ms more. One call
+ * a step does the same arithmetic without them.
+ *
+ * The same numbers as the torch path, up to the order of two sums: rotary,
+ * the residual adds, the bias add and the KV cache's rounding are the same
+ * IEEE operations in the same order (built with -ffp-contract=off, so that
+ * no multiply and add fuse into one rounding); RMSNorm sums its squares in
+ * 16 lanes and SiLU's exp is a polynomial (exp_neg below), where torch's
+ * vectorised kernels have their own orders and polynomials.
+ *
+ * Batch invariance by construction: every row's glue reads only that row;
+ * the kernels it calls are batch-invariant themselves (their own files).
+ *
+ * Fail closed, before anything is written: a write slot outside the pool or
+ * a position outside the rotary tables stops the call with a code (the
+ * caller raises). Attention checks its own page lists. No -ffast-math: NaN
+ * from poisoned KV reaches the logits, where the runner's check fails the
+ * step closed.
+ *
+ * Layouts (bulkhead.kv.pool.KVPool, one layer's views):
+ *   K  [num_pages, KVH, hd, page_size]   V  [num_pages, page_size, KVH, hd]
+ *   page p of a layer starts p * page_stride elements after its base.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*linear_fn)(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N,
+                         int64_t K, int nthreads);
+typedef int64_t (*attention_fn)(const float *q, const void *k_pool, const void *v_pool, int64_t num_pool_pages,
+                                int64_t pool_page_stride, const int64_t *pages, int64_t table_len,
+                                const int64_t *page_offset, const int64_t *kv_len, float *out, int B, int H,
+                                int KVH, int hd, int page_size, float scale, int threads);
+
+typedef struct {
+    const uint8_t *qs;  /* q4_kernel.pack's two tensors */
+    const float *dm;
+} Q4;
+
+typedef struct {
+    const float *input_norm, *post_norm;  /* [D] */
+    const float *qkv_bias;                /* [(H + 2 KVH) hd], or NULL */
+    Q4 qkv, o, gate_up, down;
+    void *k_pool, *v_pool;                /* this layer's views of the pool */
+} Layer;
+
+typedef struct {
+    const Layer *layers;
+    int64_t num_layers, D, H, KVH, hd, I, page_size;
+    int64_t kv_kind;                      /* 0 float32, 1 bfloat16, 2 float16 */
+    int64_t num_pool_pages, page_stride;  /* elements from one page to the next */
+    const float *cos, *sin;               /* [max_positions, hd] */
+    int64_t max_positions;
+    float eps, scale;
+    linear_fn linear;
+    attention_fn attention;
+} Model;
+
+enum { BAD_GEOMETRY = -1, BAD_SLOT = -2, BAD_POSITION = -3, NO_MEMORY = -4, LINEAR_REFUSED = -5 };
+
+#define LANES 16
+
+/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row. */
+static void rms_norm(const float *x, const float *w, float *y, int64_t T, int64_t D, float eps) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * D;
+        float acc[LANES] = {0};
+        int64_t d = 0;
+        for (; d + LANES <= D; d += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += xr[d + l] * xr[d + l];
+        for (; d < D; d++) acc[d % LANES] += xr[d] * xr[d];
+        float sum = 0;
+        for (int l = 0; l < LANES; l++) sum += acc[l];
+        float r = 1.0f / sqrtf(sum / (float)D + eps);
+        for (d = 0; d < D; d++) y[t * D + d] = xr[d] * r * w[d];
+    }
+}
+
+/* exp(x) for x <= 0, as the decode-attention kernel computes it (its file
+ * says why: branch-free, so that it vectorises; relative error < 2e-7). */
+static inline float exp_neg(float x) {
+    const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f, shifter = 12582912.0f;
+    float under = x < -87.0f ? 0.0f : 1.0f;
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * log2e + shifter) - shifter;
+    float r = x - n * ln2;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union { float f; int32_t i; } scale2 = { .i = ((int32_t)n + 127) << 23 };
+    return p * scale2.f * under;
+}
+
+/* act[t, i] = silu(gate) * up, gate_up [T, 2 I] holding gate then up. */
+static void silu_mul(const float *gate_up, float *act, int64_t T, int64_t I) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gate_up + t * 2 * I, *u = g + I;
+        float *a = act + t * I;
+        for (int64_t i = 0; i < I; i++) {
+            float x = g[i];
+            float e = exp_neg(-fabsf(x));  /* exp(-|x|): no overflow on either side */
+            float sigmoid = x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            if (x != x) sigmoid = x;      /* NaN stays NaN */
+            a[i] = x * sigmoid * u[i];
+        }
+    }
+}
+
+/* out = x * cos + rotate_half(x) * sin for `heads` heads of one row. */
+static void rope(const float *x, float *out, int64_t heads, int64_t hd, const float *cos, const float *sin) {
+    int64_t half = hd / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        const float *xh = x + h * hd;
+        float *oh = out + h * hd;
+        for (int64_t d = 0; d < half; d++) oh[d] = xh[d] * cos[d] + (-xh[d + half]) * sin[d];
+        for (int64_t d = half; d < hd; d++) oh[d] = xh[d] * cos[d] + xh[d - half] * sin[d];
+    }
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* One row's K (already rotated) and V into its pool slot. */
+static void store_kv(const Model *m, const Layer *layer, int64_t page, int64_t off, const float *k, const float *v) {
+    int64_t n = m->KVH * m->hd, ps = m->page_size;
+    for (int64_t e = 0; e < n; e++) {  /* e = kv head * hd + d */
+        int64_t ki = page * m->page_stride + e * ps + off, vi = page * m->page_stride + off * n + e;
+        if (m->kv_kind == 1) {
+            ((uint16_t *)layer->k_pool)[ki] = to_bf16(k[e]);
+            ((uint16_t *)layer->v_pool)[vi] = to_bf16(v[e]);
+        } else if (m->kv_kind == 2) {
+            ((_Float16 *)layer->k_pool)[ki] = (_Float16)k[e];
+            ((_Float16 *)layer->v_pool)[vi] = (_Float16)v[e];
+        } else {
+            ((float *)layer->k_pool)[ki] = k[e];
+            ((float *)layer->v_pool)[vi] = v[e];
+        }
+    }
+}
+
+/* x [T, D]: the step's input rows (embeddings), replaced by the last
+ * layer's output. Rows [0, S) are the requests' (one each), rows [S, T)
+ * padding: they run through the matmuls, attend to nothing and write no KV,
+ * as in the torch path. positions [T]; write_slots [S] (page * page_size +
+ * offset); pages, page_offset [S], kv_len [S] as the attention kernel takes
+ * them. Returns 0; b + 1 where attention refused request b's page list;
+ * or a negative code above. */
+int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int64_t *positions,
+                      const int64_t *write_slots, const int64_t *pages, int64_t table_len,
+                      const int64_t *page_offset, const int64_t *kv_len, int nthreads) {
+    const int64_t D = m->D, hd = m->hd, qd = m->H * hd, kvd = m->KVH * hd, qkvd = qd + 2 * kvd, I = m->I;
+    if (T < 1 || S < 0 || S > T || hd % 2 || m->num_layers < 1) return BAD_GEOMETRY;
+    for (int64_t t = 0; t < T; t++)
+        if (positions[t] < 0 || positions[t] >= m->max_positions) return BAD_POSITION;
+    for (int64_t s = 0; s < S; s++)
+        if (write_slots[s] < 0 || write_slots[s] / m->page_size >= m->num_pool_pages) return BAD_SLOT;
+
+    float *buf = malloc(sizeof(float) * (size_t)T * (D + qkvd + qd + qd + D + 2 * I + I));
+    if (!buf) return NO_MEMORY;
+    float *h = buf, *qkv = h + T * D, *q = qkv + T * qkvd, *attn = q + T * qd, *proj = attn + T * qd,
+          *gate_up = proj + T * D, *act = gate_up + T * 2 * I;
+    float k_rot[2048];  /* one row's rotated K: KVH * hd; the caller checks it fits */
+    if (kvd > 2048) { free(buf); return BAD_GEOMETRY; }
+    memset(attn, 0, sizeof(float) * (size_t)T * qd);  /* padding rows attend to nothing: 0 */
+    int64_t rc = 0;
+
+    for (int64_t l = 0; l < m->num_layers && rc == 0; l++) {
+        const Layer *layer = &m->layers[l];
+        rms_norm(x, layer->input_norm, h, T, D, m->eps);
+        if (m->linear(h, layer->qkv.qs, layer->qkv.dm, qkv, T, qkvd, D, nthreads)) { rc = LINEAR_REFUSED; break; }
+        for (int64_t t = 0; t < T; t++) {
+            float *row = qkv + t * qkvd;
+            if (layer->qkv_bias)
+                for (int64_t e = 0; e < qkvd; e++) row[e] = row[e] + layer->qkv_bias[e];
+            const float *cos = m->cos + positions[t] * hd, *sin = m->sin + positions[t] * hd;
+            rope(row, q + t * qd, m->H, hd, cos, sin);
+            if (t < S) {
+                rope(row + qd, k_rot, m->KVH, hd, cos, sin);
+                store_kv(m, layer, write_slots[t] / m->page_size, write_slots[t] % m->page_size, k_rot, row + qd + kvd);
+            }
+        }
+        if (S > 0) {
+            rc = m->attention(q, layer->k_pool, layer->v_pool, m->num_pool_pages, m->page_stride, pages, table_len,
+                              page_offset, kv_len, attn, (int)S, (int)m->H, (int)m->KVH, (int)hd, (int)m->page_size,
+                              m->scale, nthreads);
+            if (rc) break;
+        }
+        if (m->linear(attn, layer->o.qs, layer->o.dm, proj, T, D, qd, nthreads)) { rc = LINEAR_REFUSED; break; }
+        for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
+        rms_norm(x, layer->post_norm, h, T, D, m->eps);
+        if (m->linear(h, layer->gate_up.qs, layer->gate_up.dm, gate_up, T, 2 * I, D, nthreads)) {
+            rc = LINEAR_REFUSED;
+            break;
+        }
+        silu_mul(gate_up, act, T, I);
+        if (m->linear(act, layer->down.qs, layer->down.dm, proj, T, D, I, nthreads)) { rc = LINEAR_REFUSED; break; }
+        for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
+    }
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,166 @@
+"""A decode step's transformer layers in one C call (csrc/decode_layers.c):
+the glue between the matmuls and attention in C, the matmuls through the
+4-bit kernel (bulkhead.model.q4_kernel) and attention through the C decode
+kernel (bulkhead.model.decode_kernel), the same kernels the torch path calls.
+
+Why: at one request the ~600 small torch ops a step makes around its
+matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
+calls into the kernels cost about as much as the attention itself
+(docs/performance.md). It runs where every layer's linear weights are on the
+4-bit grid (`--linear-kernel q4`, the bundled model's default) and decode
+attention is the C kernel; elsewhere, or where it cannot be built, the
+model runs its decode layers through torch as before. Its numbers equal the
+torch path's up to the order of two sums (the C file says which), and
+batch invariance is measured at start-up through whichever path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import subprocess
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import decode_kernel, q4_kernel
+from bulkhead.model.decode_kernel import KernelError
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_layers.c"
+# Rotary and the adds must round as torch's separate ops do: no fused multiply-add.
+FLAGS = (*decode_kernel.FLAGS, "-ffp-contract=off")
+MAX_KV_ROW = 2048  # the C file's k_rot: KV heads x head_dim of one row
+CHOICES = ("auto", "c", "torch")  # LlamaModel's decode_glue
+KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ERRORS = {-1: "a geometry it does not take", -2: "a write slot outside the pool",
+          -3: "a position outside the rotary tables", -4: "no memory", -5: "a matmul shape the 4-bit kernel refused"}
+
+
+class _Q4(ctypes.Structure):
+    _fields_ = [("qs", ctypes.c_void_p), ("dm", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("qkv", _Q4), ("o", _Q4), ("gate_up", _Q4), ("down", _Q4),
+                ("k_pool", ctypes.c_void_p), ("v_pool", ctypes.c_void_p)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("layers", ctypes.c_void_p),
+                *((name, ctypes.c_int64) for name in ("num_layers", "D", "H", "KVH", "hd", "I", "page_size",
+                                                       "kv_kind", "num_pool_pages", "page_stride")),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("max_positions", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("linear", ctypes.c_void_p), ("attention", ctypes.c_void_p)]
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The glue library, or None where there is no compiler or it fails to build."""
+    cc = decode_kernel._compiler()
+    if cc is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(decode_kernel._build(cc, list(FLAGS), SOURCE)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not build the C decode layers (%s): decode glue runs through torch",
+                    str(getattr(e, "stderr", "") or e).strip()[:500])
+        return None
+    lib.decode_layers.restype = ctypes.c_int64
+    lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                  *[ctypes.c_void_p] * 3, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int]
+    return lib
+
+
+class DecodeLayers:
+    """The C path for one model's weights; `run(x, batch, kv_layers)` puts
+    a decode batch's embedded rows through every layer, in place."""
+
+    def __init__(self, config, weights, cos: torch.Tensor, sin: torch.Tensor, lib: ctypes.CDLL):
+        self.config, self.weights, self.lib = config, weights, lib
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self._linear = ctypes.cast(q4_kernel.load().linear_q4, ctypes.c_void_p).value
+        self._pool_key = None
+        self._model = None
+
+    @staticmethod
+    def usable(config, weights, decode_attention: str) -> bool:
+        """Every layer's linear weights run the 4-bit kernel, decode attention
+        is the C kernel, and the glue builds here."""
+        from bulkhead.model.linear_kernel import Q4Linear  # the linear kernels import this module's neighbours
+
+        if decode_attention != "c" or config.num_kv_heads * config.head_dim > MAX_KV_ROW:
+            return False
+        if weights.embed.dtype != torch.float32 or q4_kernel.load() is None:
+            return False
+        if not all(isinstance(lin, Q4Linear) for layer in weights.layers
+                   for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+            return False
+        return load() is not None
+
+    def _bind(self, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Model:
+        """The C Model struct for this pool, built once per pool."""
+        k0, v0 = kv_layers[0]
+        key = (k0.data_ptr(), k0.shape, k0.stride(0), k0.dtype, len(kv_layers))
+        if key == self._pool_key:
+            return self._model
+        cfg = self.config
+        kind = KV_KIND.get(k0.dtype)
+        views = [t for pair in kv_layers for t in pair]
+        if kind is None or not decode_kernel._pages_contiguous(*views) or any(t.dtype != k0.dtype for t in views):
+            raise KernelError("the C decode layers read pool views of one dtype whose pages are contiguous, "
+                              "one stride apart")
+        page_size = v0.shape[1]
+        attention = decode_kernel.load(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, page_size,
+                                       decode_kernel._kv_name(k0.dtype))
+        if attention is None:
+            raise KernelError(f"the C decode-attention kernel is not available for a {k0.dtype} pool")
+        keep = []  # contiguous fp32 copies where a weight is not one already, alive as long as the struct
+
+        def ptr(t):
+            if t is None:
+                return None
+            if t.dtype != torch.float32 or not t.is_contiguous():
+                t = t.float().contiguous()
+                keep.append(t)
+            return t.data_ptr()
+
+        layers = (_Layer * len(self.weights.layers))()
+        for i, (w, (k, v)) in enumerate(zip(self.weights.layers, kv_layers)):
+            layers[i] = _Layer(ptr(w.input_norm), ptr(w.post_norm), ptr(w.qkv_bias),
+                               *(_Q4(lin.packed[0].data_ptr(), lin.packed[1].data_ptr())
+                                 for lin in (w.qkv, w.o, w.gate_up, w.down)),
+                               k.data_ptr(), v.data_ptr())
+        self._layers, self._keep = layers, keep
+        self._model = _Model(ctypes.addressof(layers), len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                             cfg.head_dim, cfg.intermediate_size, page_size, kind, k0.shape[0], k0.stride(0),
+                             self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], cfg.rms_norm_eps,
+                             cfg.head_dim ** -0.5, self._linear,
+                             ctypes.cast(attention.paged_decode_attention, ctypes.c_void_p).value)
+        self._pool_key = key
+        return self._model
+
+    def run(self, x: torch.Tensor, batch, kv_layers) -> torch.Tensor:
+        """x [T, D] float32 (the step's embedded rows), returned after the last layer."""
+        model = self._bind(kv_layers)
+        x = x.contiguous()
+        rows = batch.decode_kv_len.shape[0]
+        index = (batch.positions, batch.write_slots, batch.pages, batch.decode_page_offset, batch.decode_kv_len)
+        if any(t.dtype != torch.int64 or not t.is_contiguous() for t in index) or x.dtype != torch.float32 \
+                or batch.write_slots.shape[0] != rows or batch.positions.shape[0] != x.shape[0]:
+            raise KernelError("the C decode layers take float32 rows, one write slot per request and "
+                              "contiguous int64 index tensors")
+        rc = self.lib.decode_layers(ctypes.addressof(model), x.data_ptr(), x.shape[0], rows,
+                                    batch.positions.data_ptr(), batch.write_slots.data_ptr(), batch.pages.data_ptr(),
+                                    batch.pages.shape[0], batch.decode_page_offset.data_ptr(),
+                                    batch.decode_kv_len.data_ptr(), torch.get_num_threads())
+        if rc > 0:
+            raise KernelError(f"decode row {rc - 1}'s page list runs past the page table or names a page outside "
+                              f"the pool of {model.num_pool_pages} pages")
+        if rc < 0:
+            raise KernelError(f"the C decode layers refused the step: {ERRORS.get(rc, rc)}")
+        return x
