@@ -61,15 +61,19 @@ VARIANTS = {
     "q4 decode, bf16w lm_head": ("q4", "bf16w"),
     "q4 decode, bf16w lm_head, bf16 KV": ("q4", "bf16w", "bfloat16"),
     "q4 decode, fp32 lm_head, bf16 KV": ("q4", "fp32", "bfloat16"),
+    # The q4 rows above run a decode step's layers in one C call (the
+    # default, bulkhead.model.decode_layers); this one through torch ops.
+    "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
 }
 
 
 class Runner:
     """One variant's model, pool and runner, as the engine builds them."""
 
-    def __init__(self, config, weights, max_tokens: int, kernel: str, head: str, kv_dtype: str = "float32"):
+    def __init__(self, config, weights, max_tokens: int, kernel: str, head: str, kv_dtype: str = "float32",
+                 glue: str = "auto"):
         attention = decode_kernel.choose("auto", kv_dtype, config.num_heads, config.num_kv_heads, config.head_dim, 16)
-        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention)
+        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention, glue)
         self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, kv_dtype)
         pages = self.layout.pages_for_tokens(max_tokens)
         self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)

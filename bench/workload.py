@@ -99,8 +99,20 @@ async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, out
     return {"wall_s": wall, "records": records}
 
 
+def unseen(prompt: Prompt) -> Prompt:
+    """A prompt of the same length that shares no prefix with `prompt` (its
+    ids reversed; the harness's ids are random, so the first ones differ):
+    a server's prefix cache cannot answer one from the other."""
+    ids = prompt.ids[::-1] if prompt.ids[-1] != prompt.ids[0] else [*prompt.ids[1:], prompt.ids[0]]
+    return Prompt(ids, "")
+
+
 def run_level(ep: Endpoint, prompts: list[Prompt], concurrency: int, output_tokens: int) -> dict:
-    asyncio.run(closed_loop(ep, prompts[:1], 1, 4))  # warm-up: first-request costs are not the level's
+    # Warm-up: first-request costs are not the level's. Not one of the
+    # level's prompts: a server with a prefix cache (vLLM, llama-server, a
+    # bulkhead prefill worker) would then answer that one from its cache.
+    warm = unseen(prompts[0])
+    asyncio.run(closed_loop(ep, [warm if not ep.text_prompts else prompts[0]], 1, 4))
     return asyncio.run(closed_loop(ep, prompts, concurrency, output_tokens))
 
 
