@@ -92,7 +92,11 @@ async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, out
         while queue:
             records.append(await one_request(http, ep, queue.pop(), output_tokens))
 
-    async with httpx.AsyncClient(timeout=1800) as http:
+    # A new connection per request, for every system alike: llama-server
+    # closes a streamed response's connection without saying so, and a
+    # client that reused it failed with "Server disconnected without sending
+    # a response" at 16 clients. On loopback a connection costs ~0.1 ms.
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
         wall = time.perf_counter() - start
