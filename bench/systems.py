@@ -52,6 +52,9 @@ BULKHEAD_FLAGS = {
     # default reads 4-bit ones for the bundled SmolLM2) and an fp32 KV cache.
     "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn", "--kv-dtype", "float32"],
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
+    # Opt-in: prompts through bf16 matmuls (what they would buy; they fail
+    # the quality gate's README answer, docs/performance.md "Quality").
+    "bulkhead-bf16-prefill": ["--role", "colocated", "--linear-kernel", "q4-bf16-prefill"],
     # Benchmark only: the guard cost is this system against "bulkhead".
     "bulkhead-no-guards": ["--role", "colocated", "--unsafe-no-guards"],
     # The lineage log's cost is this system against "bulkhead" (the log and

@@ -7,6 +7,7 @@
 | `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
+| `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
@@ -14,6 +15,13 @@ below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 `int4` and `onednn-bf16` take `bf16w` where its C kernel builds here (the
 lm_head is then half the bytes at one request, where it is bound by memory),
 `aten` and `onednn` keep `fp32`.
+
+`q4-bf16-prefill` is opt-in, never `auto`: prompts in bf16 are 1.4-1.5x
+faster and a third to a half of a 16-client run is prefill, but rounding a
+prompt's activations to bf16 flips the README's question to a French answer
+(0.08 nats from a tie in fp32), even with each prompt's sampling row kept
+exact (measured, docs/performance.md "Quality"), so the default keeps
+prompts fp32.
 
 `auto` is `q4` for weights that lie exactly on a 4-bit grid (a Q4_0 or
 Q4_1 GGUF, such as the bundled SmolLM2: every weight rebuilds bit for bit
@@ -61,12 +69,14 @@ from bulkhead.model import head_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4")
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16-prefill")
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16-prefill")  # the kernels whose lm_head takes bf16w
 HEAD_KERNELS = ("fp32", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
-                    "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)"}
+                    "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
+                    "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
 
@@ -232,9 +242,13 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     if kernel in ("auto", "q4") and dtype == torch.float32 and onednn_usable(dtype) and q4_usable(weights):
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel")
         return "q4"
-    if kernel == "q4":
-        raise RuntimeError("--linear-kernel q4: its C kernel cannot be built here, or a linear weight is not "
-                           "exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
+    if kernel == "q4-bf16-prefill" and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
+            and q4_usable(weights):
+        return kernel
+    if kernel in ("q4", "q4-bf16-prefill"):
+        raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, a linear weight is not "
+                           "exactly on a 4-bit grid (a Q4_0 / Q4_1 model)"
+                           + (", or this torch build cannot run oneDNN bf16" if kernel != "q4" else ""))
     if kernel == "auto" and weights is not None and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and int4_usable() and on_4bit_grid(weights):
         log.info("linear weights lie on a 4-bit grid: int4 decode kernel")
@@ -285,7 +299,7 @@ def choose_head(kernel: str, lm_head: torch.Tensor, asked: str | None = None) ->
         if asked == "bf16w" and not bf16w_usable(lm_head):
             raise RuntimeError("lm_head kernel bf16w: its C kernel cannot run here or does not take this shape")
         return asked
-    if kernel in ("onednn-bf16", "int4", "q4") and lm_head.dtype == torch.float32 and bf16w_usable(lm_head):
+    if kernel in REDUCED and lm_head.dtype == torch.float32 and bf16w_usable(lm_head):
         return "bf16w"
     return "fp32"
 
@@ -301,11 +315,11 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "int4":
         prefill = OneDNNLinear(w, w.dtype)
         return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
-    if kernel == "q4":
+    if kernel in ("q4", "q4-bf16-prefill"):
         packed = q4_kernel.pack(w)
         if packed is None:
-            raise ValueError(f"q4: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
-        return Q4Linear(packed, OneDNNLinear(w, w.dtype))
+            raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
+        return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
@@ -328,5 +342,5 @@ def prepare(weights, kernel: str, head: str | None = None):
     if head == "bf16w":
         lm_head = BF16WeightLinear(weights.lm_head)
     else:
-        lm_head = prepare_one(weights.lm_head, "onednn" if kernel in ("onednn-bf16", "int4", "q4") else kernel)
+        lm_head = prepare_one(weights.lm_head, "onednn" if kernel in REDUCED else kernel)
     return dataclasses.replace(weights, layers=layers, lm_head=lm_head)
