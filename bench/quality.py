@@ -64,6 +64,8 @@ VARIANTS = {
     # The q4 rows above run a decode step's layers in one C call (the
     # default, bulkhead.model.decode_layers); this one through torch ops.
     "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
+    # Opt-in (--linear-kernel q4-bf16-prefill): prompts through bf16 matmuls.
+    "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
 }
 
 
