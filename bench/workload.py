@@ -104,10 +104,12 @@ async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, out
 
 
 def unseen(prompt: Prompt) -> Prompt:
-    """A prompt of the same length that shares no prefix with `prompt` (its
-    ids reversed; the harness's ids are random, so the first ones differ):
-    a server's prefix cache cannot answer one from the other."""
-    ids = prompt.ids[::-1] if prompt.ids[-1] != prompt.ids[0] else [*prompt.ids[1:], prompt.ids[0]]
+    """A prompt of the same length whose first id differs from `prompt`'s
+    (its ids reversed, the first moved by one where that is the same id): a
+    server's prefix cache cannot answer one from the other."""
+    ids = prompt.ids[::-1]
+    if ids[0] == prompt.ids[0]:
+        ids[0] += 1 if ids[0] < 40000 else -1  # the harness's ids lie in 1000..40000, clear of special tokens
     return Prompt(ids, "")
 
 

@@ -10,8 +10,11 @@ calls into the kernels cost about as much as the attention itself
 4-bit grid (`--linear-kernel q4`, the bundled model's default) and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the
-torch path's up to the order of two sums (the C file says which), and
-batch invariance is measured at start-up through whichever path runs.
+torch path's up to the order of two sums (the C file says which). Batch
+invariance: each row's glue reads only that row and the two kernels are
+invariant themselves (tested bitwise in tests/model/test_decode_layers.py);
+where the engine tiles decode rows instead (no invariant row multiple was
+measured), the model takes the torch path.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "decode_layers.c"
 # Rotary and the adds must round as torch's separate ops do: no fused multiply-add.
 FLAGS = (*decode_kernel.FLAGS, "-ffp-contract=off")
-MAX_KV_ROW = 2048  # the C file's k_rot: KV heads x head_dim of one row
+MAX_KV_ROW = 2048  # the C file's MAX_KV_ROW (load() checks): KV heads x head_dim of one row
 CHOICES = ("auto", "c", "torch")  # LlamaModel's decode_glue
 KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ERRORS = {-1: "a geometry it does not take", -2: "a write slot outside the pool",
+ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)", -2: "a write slot outside the pool",
           -3: "a position outside the rotary tables", -4: "no memory", -5: "a matmul shape the 4-bit kernel refused"}
 
 
@@ -70,6 +73,8 @@ def load() -> ctypes.CDLL | None:
         log.warning("could not build the C decode layers (%s): decode glue runs through torch",
                     str(getattr(e, "stderr", "") or e).strip()[:500])
         return None
+    lib.max_kv_row.restype = ctypes.c_int
+    assert lib.max_kv_row() == MAX_KV_ROW
     lib.decode_layers.restype = ctypes.c_int64
     lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                   *[ctypes.c_void_p] * 3, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int]
@@ -88,33 +93,43 @@ class DecodeLayers:
         self._model = None
 
     @staticmethod
-    def usable(config, weights, decode_attention: str) -> bool:
-        """Every layer's linear weights run the 4-bit kernel, decode attention
+    def why_not(config, weights, decode_attention: str) -> str | None:
+        """Why the C layers cannot run this model, or None when they can:
+        every layer's linear weights run the 4-bit kernel, decode attention
         is the C kernel, and the glue builds here."""
         from bulkhead.model.linear_kernel import Q4Linear  # the linear kernels import this module's neighbours
 
-        if decode_attention != "c" or config.num_kv_heads * config.head_dim > MAX_KV_ROW:
-            return False
-        if weights.embed.dtype != torch.float32 or q4_kernel.load() is None:
-            return False
-        if not all(isinstance(lin, Q4Linear) for layer in weights.layers
-                   for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)):
-            return False
-        return load() is not None
+        if decode_attention != "c":
+            return f"decode attention is {decode_attention}, not c"
+        if config.num_kv_heads * config.head_dim > MAX_KV_ROW:
+            return f"{config.num_kv_heads} KV heads x head_dim {config.head_dim} is over {MAX_KV_ROW}"
+        if weights.embed.dtype != torch.float32:
+            return f"the model is {weights.embed.dtype}, not float32"
+        if q4_kernel.load() is None or not all(isinstance(lin, Q4Linear) for layer in weights.layers
+                                               for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+            return "the linear layers do not run the q4 kernel"
+        if load() is None:
+            return "the C file could not be built here (see the log)"
+        return None
 
     def _bind(self, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Model:
         """The C Model struct for this pool, built once per pool."""
         k0, v0 = kv_layers[0]
-        key = (k0.data_ptr(), k0.shape, k0.stride(0), k0.dtype, len(kv_layers))
+        # The list itself is kept (below), so its id names it while it lives.
+        key = (id(kv_layers), len(kv_layers), k0.data_ptr(), k0.shape, k0.stride(0), k0.dtype)
         if key == self._pool_key:
             return self._model
         cfg = self.config
         kind = KV_KIND.get(k0.dtype)
         views = [t for pair in kv_layers for t in pair]
-        if kind is None or not decode_kernel._pages_contiguous(*views) or any(t.dtype != k0.dtype for t in views):
-            raise KernelError("the C decode layers read pool views of one dtype whose pages are contiguous, "
-                              "one stride apart")
         page_size = v0.shape[1]
+        k_shape, v_shape = (cfg.num_kv_heads, cfg.head_dim, page_size), (page_size, cfg.num_kv_heads, cfg.head_dim)
+        if len(kv_layers) != len(self.weights.layers):
+            raise KernelError(f"{len(kv_layers)} pool layers for a model of {len(self.weights.layers)}")
+        if kind is None or not decode_kernel._pages_contiguous(*views) or any(t.dtype != k0.dtype for t in views) \
+                or any(tuple(k.shape[1:]) != k_shape or tuple(v.shape[1:]) != v_shape for k, v in kv_layers):
+            raise KernelError(f"the C decode layers read pool views of one dtype, K pages {list(k_shape)} and V "
+                              f"pages {list(v_shape)}, each contiguous and one stride apart")
         attention = decode_kernel.load(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, page_size,
                                        decode_kernel._kv_name(k0.dtype))
         if attention is None:
@@ -135,7 +150,7 @@ class DecodeLayers:
                                *(_Q4(lin.packed[0].data_ptr(), lin.packed[1].data_ptr())
                                  for lin in (w.qkv, w.o, w.gate_up, w.down)),
                                k.data_ptr(), v.data_ptr())
-        self._layers, self._keep = layers, keep
+        self._layers, self._keep, self._kv_layers = layers, keep, kv_layers
         self._model = _Model(ctypes.addressof(layers), len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                              cfg.head_dim, cfg.intermediate_size, page_size, kind, k0.shape[0], k0.stride(0),
                              self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], cfg.rms_norm_eps,
@@ -150,10 +165,11 @@ class DecodeLayers:
         x = x.contiguous()
         rows = batch.decode_kv_len.shape[0]
         index = (batch.positions, batch.write_slots, batch.pages, batch.decode_page_offset, batch.decode_kv_len)
-        if any(t.dtype != torch.int64 or not t.is_contiguous() for t in index) or x.dtype != torch.float32 \
-                or batch.write_slots.shape[0] != rows or batch.positions.shape[0] != x.shape[0]:
-            raise KernelError("the C decode layers take float32 rows, one write slot per request and "
-                              "contiguous int64 index tensors")
+        if any(t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1 for t in index) \
+                or x.dtype != torch.float32 or batch.write_slots.shape[0] != rows \
+                or batch.decode_page_offset.shape[0] != rows or batch.positions.shape[0] != x.shape[0]:
+            raise KernelError("the C decode layers take float32 rows, one write slot and page offset per request "
+                              "and contiguous 1-D int64 index tensors")
         rc = self.lib.decode_layers(ctypes.addressof(model), x.data_ptr(), x.shape[0], rows,
                                     batch.positions.data_ptr(), batch.write_slots.data_ptr(), batch.pages.data_ptr(),
                                     batch.pages.shape[0], batch.decode_page_offset.data_ptr(),

@@ -246,9 +246,9 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
             and q4_usable(weights):
         return kernel
     if kernel in ("q4", "q4-bf16-prefill"):
-        raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, a linear weight is not "
-                           "exactly on a 4-bit grid (a Q4_0 / Q4_1 model)"
-                           + (", or this torch build cannot run oneDNN bf16" if kernel != "q4" else ""))
+        raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
+                           + ("" if kernel == "q4" else "this torch build cannot run oneDNN bf16, ")
+                           + "or a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
     if kernel == "auto" and weights is not None and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and int4_usable() and on_4bit_grid(weights):
         log.info("linear weights lie on a 4-bit grid: int4 decode kernel")

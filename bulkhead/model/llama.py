@@ -68,9 +68,10 @@ class LlamaModel:
         self.cos, self.sin = rope_tables(config.rope, config.head_dim, config.max_position_embeddings)
         if decode_glue not in decode_layers.CHOICES:
             raise ValueError(f"decode glue must be one of {decode_layers.CHOICES}, not {decode_glue!r}")
-        usable = decode_glue != "torch" and decode_layers.DecodeLayers.usable(config, weights, decode_attention)
+        why = None if decode_glue == "torch" else decode_layers.DecodeLayers.why_not(config, weights, decode_attention)
+        usable = decode_glue != "torch" and why is None
         if decode_glue == "c" and not usable:
-            raise RuntimeError("decode glue c needs the q4 linear kernel, C decode attention and a C compiler")
+            raise RuntimeError(f"decode glue c cannot run: {why}")
         self._c_layers = decode_layers.DecodeLayers(config, weights, self.cos, self.sin, decode_layers.load()) \
             if usable else None
 
@@ -99,7 +100,9 @@ class LlamaModel:
         """
         cfg, w = self.config, self.weights
         x = w.embed[batch.token_ids]  # [T, D]
-        if batch.decode and self._c_layers is not None:
+        # Not where decode rows are tiled (no batch-invariant row multiple
+        # was measured): the C layers run every row through one matmul.
+        if batch.decode and self._c_layers is not None and not batch.row_tile:
             x = self._c_layers.run(x, batch, kv_layers)
             x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
             return _linear(x, w.lm_head, None, batch).float()

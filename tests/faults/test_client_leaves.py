@@ -53,7 +53,7 @@ def test_client_leaves(cluster, state, stream):
 
 def test_client_leaves_while_decoding(cluster):
     commits, aborts = total(cluster, "commits", "decode", fresh=True), _aborts(cluster)
-    sock = open_request(cluster, {"prompt": "Write a very long essay about rivers.", "max_tokens": 200,
+    sock = open_request(cluster, {"prompt": "Write a very long essay about rivers.", "max_tokens": 470,
                                   "temperature": 0, "stream": True, "ignore_eos": True})
     try:
         first = read_some(sock, b'"text"')  # (a) tokens stream: the KV was verified and committed

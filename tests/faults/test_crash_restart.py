@@ -56,7 +56,7 @@ def test_kill_9_prefill_mid_transfer_then_restart(cluster):
 
 def test_kill_9_decode_mid_decode_then_restart(cluster):
     registrations = cluster.info()["counters"]["registrations"]
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Write a very long essay about rivers.", "max_tokens": 200,
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Write a very long essay about rivers.", "max_tokens": 470,
             "temperature": 0, "stream": True, "ignore_eos": True}
     events, victim = [], None
     with httpx.stream("POST", cluster.url + "/v1/completions", json=body, timeout=60,

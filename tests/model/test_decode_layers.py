@@ -44,7 +44,9 @@ def prefilled(model, kv_dtype="bfloat16", prompts=PROMPTS):
     c = model.config
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, kv_dtype)
     pool, ledger = KVPool(layout, 32, "poison"), PageLedger(32)
-    runner = ModelRunner(model, pool, ledger, RunnerConfig(prefill_row_bucket=32))
+    # Decode rows padded to a multiple, not tiled: the engine measures
+    # multiple 1 for q4 (with tiles the model takes the torch path).
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(prefill_row_bucket=32, decode_row_multiple=1))
     works = []
     for i, ids in enumerate(prompts):
         pages = tuple(ledger.allocate(f"r{i}", "t", layout.pages_for_tokens(len(ids) + 4)))
@@ -166,7 +168,34 @@ def test_it_runs_only_over_the_4_bit_kernel_and_c_attention(smollm2_dir, c_model
     assert LlamaModel(c_model.config, c_model.weights, "torch").decode_glue == "torch"  # torch attention
     exact = load_model(smollm2_dir, linear_kernel="onednn", decode_attention="c")
     assert exact.decode_glue == "torch"  # fp32 oneDNN weights: the exact model's path
-    with pytest.raises(RuntimeError, match="decode glue c needs the q4 linear kernel"):
+    with pytest.raises(RuntimeError, match="decode glue c cannot run: the linear layers do not run the q4 kernel"):
         LlamaModel(exact.config, exact.weights, "c", "c")
     with pytest.raises(ValueError, match="decode glue must be one of"):
         LlamaModel(c_model.config, c_model.weights, "c", "fast")
+
+
+def test_where_decode_rows_are_tiled_the_torch_path_runs(c_model, monkeypatch):
+    # Tiles mean no batch-invariant row multiple was measured: the C layers,
+    # one matmul over every row, must not run then.
+    runner, works = prefilled(c_model)
+    batch, _ = runner._build_batch(list(works))
+    assert batch.row_tile == 0
+    calls = []
+    monkeypatch.setattr(c_model._c_layers, "run", lambda *a: calls.append(a) or a[0])
+    c_model.forward(dataclasses.replace(batch, row_tile=2), runner._layers)
+    assert calls == []
+    c_model.forward(batch, runner._layers)
+    assert len(calls) == 1
+
+
+def test_a_pool_of_another_geometry_is_refused_before_anything_is_written(c_model):
+    runner, works = prefilled(c_model)
+    before = runner.pool.data.clone()
+    batch, _ = runner._build_batch(list(works))
+    x = c_model.weights.embed[batch.token_ids]
+    with pytest.raises(KernelError, match="29 pool layers for a model of 30"):
+        c_model._c_layers.run(x, batch, runner._layers[:-1])
+    narrow = [(k[:, :, :32], v[:, :, :, :32]) for k, v in runner._layers]  # head_dim 32: not the model's pages
+    with pytest.raises(KernelError, match="K pages"):
+        c_model._c_layers.run(x, batch, narrow)
+    assert same_bits(runner.pool.data, before)

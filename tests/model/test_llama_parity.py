@@ -37,8 +37,10 @@ def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_k
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, kv_dtype)
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
     # As the engine builds it: oneDNN pads prefill rows to a bucket.
+    # Decode rows padded, not tiled (one request: the same numbers), so that
+    # q4 with C attention takes the C decode layers as the engine runs them.
     runner = ModelRunner(model, pool, ledger, RunnerConfig(prefill_row_bucket=0 if kernel == "aten"
-                                                           else PREFILL_ROW_BUCKET))
+                                                           else PREFILL_ROW_BUCKET, decode_row_multiple=1))
     pages = tuple(ledger.allocate("r", "t", layout.pages_for_tokens(len(ids))))
     out = {}
     prefill_len = len(ids) - 3

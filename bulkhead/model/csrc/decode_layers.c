@@ -19,9 +19,12 @@
  * Batch invariance by construction: every row's glue reads only that row;
  * the kernels it calls are batch-invariant themselves (their own files).
  *
- * Fail closed, before anything is written: a write slot outside the pool or
- * a position outside the rotary tables stops the call with a code (the
- * caller raises). Attention checks its own page lists. No -ffast-math: NaN
+ * Fail closed: a pool geometry it does not take, a write slot outside the
+ * pool or a position outside the rotary tables stops the call with a code
+ * (the caller raises) before anything is written. Attention checks its own
+ * page lists, layer by layer: a bad list stops the step after earlier
+ * layers wrote this step's K and V into the request's own slots, which the
+ * failed step then never reads. No -ffast-math: NaN
  * from poisoned KV reaches the logits, where the runner's check fails the
  * step closed.
  *
@@ -68,6 +71,9 @@ typedef struct {
 enum { BAD_GEOMETRY = -1, BAD_SLOT = -2, BAD_POSITION = -3, NO_MEMORY = -4, LINEAR_REFUSED = -5 };
 
 #define LANES 16
+#define MAX_KV_ROW 2048  /* KV heads x head_dim of one row: the k_rot buffer below */
+
+int max_kv_row(void) { return MAX_KV_ROW; }
 
 /* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row. */
 static void rms_norm(const float *x, const float *w, float *y, int64_t T, int64_t D, float eps) {
@@ -105,7 +111,7 @@ static void silu_mul(const float *gate_up, float *act, int64_t T, int64_t I) {
         float *a = act + t * I;
         for (int64_t i = 0; i < I; i++) {
             float x = g[i];
-            float e = exp_neg(-fabsf(x));  /* exp(-|x|): no overflow on either side */
+            float e = exp_neg(x != x ? 0.0f : -fabsf(x));  /* exp(-|x|): no overflow; NaN kept out of the cast */
             float sigmoid = x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
             if (x != x) sigmoid = x;      /* NaN stays NaN */
             a[i] = x * sigmoid * u[i];
@@ -139,9 +145,11 @@ static void store_kv(const Model *m, const Layer *layer, int64_t page, int64_t o
         if (m->kv_kind == 1) {
             ((uint16_t *)layer->k_pool)[ki] = to_bf16(k[e]);
             ((uint16_t *)layer->v_pool)[vi] = to_bf16(v[e]);
+#ifdef __FLT16_MAX__
         } else if (m->kv_kind == 2) {
             ((_Float16 *)layer->k_pool)[ki] = (_Float16)k[e];
             ((_Float16 *)layer->v_pool)[vi] = (_Float16)v[e];
+#endif
         } else {
             ((float *)layer->k_pool)[ki] = k[e];
             ((float *)layer->v_pool)[vi] = v[e];
@@ -160,7 +168,12 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
                       const int64_t *write_slots, const int64_t *pages, int64_t table_len,
                       const int64_t *page_offset, const int64_t *kv_len, int nthreads) {
     const int64_t D = m->D, hd = m->hd, qd = m->H * hd, kvd = m->KVH * hd, qkvd = qd + 2 * kvd, I = m->I;
-    if (T < 1 || S < 0 || S > T || hd % 2 || m->num_layers < 1) return BAD_GEOMETRY;
+    if (T < 1 || S < 0 || S > T || hd % 2 || m->num_layers < 1 || m->page_size <= 0 || m->KVH <= 0 ||
+        m->H % m->KVH || kvd > MAX_KV_ROW || m->page_stride < kvd * m->page_size || m->kv_kind < 0 || m->kv_kind > 2)
+        return BAD_GEOMETRY;
+#ifndef __FLT16_MAX__
+    if (m->kv_kind == 2) return BAD_GEOMETRY;  /* this compiler has no _Float16 */
+#endif
     for (int64_t t = 0; t < T; t++)
         if (positions[t] < 0 || positions[t] >= m->max_positions) return BAD_POSITION;
     for (int64_t s = 0; s < S; s++)
@@ -170,8 +183,7 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
     if (!buf) return NO_MEMORY;
     float *h = buf, *qkv = h + T * D, *q = qkv + T * qkvd, *attn = q + T * qd, *proj = attn + T * qd,
           *gate_up = proj + T * D, *act = gate_up + T * 2 * I;
-    float k_rot[2048];  /* one row's rotated K: KVH * hd; the caller checks it fits */
-    if (kvd > 2048) { free(buf); return BAD_GEOMETRY; }
+    float k_rot[MAX_KV_ROW];  /* one row's rotated K: KVH * hd (checked above) */
     memset(attn, 0, sizeof(float) * (size_t)T * qd);  /* padding rows attend to nothing: 0 */
     int64_t rc = 0;
 
