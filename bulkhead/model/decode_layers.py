@@ -38,8 +38,9 @@ FLAGS = (*decode_kernel.FLAGS, "-ffp-contract=off")
 MAX_KV_ROW = 2048  # the C file's MAX_KV_ROW (load() checks): KV heads x head_dim of one row
 CHOICES = ("auto", "c", "torch")  # LlamaModel's decode_glue
 KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)", -2: "a write slot outside the pool",
-          -3: "a position outside the rotary tables", -4: "no memory", -5: "a matmul shape the 4-bit kernel refused"}
+ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)",
+          -2: "a write slot outside the pool", -3: "a position outside the rotary tables", -4: "no memory",
+          -5: "a matmul shape the 4-bit kernel refused"}
 
 
 class _Q4(ctypes.Structure):
