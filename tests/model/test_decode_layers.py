@@ -133,25 +133,29 @@ def run_layers(model, runner, works, **changes):
     return model._c_layers.run(x, batch, runner._layers)
 
 
-def test_a_write_slot_outside_the_pool_is_refused_before_anything_is_written(c_model):
-    runner, works = prefilled(c_model)
-    before = runner.pool.data.clone()
-    slots = torch.tensor([w.pages[0] * 16 for w in works])
-    for bad in (-1, runner.pool.num_pages * 16):  # (C's -1 / 16 is page 0) and one page past the pool
-        slots[2] = bad
-        with pytest.raises(KernelError, match="a write slot outside the pool"):
-            run_layers(c_model, runner, works, write_slots=slots)
-    assert same_bits(runner.pool.data, before)
+def _bad_slot(runner, batch, value):
+    slots = batch.write_slots.clone()
+    slots[2] = value
+    return {"write_slots": slots}
 
 
-def test_a_position_outside_the_rotary_tables_is_refused(c_model):
+def _bad_position(runner, batch, value):
+    positions = batch.positions.clone()
+    positions[0] = value
+    return {"positions": positions}
+
+
+@pytest.mark.parametrize("change,value,message", [
+    (_bad_slot, lambda runner, model: -1, "a write slot outside the pool"),  # C's -1 / 16 would be page 0
+    (_bad_slot, lambda runner, model: runner.pool.num_pages * 16, "a write slot outside the pool"),  # one page past
+    (_bad_position, lambda runner, model: model.cos.shape[0], "a position outside the rotary tables"),
+], ids=["slot -1", "slot past the pool", "position past the tables"])
+def test_a_bad_slot_or_position_is_refused_before_anything_is_written(c_model, change, value, message):
     runner, works = prefilled(c_model)
     batch, _ = runner._build_batch(list(works))
-    positions = batch.positions.clone()
-    positions[0] = c_model.cos.shape[0]
     before = runner.pool.data.clone()
-    with pytest.raises(KernelError, match="a position outside the rotary tables"):
-        run_layers(c_model, runner, works, positions=positions)
+    with pytest.raises(KernelError, match=message):
+        run_layers(c_model, runner, works, **change(runner, batch, value(runner, c_model)))
     assert same_bits(runner.pool.data, before)
 
 
