@@ -178,12 +178,13 @@ def _moving(state: WorldState) -> set:
     moving = set()
     for message in in_flight(state):
         moving.add(_rid_of(message))
-    for actor in state.prefills + state.decodes:
-        for record in actor.requests:
-            # Each can take a step of its own: decode, finish, ack, expire, or hand over.
-            if (record.phase in (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING)
-                    or getattr(record, "computing", False) or getattr(record, "reserving", False)):
-                moving.add(record.rid)
+    # Each can take a step of its own: decode, finish, ack or expire; and an
+    # engine's step in flight: prefill's hand-over, decode's reservation.
+    stepping = (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING)
+    for prefill in state.prefills:
+        moving |= {r.rid for r in prefill.requests if r.phase in stepping or r.computing}
+    for decode in state.decodes:
+        moving |= {r.rid for r in decode.requests if r.phase in stepping or r.reserving}
     return moving
 
 
