@@ -104,8 +104,15 @@ class LlamaModel:
         # was measured): the C layers run every row through one matmul.
         if batch.decode and self._c_layers is not None and not batch.row_tile:
             x = self._c_layers.run(x, batch, kv_layers)
-            x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
-            return _linear(x, w.lm_head, None, batch).float()
+        else:
+            x = self._torch_layers(x, batch, kv_layers, between_layers)
+        x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
+        return _linear(x, w.lm_head, None, batch).float()
+
+    def _torch_layers(self, x: torch.Tensor, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                      between_layers: Callable[[], None] | None) -> torch.Tensor:
+        """Every layer, one torch op at a time: x [T, D] in, the last layer's output out."""
+        cfg, w = self.config, self.weights
         cos = self.cos[batch.positions].unsqueeze(1).to(x.dtype)  # [T, 1, hd]
         sin = self.sin[batch.positions].unsqueeze(1).to(x.dtype)
         page_size = kv_layers[0][1].shape[1]
@@ -126,5 +133,4 @@ class LlamaModel:
             x = x + _linear(F.silu(gate) * up, layer.down, None, batch)
             if between_layers is not None and layer is not w.layers[-1]:
                 between_layers()
-        x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
-        return _linear(x, w.lm_head, None, batch).float()
+        return x
