@@ -211,11 +211,16 @@ def paged_decode_attention(
         ptr(pages, _i64p), pages.shape[0], ptr(page_offset, _i64p), ptr(kv_len, _i64p), ptr(out, _f32p),
         b, h, kvh, hd, page_size, scale, torch.get_num_threads())
     if rc > 0:
-        raise KernelError(f"decode row {rc - 1}'s page list runs past the page table or names a page outside "
-                          f"the pool of {k_pages.shape[0]} pages")
+        raise page_list_refused(rc - 1, k_pages.shape[0])
     if rc < 0:
         raise KernelError("the decode-attention kernel refused its geometry or ran out of memory")
     return out
+
+
+def page_list_refused(row: int, num_pages: int) -> KernelError:
+    """The kernel's refusal of one decode row's page list (its positive return code, less one)."""
+    return KernelError(f"decode row {row}'s page list runs past the page table or names a page outside "
+                       f"the pool of {num_pages} pages")
 
 
 def gather_k_position_major(k_pages: torch.Tensor, which: torch.Tensor, group: int) -> torch.Tensor | None:

@@ -176,8 +176,7 @@ class DecodeLayers:
                                     batch.pages.shape[0], batch.decode_page_offset.data_ptr(),
                                     batch.decode_kv_len.data_ptr(), torch.get_num_threads())
         if rc > 0:
-            raise KernelError(f"decode row {rc - 1}'s page list runs past the page table or names a page outside "
-                              f"the pool of {model.num_pool_pages} pages")
+            raise decode_kernel.page_list_refused(rc - 1, model.num_pool_pages)
         if rc < 0:
             raise KernelError(f"the C decode layers refused the step: {ERRORS.get(rc, rc)}")
         return x
