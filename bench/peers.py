@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import report, systems  # noqa: E402
 from bench.memory import PeakMemory  # noqa: E402
-from bench.workload import Prompt, closed_loop, make_prompts, run_level, summarise  # noqa: E402
+from bench.workload import ID_HIGH, ID_LOW, Prompt, closed_loop, make_prompts, run_level, summarise  # noqa: E402
 
 # Guards on and off, and the lineage log on, run back to back: each cost is a
 # ratio to "bulkhead", on a machine whose load drifts.
@@ -178,7 +178,8 @@ class Harness:
         # twice, vLLM's prefix cache answered the second (and the warm-up's
         # copy the first) at 11,000 tok/s, which is no prefill at all.
         g = torch.Generator().manual_seed(7)
-        prompts = [Prompt(torch.randint(1000, 40000, (PREFILL_TOKENS,), generator=g).tolist(), "") for _ in range(3)]
+        prompts = [Prompt(torch.randint(ID_LOW, ID_HIGH, (PREFILL_TOKENS,), generator=g).tolist(), "")
+                   for _ in range(3)]
         # No warm-up of its own: the levels before it warmed the server.
         times = [asyncio.run(closed_loop(endpoint, [prompt], 1, 1))["records"][0]["ttft"] for prompt in prompts]
         seconds = statistics.median(times)  # time to the first token: the whole prefill

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 import httpx
 
 
+# Random prompt ids are drawn from [ID_LOW, ID_HIGH): clear of the special
+# tokens at the start of the vocabulary, inside every vocabulary measured.
+ID_LOW, ID_HIGH = 1000, 40000
+
+
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
@@ -32,7 +37,7 @@ def make_prompts(tokenizer, n: int, length: int, seed: int) -> list[Prompt]:
     g = torch.Generator().manual_seed(seed)
     prompts = []
     for _ in range(n):
-        raw = torch.randint(1000, 40000, (2 * length,), generator=g).tolist()
+        raw = torch.randint(ID_LOW, ID_HIGH, (2 * length,), generator=g).tolist()
         ids = tokenizer.encode(tokenizer.decode(raw), add_special_tokens=False).ids[:length]
         assert len(ids) == length  # static batches (transformers) need equal lengths
         prompts.append(Prompt(ids, tokenizer.decode(ids)))
@@ -109,7 +114,7 @@ def unseen(prompt: Prompt) -> Prompt:
     server's prefix cache cannot answer one from the other."""
     ids = prompt.ids[::-1]
     if ids[0] == prompt.ids[0]:
-        ids[0] += 1 if ids[0] < 40000 else -1  # the harness's ids lie in 1000..40000, clear of special tokens
+        ids[0] += 1 if ids[0] < ID_HIGH else -1  # stays a plain token: inside the vocabulary, off id 0
     return Prompt(ids, "")
 
 
