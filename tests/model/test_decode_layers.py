@@ -199,7 +199,10 @@ def test_a_pool_of_another_geometry_is_refused_before_anything_is_written(c_mode
     x = c_model.weights.embed[batch.token_ids]
     with pytest.raises(KernelError, match="29 pool layers for a model of 30"):
         c_model._c_layers.run(x, batch, runner._layers[:-1])
-    narrow = [(k[:, :, :32], v[:, :, :, :32]) for k, v in runner._layers]  # head_dim 32: not the model's pages
+    # A whole pool, its pages contiguous, laid out for head_dim 32: only the
+    # shape check stands between it and writes sized for the model's 64.
+    c = c_model.config
+    other = KVPool(KVLayout(c.num_layers, c.num_kv_heads, 32, 16, "bfloat16"), runner.pool.num_pages, "poison")
     with pytest.raises(KernelError, match="K pages"):
-        c_model._c_layers.run(x, batch, narrow)
+        c_model._c_layers.run(x, batch, other.layer_views())
     assert same_bits(runner.pool.data, before)
