@@ -4,12 +4,15 @@ of them on this machine (`--role local`, the default of `bulkhead serve`)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import typing
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +31,10 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                         "process does both; router/prefill/decode: one part, for multi-host deployments")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers to start with --role local")
     p.add_argument("--decode", type=int, default=1, help="decode workers to start with --role local")
+    p.add_argument("--core-sharing", choices=("lease", "split"), default="lease",
+                   help="--role local: lease (default) = each worker runs every core's threads and the workers' "
+                        "model passes take turns (bulkhead.engine.core_lease); split = the cores divided among "
+                        "the workers, whose passes overlap")
     p.add_argument("--prefill-kv-memory", default=None, help="KV pool of prefill workers (default --kv-memory)")
     p.add_argument("--decode-kv-memory", default=None, help="KV pool of decode workers (default --kv-memory)")
     p.add_argument("--control-address", default=None,
@@ -156,15 +163,30 @@ def _die_with_parent() -> None:
 
 
 def worker_threads(args) -> int:
-    """Torch threads per local worker: --threads, else this machine's cores
-    split among the workers. Two workers with two threads each on two cores
-    halve each other whenever a prefill and a decode step overlap, and each
-    pays for the other's spinning OpenMP workers: at 16 clients, 1 thread
-    each served 105.9 tok/s against 76.8 with 2 (same run; 31.1 vs 31.0 at 1)."""
+    """Torch threads per local worker: --threads, else every core where the
+    workers take turns with them (--core-sharing lease), else the cores split
+    among the workers. Two workers with two threads each on two cores and no
+    lease halve each other whenever a prefill and a decode pass overlap, and
+    each pays for the other's spinning OpenMP workers: at 16 clients, 1
+    thread each served 105.9 tok/s against 76.8 with 2 (same run; 31.1 vs
+    31.0 at 1)."""
     if args.threads:
         return args.threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if args.core_sharing == "lease":
+        return cores
     return max(1, cores // max(1, args.prefill + args.decode))
+
+
+def core_lease_path(args) -> str | None:
+    """The lock file the local workers' passes take turns on (--core-sharing
+    lease), in a directory of this launch's own: another deployment on the
+    host never shares it. Removed when the launcher exits."""
+    if args.core_sharing != "lease":
+        return None
+    where = tempfile.mkdtemp(prefix="bulkhead-cores-")
+    atexit.register(shutil.rmtree, where, True)
+    return os.path.join(where, "lease")
 
 
 def spawn_workers(args, control_address: str, key_file: Path, engine_configs: dict,
@@ -172,11 +194,11 @@ def spawn_workers(args, control_address: str, key_file: Path, engine_configs: di
     """Start --prefill and --decode worker processes, each with its whole
     WorkerConfig; engine_configs: the engine configuration of each role."""
     procs = []
-    threads = worker_threads(args)
+    threads, lease = worker_threads(args), core_lease_path(args)
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            config = WorkerConfig(role, f"{role}-{i}", control_address, key_file,
-                                  replace(engine_configs[role], threads=threads), args.transfer, args.drain_lease,
+            engine = replace(engine_configs[role], threads=threads, core_lease=lease)
+            config = WorkerConfig(role, f"{role}-{i}", control_address, key_file, engine, args.transfer, args.drain_lease,
                                   args.log_level, drain_deadline_s=args.drain_deadline,
                                   **lineage_settings(args))
             cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from bulkhead.engine.admission import Limits
+from bulkhead.engine.core_lease import CoreLease
 from bulkhead.engine.engine import Engine
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.grammar_mask import GrammarMasks
@@ -88,6 +89,10 @@ class EngineConfig:
     # "bfloat16" or "float16". Prefill and decode workers must agree (the
     # router's pairing gate compares kv_dtype).
     kv_dtype: str = "auto"
+    # A lock file this engine's model passes hold, where workers on one host
+    # take turns with all its cores (bulkhead.engine.core_lease; `--role
+    # local` names one). None = passes never wait.
+    core_lease: str | None = None
     # Fair order only: a less-served tenant's chunk and decode rows may run
     # between the layers of a long prefill pass (bulkhead.engine.engine).
     interject: bool = True
@@ -178,7 +183,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
                                  prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
-    runner = ModelRunner(model, pool, ledger, runner_config)
+    runner = ModelRunner(model, pool, ledger, runner_config, CoreLease(cfg.core_lease) if cfg.core_lease else None)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
     engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
                                       prefill_only=prefill_only, interject=cfg.interject))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -44,8 +46,12 @@ class RunnerConfig:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVPool, ledger: PageLedger, config: RunnerConfig):
+    def __init__(self, model: LlamaModel, pool: KVPool, ledger: PageLedger, config: RunnerConfig,
+                 lease: AbstractContextManager | None = None):
+        """lease: held around each run, where workers on one host take turns
+        with its cores (bulkhead.engine.core_lease); None = never waits."""
         self.model = model
+        self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger
         self.config = config
@@ -69,6 +75,10 @@ class ModelRunner:
         multiple), never on which other chunks share the step. Mixing them
         into one pass would put decode rows through prefill-shaped matmuls
         whose reduction order changes with the row count."""
+        with self.lease:
+            return self._run(plan, between_layers)
+
+    def _run(self, plan: StepPlan, between_layers: Callable[[], None] | None) -> tuple[list[str], torch.Tensor]:
         if self.config.safe_mode:
             self.check_ownership(plan)
         ids: list[str] = []

@@ -121,13 +121,46 @@ def test_a_write_lands_only_on_the_granted_page_while_its_request_awaits_kv(writ
     assert write_admissible(writer, page_now, awaiting) is admitted
 
 
-def test_local_workers_split_the_cores_unless_told():
+def test_local_workers_take_every_core_in_turn_or_split_them_as_told():
     import argparse
     import os
 
     from bulkhead.disagg.launch import worker_threads
 
     cores = len(os.sched_getaffinity(0))
-    assert worker_threads(argparse.Namespace(threads=None, prefill=1, decode=1)) == max(1, cores // 2)
-    assert worker_threads(argparse.Namespace(threads=None, prefill=4 * cores, decode=1)) == 1
-    assert worker_threads(argparse.Namespace(threads=3, prefill=1, decode=1)) == 3
+    args = lambda **kw: argparse.Namespace(**{"threads": None, "prefill": 1, "decode": 1,  # noqa: E731
+                                              "core_sharing": "lease", **kw})
+    assert worker_threads(args()) == cores
+    assert worker_threads(args(core_sharing="split")) == max(1, cores // 2)
+    assert worker_threads(args(core_sharing="split", prefill=4 * cores)) == 1
+    assert worker_threads(args(threads=3)) == 3
+    assert worker_threads(args(threads=3, core_sharing="split")) == 3
+
+
+def test_local_workers_are_given_one_lease_of_their_own_launch(monkeypatch, tmp_path):
+    import argparse
+
+    from bulkhead.disagg import launch
+    from bulkhead.disagg.worker_config import WorkerConfig
+    from bulkhead.engine.builder import EngineConfig
+
+    started = []
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    engine = EngineConfig(tmp_path, "m", 1 << 20)
+    args = argparse.Namespace(threads=None, prefill=1, decode=1, drain_lease=30.0, drain_deadline=60.0,
+                              log_level="info", transfer="shm", lineage_log=None, lineage_key=None,
+                              lineage_max_bytes=1 << 20, core_sharing="lease")
+    leases = []
+    for _ in range(2):  # two launches on one host
+        started.clear()
+        launch.spawn_workers(args, "tcp://127.0.0.1:1", tmp_path / "key", {"prefill": engine, "decode": engine})
+        configs = [WorkerConfig.from_json(cmd[cmd.index("--worker-config") + 1]) for cmd in started]
+        assert [c.role for c in configs] == ["prefill", "decode"]
+        assert len({c.engine.core_lease for c in configs}) == 1
+        leases.append(configs[0].engine.core_lease)
+    assert None not in leases and leases[0] != leases[1]
+    started.clear()
+    launch.spawn_workers(argparse.Namespace(**{**vars(args), "core_sharing": "split"}), "tcp://127.0.0.1:1",
+                         tmp_path / "key", {"prefill": engine, "decode": engine})
+    assert all(WorkerConfig.from_json(cmd[cmd.index("--worker-config") + 1]).engine.core_lease is None
+               for cmd in started)
