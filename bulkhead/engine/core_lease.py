@@ -12,9 +12,11 @@ With the lease each worker runs all the cores' threads, and holds the lease
 for each model pass (ModelRunner.run): a pass has every core to itself, as
 in one colocated process, and the two workers' passes alternate. What a
 worker does outside a pass (sampling, sending KV, messages) runs beside the
-other's pass. Measured at 9ff5e85 (bench/peers.py, default deployment, this
-2-core machine): 86.1 vs 66.5 tok/s at 1 client, 162.3 vs 161.9 at 16 with
-p99 time to first token 6.51 vs 12.05 s (docs/performance.md).
+other's pass. Measured against the split (bench/peers.py, the default
+deployment, this 2-core machine, back to back): 86.1 vs 66.5 tok/s at 1
+client, 162.3 vs 161.9 at 16 with a p99 time to first token of 6.51 vs
+12.05 s; 0.97x colocated's throughput at 16 in one run with it
+(docs/performance.md).
 
 The lease is an flock(2) on a file the launcher names: the kernel releases
 it when its holder's process dies, so a crashed worker never leaves the
