@@ -24,12 +24,22 @@ other waiting. flock's lock belongs to the open file, so each worker opens
 the path itself (an inherited descriptor would share one lock between the
 two). It is reentrant within its process: a pass that another pass runs
 between its layers (bulkhead.engine.engine, interjection) already holds it.
+
+A served engine does not wait for the lease blocked (Engine.run_forever):
+it asks for a turn (`request`), a thread of the lease's own blocks on the
+file and says when the turn is held, and meanwhile the engine thread takes
+its commands. A decode worker's page grants and commits run on its engine
+thread, so a blocked wait held every prompt's hand-over until the prefill
+worker's next pass ended.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import queue
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -39,8 +49,11 @@ class CoreLease:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._depth = 0  # passes of this process inside the lease (interjection nests them)
+        self._depth = 0  # holds inside the lease: a turn, passes (interjection nests them)
         self.acquired = 0  # times this process took the lease (the outermost hold)
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # request()s, for the waiting thread
+        self._turn = threading.Event()  # the waiting thread holds the lease for the requester
+        self._waiter: threading.Thread | None = None
 
     def __enter__(self) -> CoreLease:
         if self._depth == 0:
@@ -54,5 +67,39 @@ class CoreLease:
         if self._depth == 0:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    # -- a turn, waited for off the caller's thread ----------------------------
+    def request(self, granted: Callable[[], None]) -> None:
+        """Ask for a turn without waiting: granted() is called (on the lease's
+        own thread) once this process holds the lease; the requester then
+        takes it with take_turn() and gives it back with end_turn()."""
+        if self._waiter is None:
+            self._waiter = threading.Thread(target=self._wait_turns, name="bulkhead-core-lease", daemon=True)
+            self._waiter.start()
+        self._requests.put(granted)
+
+    def take_turn(self) -> bool:
+        """True, and the turn is the caller's (a hold like `with`), once the
+        requested turn is held; False while it is still being waited for."""
+        if not self._turn.is_set():
+            return False
+        self._turn.clear()
+        self._depth += 1
+        self.acquired += 1
+        return True
+
+    def end_turn(self) -> None:
+        self.__exit__(None, None, None)
+
+    def _wait_turns(self) -> None:
+        while True:
+            granted = self._requests.get()
+            if granted is None:
+                return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._turn.set()
+            granted()
+
     def close(self) -> None:
-        os.close(self._fd)
+        if self._waiter is not None:
+            self._requests.put(None)
+        os.close(self._fd)  # releases the lease, whoever took it

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from bulkhead.engine import commands as cmd
 from bulkhead.engine.admission import Admitted
+from bulkhead.engine.core_lease import CoreLease
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
@@ -86,6 +87,8 @@ class Engine:
         what paces decode rows inside a pass (the simulator's virtual one)."""
         self.scheduler = scheduler
         self.runner = runner
+        # The host's cores, where workers take turns with them (served engines wait off-thread).
+        self._cores = runner.lease if isinstance(runner.lease, CoreLease) else None
         self.sampler = sampler
         self.pool = pool
         self.ledger = scheduler.ledger
@@ -195,9 +198,27 @@ class Engine:
             block = not self.scheduler.has_work()
             try:
                 self._take_commands(block=block)
-                self.step()
+                if self._cores is not None and self.scheduler.has_work():
+                    self._step_in_turn(self._cores)
+                else:
+                    self.step()
             except Exception:  # never let the serving thread die silently
                 log.exception("engine step failed")
+
+    def _step_in_turn(self, cores: CoreLease) -> None:
+        """One step in this worker's turn with the host's cores
+        (bulkhead.engine.core_lease), taking commands while another worker's
+        pass holds them: a decode worker's grants and commits, which start
+        the next requests, do not wait out a prefill pass."""
+        cores.request(lambda: self._commands.put(cmd.Wake()))
+        while not cores.take_turn():
+            if self._stop.is_set():
+                return  # the turn, if it comes, is released with the process (flock)
+            self._take_commands(block=True)
+        try:
+            self.step()
+        finally:
+            cores.end_turn()
 
     def _take_commands(self, block: bool) -> None:
         while self._held:

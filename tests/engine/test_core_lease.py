@@ -101,3 +101,48 @@ def test_the_engine_holds_the_lease_for_every_model_pass(make_engine, tmp_path):
     assert free(path)
     assert all(len(sink.tokens(f"r{i}")) == 3 for i in range(2))
     assert_clean(built)
+
+
+def test_a_requested_turn_is_granted_once_the_other_worker_releases(tmp_path):
+    path = tmp_path / "lease"
+    other, lease, granted = CoreLease(path), CoreLease(path), threading.Event()
+    with other:
+        lease.request(granted.set)
+        assert not granted.wait(0.3) and not lease.take_turn()
+    assert granted.wait(10) and lease.take_turn()
+    assert not free(path)  # the turn holds it until it ends
+    with lease:  # a pass inside the turn nests, as in `with`
+        pass
+    assert not free(path)
+    lease.end_turn()
+    assert free(path) and lease.acquired == 1
+    lease.close()
+    other.close()
+
+
+def test_a_served_engine_takes_commands_while_waiting_for_its_turn(make_engine, tmp_path):
+    # The decode worker's grants and commits are engine commands: a prompt's
+    # hand-over must not wait for the prefill worker's pass to end.
+    path = tmp_path / "lease"
+    built, sink, other = make_engine(core_lease=str(path)), Collector(), CoreLease(path)
+    built.engine.start()
+    try:
+        with other:  # the other worker's pass
+            submit(built, sink, "r0", prompts(1)[0], max_tokens=3)
+            for _ in range(200):  # until the engine took the request in: its step is next
+                if "r0" in built.engine.scheduler.requests:
+                    break
+                threading.Event().wait(0.01)
+            threading.Event().wait(0.2)  # the engine is at its step now, waiting for its turn
+            assert built.engine.call(lambda: "answered").result(timeout=5) == "answered"
+            assert not sink.outputs  # no pass of this engine's while the other holds the cores
+        deadline = 200
+        while len(sink.outputs.get("r0", [])) == 0 or not sink.final("r0").finished:
+            deadline -= 1
+            assert deadline > 0, "the request did not finish after the lease was released"
+            threading.Event().wait(0.05)
+        assert len(sink.tokens("r0")) == 3 and built.engine.runner.lease.acquired >= 1
+    finally:
+        built.engine.stop()
+        other.close()
+    assert_clean(built)
