@@ -25,12 +25,12 @@ the path itself (an inherited descriptor would share one lock between the
 two). It is reentrant within its process: a pass that another pass runs
 between its layers (bulkhead.engine.engine, interjection) already holds it.
 
-A served engine does not wait for the lease blocked (Engine.run_forever):
-it asks for a turn (`request`), a thread of the lease's own blocks on the
-file and says when the turn is held, and meanwhile the engine thread takes
-its commands. A decode worker's page grants and commits run on its engine
-thread, so a blocked wait held every prompt's hand-over until the prefill
-worker's next pass ended.
+A served engine holds it for a whole step (Engine._step_in_turn) and does
+not wait for it blocked: it asks for a turn (`request`), a thread of the
+lease's own blocks on the file and says when the turn is held, and
+meanwhile the engine thread takes its commands. A decode worker's page
+grants and commits run on its engine thread, so a blocked wait held every
+prompt's hand-over until the prefill worker's next pass ended.
 """
 
 from __future__ import annotations
