@@ -210,15 +210,22 @@ class Engine:
         (bulkhead.engine.core_lease), taking commands while another worker's
         pass holds them: a decode worker's grants and commits, which start
         the next requests, do not wait out a prefill pass."""
-        cores.request(lambda: self._commands.put(cmd.Wake()))
-        while not cores.take_turn():
-            if self._stop.is_set():
-                return  # the turn, if it comes, is released with the process (flock)
-            self._take_commands(block=True)
+        if not (cores.try_turn() or self._wait_turn(cores)):
+            return  # stopped while waiting: the turn, if it comes, is released with the process (flock)
         try:
             self.step()
         finally:
             cores.end_turn()
+
+    def _wait_turn(self, cores: CoreLease) -> bool:
+        """Wait for a turn off this thread, taking commands meanwhile; False
+        if the engine was stopped first."""
+        cores.request(lambda: self._commands.put(cmd.Wake()))
+        while not cores.take_turn():
+            if self._stop.is_set():
+                return False
+            self._take_commands(block=True)
+        return True
 
     def _take_commands(self, block: bool) -> None:
         while self._held:

@@ -146,3 +146,15 @@ def test_a_served_engine_takes_commands_while_waiting_for_its_turn(make_engine, 
         built.engine.stop()
         other.close()
     assert_clean(built)
+
+
+def test_a_free_lease_is_taken_at_once_and_a_held_one_is_not(tmp_path):
+    path = tmp_path / "lease"
+    lease, other = CoreLease(path), CoreLease(path)
+    with other:
+        assert not lease.try_turn() and lease.acquired == 0
+    assert lease.try_turn() and not free(path)
+    lease.end_turn()
+    assert free(path) and lease.acquired == 1
+    lease.close()
+    other.close()
