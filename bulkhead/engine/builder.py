@@ -183,10 +183,11 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
                                  prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
-    runner = ModelRunner(model, pool, ledger, runner_config, CoreLease(cfg.core_lease) if cfg.core_lease else None)
+    lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
+    runner = ModelRunner(model, pool, ledger, runner_config, lease)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
     engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
-                                      prefill_only=prefill_only, interject=cfg.interject))
+                                      prefill_only=prefill_only, interject=cfg.interject, lease=lease))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
         "lm_head %s; decode attention %s; decode glue %s", num_pages, cfg.page_size, pool.num_tokens,

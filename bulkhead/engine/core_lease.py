@@ -8,15 +8,13 @@ worker all the threads, no lease) is worse still: when a prompt's pass and a
 decode step overlap, each one's OpenMP threads wait at every barrier for a
 thread the other process has taken off its core.
 
-With the lease each worker runs all the cores' threads, and holds the lease
-for each model pass (ModelRunner.run): a pass has every core to itself, as
-in one colocated process, and the two workers' passes alternate. What a
-worker does outside a pass (sampling, sending KV, messages) runs beside the
-other's pass. Measured against the split (bench/peers.py, the default
-deployment, this 2-core machine, back to back): 86.1 vs 66.5 tok/s at 1
-client, 162.3 vs 161.9 at 16 with a p99 time to first token of 6.51 vs
-12.05 s; 0.97x colocated's throughput at 16 in one run with it
-(docs/performance.md).
+With the lease each worker runs all the cores' threads and holds the lease
+for each engine step (`turn`; ModelRunner.run holds it too, for engines
+driven without a turn): a step has every core to itself, as in one
+colocated process, and the workers' steps alternate. Only one local worker
+computes at a time, however many there are. What a worker does between its
+steps (sending KV, its message threads) runs beside the other's step.
+Figures: docs/performance.md.
 
 The lease is an flock(2) on a file the launcher names: the kernel releases
 it when its holder's process dies, so a crashed worker never leaves the
@@ -25,39 +23,52 @@ the path itself (an inherited descriptor would share one lock between the
 two). It is reentrant within its process: a pass that another pass runs
 between its layers (bulkhead.engine.engine, interjection) already holds it.
 
-A served engine holds it for a whole step (Engine._step_in_turn) and does
-not wait for it blocked: it asks for a turn (`request`), a thread of the
-lease's own blocks on the file and says when the turn is held, and
-meanwhile the engine thread takes its commands. A decode worker's page
-grants and commits run on its engine thread, so a blocked wait held every
-prompt's hand-over until the prefill worker's next pass ended.
+Turns alternate: flock wakes waiters in no order, and a worker that always
+has work would take the lock back before the woken waiter ran. So a waiter
+first says so (a shared lock on a second file, `<path>.want`), a worker
+takes a free lease at once only while nobody says so, and a worker asking
+again waits behind whoever already waits (an exclusive lock on the want
+file is granted once every waiter has the lease).
+
+A served engine does not wait for its turn blocked: a thread of the lease's
+own waits on the files, and meanwhile the engine thread takes its commands
+(`turn(meanwhile=...)`). A decode worker's page grants and commits run on
+its engine thread, so a blocked wait held every prompt's hand-over until
+the prefill worker's step ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
 class CoreLease:
-    """Held around a model pass; blocks while another process's pass holds it."""
+    """Held around an engine step or a model pass; waits while another
+    process's step holds it."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._want_fd = os.open(self.path.with_name(self.path.name + ".want"), os.O_RDWR | os.O_CREAT, 0o600)
         self._depth = 0  # holds inside the lease: a turn, passes (interjection nests them)
         self.acquired = 0  # times this process took the lease (the outermost hold)
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # request()s, for the waiting thread
-        self._turn = threading.Event()  # the waiting thread holds the lease for the requester
+        # The hand-over between the requester and the waiting thread, under _cond:
+        self._cond = threading.Condition()
+        self._wanted = False  # a turn is asked for (not granted to the requester, not given up)
+        self._busy = False  # the waiting thread is waiting on the files (it uses this process's locks)
+        self._granted = False  # the waiting thread holds the lease for the requester
+        self._wake: Callable[[], None] = lambda: None
+        self._closed = False
         self._waiter: threading.Thread | None = None
 
     def __enter__(self) -> CoreLease:
         if self._depth == 0:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._wait_in_order()
             self.acquired += 1
         self._depth += 1
         return self
@@ -67,51 +78,105 @@ class CoreLease:
         if self._depth == 0:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    # -- a turn, waited for off the caller's thread ----------------------------
-    def try_turn(self) -> bool:
-        """Take a turn now if no other process holds the lease (True; give it
-        back with end_turn()): no thread hand-over where nobody competes."""
-        if self._depth == 0:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            self.acquired += 1
-        self._depth += 1
-        return True
+    @contextlib.contextmanager
+    def turn(self, meanwhile: Callable[[], None], wake: Callable[[], None],
+             stopped: Callable[[], bool]) -> Iterator[bool]:
+        """Hold the lease for one step. Where another worker holds it or
+        waits for it, a thread of the lease's own waits; this thread calls
+        meanwhile() (which should block until wake() is called or something
+        else arrives) until the turn is held. Yields False, holding nothing,
+        if stopped() came first."""
+        held = self._try_take() or self._wait_off_thread(meanwhile, wake, stopped)
+        try:
+            yield held
+        finally:
+            if held:
+                self.__exit__(None, None, None)
 
-    def request(self, granted: Callable[[], None]) -> None:
-        """Ask for a turn without waiting: granted() is called (on the lease's
-        own thread) once this process holds the lease; the requester then
-        takes it with take_turn() and gives it back with end_turn()."""
-        if self._waiter is None:
-            self._waiter = threading.Thread(target=self._wait_turns, name="bulkhead-core-lease", daemon=True)
-            self._waiter.start()
-        self._requests.put(granted)
-
-    def take_turn(self) -> bool:
-        """True, and the turn is the caller's (a hold like `with`), once the
-        requested turn is held; False while it is still being waited for."""
-        if not self._turn.is_set():
-            return False
-        self._turn.clear()
-        self._depth += 1
-        self.acquired += 1
-        return True
-
-    def end_turn(self) -> None:
-        self.__exit__(None, None, None)
-
-    def _wait_turns(self) -> None:
-        while True:
-            granted = self._requests.get()
-            if granted is None:
-                return
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            self._turn.set()
-            granted()
+    @property
+    def waiting(self) -> bool:
+        """A turn has been asked for and is not held yet."""
+        return self._wanted
 
     def close(self) -> None:
-        if self._waiter is not None:
-            self._requests.put(None)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
         os.close(self._fd)  # releases the lease, whoever took it
+        os.close(self._want_fd)
+
+    # -- taking it -------------------------------------------------------------
+    def _try_take(self) -> bool:
+        """Take a free lease now, unless another worker waits for it (its turn first)."""
+        if self._depth > 0:
+            self._depth += 1
+            return True
+        with self._cond:
+            if self._busy or self._granted:  # the waiting thread is at work on these files
+                return False
+        try:
+            fcntl.flock(self._want_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while anyone waits
+        except BlockingIOError:
+            return False
+        fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self.acquired += 1
+        self._depth += 1
+        return True
+
+    def _wait_in_order(self) -> None:
+        """Block until this process holds the lease, behind the workers already waiting."""
+        fcntl.flock(self._want_fd, fcntl.LOCK_EX)  # granted once every earlier waiter holds the lease
+        fcntl.flock(self._want_fd, fcntl.LOCK_SH)  # (a conversion) now this one waits, for the holder to see
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+
+    def _wait_off_thread(self, meanwhile: Callable[[], None], wake: Callable[[], None],
+                         stopped: Callable[[], bool]) -> bool:
+        with self._cond:
+            self._wanted, self._wake = True, wake
+            if self._waiter is None:
+                self._waiter = threading.Thread(target=self._wait_turns, name="bulkhead-core-lease", daemon=True)
+                self._waiter.start()
+            self._cond.notify()
+        try:
+            while True:
+                with self._cond:
+                    if self._granted:
+                        self._granted = self._wanted = False
+                        self.acquired += 1
+                        self._depth += 1
+                        return True
+                if stopped():
+                    return False
+                meanwhile()
+        finally:
+            with self._cond:
+                if self._wanted:  # given up (stopped, or meanwhile() raised)
+                    self._wanted = False
+                    if self._granted:  # granted after the last look: give it back
+                        self._granted = False
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _wait_turns(self) -> None:
+        """The waiting thread: one wait on the files per turn asked for."""
+        while True:
+            with self._cond:
+                while not ((self._wanted and not self._granted) or self._closed):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._busy = True
+            self._wait_in_order()
+            with self._cond:
+                self._busy = False
+                if self._wanted:
+                    self._granted = True
+                    wake = self._wake
+                else:  # given up while this thread waited
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    continue
+            wake()

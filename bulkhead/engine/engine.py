@@ -6,9 +6,9 @@ enqueue commands. A step is: take commands, schedule, run, sample, record,
 scrub what was freed.
 
 Interjection: a step that has started cannot be recalled, and one 512-token
-prefill chunk of SmolLM2 takes 0.7 s on two cores (1.4 s on the one core a
-prefill worker gets beside decode). A light tenant's short prompt arriving
-just after a flood's chunk began used to wait all of it and then the step
+prefill chunk of SmolLM2 takes 0.7 s on two cores (1.4 s on one, a
+prefill worker's share with `--core-sharing split`). A light tenant's short
+prompt arriving just after a flood's chunk began used to wait all of it and then the step
 it joined. Now, between two layers of each prefill pass, the engine takes
 the commands that have arrived and, when another tenant's waiting prompt can
 finish there with less service than the pass's tenant (fair order only:
@@ -79,16 +79,17 @@ class EngineStats:
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
                  prefill_only: bool = False, interject: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, lease: CoreLease | None = None):
         """prefill_only: a request ends at its first token and keeps its pages
         (reserved) for a KV transfer; release_reserved_pages() gives them back.
         interject: run a less-served tenant's chunk between the layers of a
         long prefill pass (module docstring); fair scheduling only. clock:
-        what paces decode rows inside a pass (the simulator's virtual one)."""
+        what paces decode rows inside a pass (the simulator's virtual one).
+        lease: the host's core lease (bulkhead.engine.core_lease), or None."""
         self.scheduler = scheduler
         self.runner = runner
-        # The host's cores, where workers take turns with them (served engines wait off-thread).
-        self._cores = runner.lease if isinstance(runner.lease, CoreLease) else None
+        # Where workers on one host take turns with its cores: run_forever's steps hold it.
+        self._lease = lease
         self.sampler = sampler
         self.pool = pool
         self.ledger = scheduler.ledger
@@ -198,34 +199,22 @@ class Engine:
             block = not self.scheduler.has_work()
             try:
                 self._take_commands(block=block)
-                if self._cores is not None and self.scheduler.has_work():
-                    self._step_in_turn(self._cores)
+                if self._lease is not None and self.scheduler.has_work():
+                    self._step_in_turn(self._lease)
                 else:
                     self.step()
             except Exception:  # never let the serving thread die silently
                 log.exception("engine step failed")
 
-    def _step_in_turn(self, cores: CoreLease) -> None:
+    def _step_in_turn(self, lease: CoreLease) -> None:
         """One step in this worker's turn with the host's cores
-        (bulkhead.engine.core_lease), taking commands while another worker's
-        pass holds them: a decode worker's grants and commits, which start
-        the next requests, do not wait out a prefill pass."""
-        if not (cores.try_turn() or self._wait_turn(cores)):
-            return  # stopped while waiting: the turn, if it comes, is released with the process (flock)
-        try:
-            self.step()
-        finally:
-            cores.end_turn()
-
-    def _wait_turn(self, cores: CoreLease) -> bool:
-        """Wait for a turn off this thread, taking commands meanwhile; False
-        if the engine was stopped first."""
-        cores.request(lambda: self._commands.put(cmd.Wake()))
-        while not cores.take_turn():
-            if self._stop.is_set():
-                return False
-            self._take_commands(block=True)
-        return True
+        (bulkhead.engine.core_lease), taking commands while another worker
+        holds them: a decode worker's grants and commits, which start the
+        next requests, do not wait out a prefill step."""
+        with lease.turn(meanwhile=lambda: self._take_commands(block=True),
+                        wake=lambda: self._commands.put(cmd.Wake()), stopped=self._stop.is_set) as held:
+            if held:
+                self.step()
 
     def _take_commands(self, block: bool) -> None:
         while self._held:

@@ -80,7 +80,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
     p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's choice; with --role local, the cores split among the workers)")
+                   help="torch threads (default: torch's choice; with --role local, every core, the workers taking "
+                        "turns, or with --core-sharing split the cores split among them)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
                    help="linear layers: auto = q4 for weights exactly on a 4-bit grid (the bundled Q4_1 "
                         f"SmolLM2): {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else int4 for "
