@@ -207,10 +207,8 @@ class Engine:
                 log.exception("engine step failed")
 
     def _step_in_turn(self, lease: CoreLease) -> None:
-        """One step in this worker's turn with the host's cores
-        (bulkhead.engine.core_lease), taking commands while another worker
-        holds them: a decode worker's grants and commits, which start the
-        next requests, do not wait out a prefill step."""
+        """One step in this worker's turn with the host's cores (core_lease),
+        taking commands meanwhile: a decode worker's grants and commits too."""
         with lease.turn(meanwhile=lambda: self._take_commands(block=True),
                         wake=lambda: self._commands.put(cmd.Wake()), stopped=self._stop.is_set) as held:
             if held:
