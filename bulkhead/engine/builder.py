@@ -89,9 +89,9 @@ class EngineConfig:
     # "bfloat16" or "float16". Prefill and decode workers must agree (the
     # router's pairing gate compares kv_dtype).
     kv_dtype: str = "auto"
-    # A lock file this engine's model passes hold, where workers on one host
-    # take turns with all its cores (bulkhead.engine.core_lease; `--role
-    # local` names one). None = passes never wait.
+    # A lock file this engine's steps hold, where workers on one host take
+    # turns with all its cores (bulkhead.engine.core_lease; `--role local`
+    # names one). None = steps never wait.
     core_lease: str | None = None
     # Fair order only: a less-served tenant's chunk and decode rows may run
     # between the layers of a long prefill pass (bulkhead.engine.engine).
