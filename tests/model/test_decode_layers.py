@@ -159,6 +159,18 @@ def test_a_bad_slot_or_position_is_refused_before_anything_is_written(c_model, c
     assert same_bits(runner.pool.data, before)
 
 
+@pytest.mark.parametrize("field", ["decode_page_offset", "write_slots"])
+def test_index_tensors_shorter_than_the_requests_are_refused_before_anything_is_written(c_model, field):
+    # C reads one page offset and one write slot per request: past a short
+    # tensor's end it would read memory that names some other page.
+    runner, works = prefilled(c_model)
+    batch, _ = runner._build_batch(list(works))
+    before = runner.pool.data.clone()
+    with pytest.raises(KernelError, match="one write slot and page offset per request"):
+        run_layers(c_model, runner, works, **{field: getattr(batch, field)[:-1].clone()})
+    assert same_bits(runner.pool.data, before)
+
+
 def test_a_page_list_past_the_pool_is_refused_by_attention(c_model):
     runner, works = prefilled(c_model)
     batch, _ = runner._build_batch(list(works))
