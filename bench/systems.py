@@ -52,6 +52,9 @@ BULKHEAD_FLAGS = {
     # default reads 4-bit ones for the bundled SmolLM2) and an fp32 KV cache.
     "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn", "--kv-dtype", "float32"],
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
+    # Prompts through oneDNN fp32 (--linear-kernel q4): the default's decode,
+    # without its bf16-input prompt kernel (what that kernel buys).
+    "bulkhead-fp32-prompts": ["--role", "colocated", "--linear-kernel", "q4"],
     # Opt-in: prompts through bf16 matmuls (what they would buy; they fail
     # the quality gate's README answer, docs/performance.md "Quality").
     "bulkhead-bf16-prefill": ["--role", "colocated", "--linear-kernel", "q4-bf16-prefill"],

@@ -7,6 +7,7 @@
 | `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
+| `q4-bf16in` | the 4-bit grid weights rebuilt exactly, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | as `q4` | 4-bit (and q in bf16) |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
@@ -16,17 +17,20 @@ below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 lm_head is then half the bytes at one request, where it is bound by memory),
 `aten` and `onednn` keep `fp32`.
 
-`q4-bf16-prefill` is opt-in, never `auto`: prompts in bf16 are 1.4-1.5x
-faster and a third to a half of a 16-client run is prefill, but rounding a
-prompt's activations to bf16 flips the README's question to a French answer
-(0.08 nats from a tie in fp32), even with each prompt's sampling row kept
-exact (measured, docs/performance.md "Quality"), so the default keeps
-prompts fp32.
+`auto` is `q4-bf16in` for weights that lie exactly on a 4-bit grid (a Q4_0
+or Q4_1 GGUF, such as the bundled SmolLM2: every weight rebuilds bit for bit
+from a 4-bit q and its group's scale and offset) on a CPU with AVX-512 BF16:
+a third to a half of a 16-client run is prefill, bound by arithmetic, and
+bf16 dot products do twice fp32's multiply-adds. Only the prompt rows'
+inputs are rounded to bf16 (the 4-bit q is exact in bf16; sums, scales and
+outputs stay fp32); its measured distance from the exact model is in
+docs/performance.md "Quality". Without AVX-512 BF16, or where its C kernel
+does not build, `auto` is `q4`, whose prompts are oneDNN fp32.
+`q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
+weights and each output to bf16) is opt-in, never `auto`: it answered the
+README's question in French (0.08 nats from a tie in fp32).
 
-`auto` is `q4` for weights that lie exactly on a 4-bit grid (a Q4_0 or
-Q4_1 GGUF, such as the bundled SmolLM2: every weight rebuilds bit for bit
-from a 4-bit q and its group's scale and offset) where its C kernel builds;
-else `int4` for weights near such a grid (`on_4bit_grid`) where this build
+Otherwise `int4` for weights near such a grid (`on_4bit_grid`) where this build
 runs it; otherwise `onednn` where this build runs it, else `aten`, the exact
 fp32 model. `q4` computes the exact model's numbers, up to the order of each
 sum, reading 4 bits a weight: faster than `int4` at every batch size measured
@@ -65,17 +69,18 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import head_kernel, q4_kernel
+from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16-prefill")
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16-prefill")  # the kernels whose lm_head takes bf16w
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16-prefill")
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16-prefill")  # the kernels whose lm_head takes bf16w
 HEAD_KERNELS = ("fp32", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
+                    "q4-bf16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows as q4",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
@@ -185,6 +190,20 @@ class Q4Linear(Linear):
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
+class Q4BF16InLinear(Linear):
+    """Prompt rows through the 4-bit grid weights with bf16 inputs and fp32
+    sums and outputs (bulkhead.model.q4_bf16in_kernel); `qb` its packed q,
+    `dm` the q4 decode kernel's scales and offsets, shared."""
+
+    def __init__(self, qb: torch.Tensor, dm: torch.Tensor):
+        self.qb, self.dm = qb, dm
+        self.out_features, self.in_features = qb.shape[0] * q4_bf16in_kernel.BLOCK, qb.shape[1] * 2
+
+    def __call__(self, x, b=None, decode=False):
+        y = q4_bf16in_kernel.linear_q4_bf16in(x.float(), self.qb, self.dm)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
 def q4_usable(weights) -> bool:
     """The 4-bit kernel builds here and every linear weight it would take
     lies exactly on a 4-bit grid (q4_kernel.grid)."""
@@ -239,15 +258,20 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
+    if kernel in ("auto", "q4-bf16in") and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
+            and q4_usable(weights):
+        log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel, bf16-input prompt kernel")
+        return "q4-bf16in"
     if kernel in ("auto", "q4") and dtype == torch.float32 and onednn_usable(dtype) and q4_usable(weights):
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel")
         return "q4"
     if kernel == "q4-bf16-prefill" and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and q4_usable(weights):
         return kernel
-    if kernel in ("q4", "q4-bf16-prefill"):
+    if kernel in ("q4", "q4-bf16in", "q4-bf16-prefill"):
         raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
-                           + ("" if kernel == "q4" else "this torch build cannot run oneDNN bf16, ")
+                           + {"q4": "", "q4-bf16in": "this CPU has no AVX-512 BF16, ",
+                              "q4-bf16-prefill": "this torch build cannot run oneDNN bf16, "}[kernel]
                            + "or a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
     if kernel == "auto" and weights is not None and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and int4_usable() and on_4bit_grid(weights):
@@ -315,10 +339,12 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "int4":
         prefill = OneDNNLinear(w, w.dtype)
         return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
-    if kernel in ("q4", "q4-bf16-prefill"):
+    if kernel in ("q4", "q4-bf16in", "q4-bf16-prefill"):
         packed = q4_kernel.pack(w)
         if packed is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
+        if kernel == "q4-bf16in":  # no fp32 copy of the weight: prompts read q in bf16 and q4's scales
+            return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]))
         return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 

@@ -83,11 +83,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads (default: torch's choice; with --role local, every core, the workers taking "
                         "turns, or with --core-sharing split the cores split among them)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
-                   help="linear layers: auto = q4 for weights exactly on a 4-bit grid (the bundled Q4_1 "
-                        f"SmolLM2): {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else int4 for "
+                   help="linear layers: auto = q4-bf16in for weights exactly on a 4-bit grid (the bundled Q4_1 "
+                        f"SmolLM2) on a CPU with AVX-512 BF16: {linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
+                        f"without it q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
+                        "int4 for "
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
-                        f"{linear_kernel.MATMUL_PRECISION['int4']}. With q4, int4 or onednn-bf16 the lm_head takes "
+                        f"{linear_kernel.MATMUL_PRECISION['int4']}. With q4, q4-bf16in, int4 or onednn-bf16 the lm_head takes "
                         f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention and the KV cache stay fp32 "
                         "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",

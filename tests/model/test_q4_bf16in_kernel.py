@@ -1,0 +1,89 @@
+"""The prompt kernel over 4-bit grid weights with bf16 inputs and fp32 sums
+(bulkhead.model.q4_bf16in_kernel)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bulkhead.model import q4_bf16in_kernel, q4_kernel
+from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, choose, prepare_one
+from tests.model.test_q4_kernel import _model, gguf_q4_1
+
+needs_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
+                                  reason="no AVX-512 BF16 here, or the kernel cannot be built")
+
+
+def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return q4_bf16in_kernel.linear_q4_bf16in(x, q4_bf16in_kernel.pack_q(w), q4_kernel.pack(w)[1])
+
+
+def only_inputs_rounded(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: x rounded to bf16 times the exact weight."""
+    return F.linear(x.bfloat16().double(), w.double()).float()
+
+
+@needs_bf16in
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 64])
+def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
+    w = gguf_q4_1(96, 128)
+    x = torch.randn(rows, 128)
+    y = run(x, w)
+    assert y.dtype == torch.float32
+    # fp32 sums of exact products: within fp32 rounding of the bf16-input answer ...
+    torch.testing.assert_close(y, only_inputs_rounded(x, w), rtol=1e-5, atol=1e-5)
+    # ... which is not the fp32 answer (so the first check is not of an fp32 kernel) ...
+    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    # ... but near it, and nearer than a bf16 output could be.
+    torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
+
+
+@needs_bf16in
+def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
+    w = gguf_q4_1(64, 96)
+    qb, dm = q4_bf16in_kernel.pack_q(w), q4_kernel.pack(w)[1]
+    x = torch.randn(20, 96)
+    alone = torch.cat([q4_bf16in_kernel.linear_q4_bf16in(x[i : i + 1], qb, dm) for i in range(20)])
+    for m in range(1, 21):
+        assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x[:m], qb, dm), alone[:m])
+    assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x.roll(5, 0), qb, dm), alone.roll(5, 0))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x, qb, dm), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_bf16in
+def test_non_finite_input_reaches_the_output():
+    w = gguf_q4_1(32, 64)
+    x = torch.zeros(3, 64)
+    x[1, 5], x[2, 40] = float("nan"), float("inf")
+    y = run(x, w)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+
+
+@needs_bf16in
+def test_shapes_it_does_not_take_are_refused():
+    w = gguf_q4_1(64, 96)
+    with pytest.raises(ValueError, match="float32"):
+        run(torch.randn(2, 64), w)
+    assert q4_bf16in_kernel.pack_q(w + 1e-4 * torch.randn(w.shape)) is None  # off the grid
+
+
+@needs_bf16in
+def test_prompt_rows_take_it_and_decode_rows_stay_q4():
+    w = gguf_q4_1(64, 96)
+    fast, exact = prepare_one(w, "q4-bf16in"), prepare_one(w, "q4")
+    assert isinstance(fast, Q4Linear) and isinstance(fast.prefill, Q4BF16InLinear)
+    x, b = torch.randn(9, 96), torch.randn(64)
+    assert torch.equal(fast(x, b, decode=True), exact(x, b, decode=True))
+    torch.testing.assert_close(fast(x, b, decode=False), only_inputs_rounded(x, w) + b, rtol=1e-5, atol=1e-5)
+
+
+def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_error(monkeypatch):
+    monkeypatch.setattr(q4_bf16in_kernel, "load", lambda: None)
+    if q4_kernel.load() is not None:
+        assert choose("auto", torch.float32, _model(gguf_q4_1)) == "q4"
+    with pytest.raises(RuntimeError, match="q4-bf16in: .*AVX-512 BF16"):
+        choose("q4-bf16in", torch.float32, _model(gguf_q4_1))
