@@ -59,12 +59,16 @@ VARIANTS = {
     "int4 decode, bf16w lm_head": ("int4", "bf16w"),
     "q4 decode, fp32 lm_head": ("q4", "fp32"),
     "q4 decode, bf16w lm_head": ("q4", "bf16w"),
-    "q4 decode, bf16w lm_head, bf16 KV": ("q4", "bf16w", "bfloat16"),
+    "q4 decode, bf16w lm_head, bf16 KV (fp32 prompts: --linear-kernel q4)": ("q4", "bf16w", "bfloat16"),
     "q4 decode, fp32 lm_head, bf16 KV": ("q4", "fp32", "bfloat16"),
     # The q4 rows above run a decode step's layers in one C call (the
     # default, bulkhead.model.decode_layers); this one through torch ops.
     "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
-    # Opt-in (--linear-kernel q4-bf16-prefill): prompts through bf16 matmuls.
+    # The default where the CPU has AVX-512 BF16: prompts' inputs rounded to
+    # bf16 against the exact 4-bit weights, fp32 sums (q4-bf16in).
+    "bf16-input prompts, q4 decode, bf16w lm_head, bf16 KV (the default)": ("q4-bf16in", "bf16w", "bfloat16"),
+    "bf16-input prompts, q4 decode, fp32 lm_head, fp32 KV": ("q4-bf16in", "fp32", "float32"),
+    # Opt-in (--linear-kernel q4-bf16-prefill): prompts through oneDNN's bf16 GEMM.
     "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
 }
 

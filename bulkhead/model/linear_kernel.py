@@ -34,8 +34,8 @@ Otherwise `int4` for weights near such a grid (`on_4bit_grid`) where this build
 runs it; otherwise `onednn` where this build runs it, else `aten`, the exact
 fp32 model. `q4` computes the exact model's numbers, up to the order of each
 sum, reading 4 bits a weight: faster than `int4` at every batch size measured
-(docs/performance.md), and without its bf16 inputs. `int4` and `onednn-bf16`
-are not the exact fp32 model and say so in `/server_info`; everything around the matmuls (norms, rotary, attention,
+(docs/performance.md), and without its bf16 inputs. `q4-bf16in`, `int4` and
+`onednn-bf16` are not the exact fp32 model and say so in `/server_info`; everything around the matmuls (norms, rotary, attention,
 the KV cache, sampling) stays fp32, each matmul's output returns to fp32, and
 the lm_head's inputs, sums and logits stay fp32 whatever its weights.
 
@@ -48,8 +48,9 @@ Why int4 for decode only: a decode step reads every weight for a handful of
 rows, so it is bound by memory, and 4-bit weights read 8x fewer bytes than
 fp32 (4.8 vs 24 ms for SmolLM2's layers at 1 row, measured); torch's int4
 kernel computes slower than oneDNN past ~16 rows, and a prompt's pass makes
-its first token, so prompts stay exact fp32 (with bf16 prompts, the README's
-question, 0.08 nats from a tie in fp32, was answered in French). The bundled
+its first token, so `int4` keeps prompts exact fp32 (with oneDNN's bf16
+prompts, the README's question, 0.08 nats from a tie in fp32, was answered in
+French). The bundled
 SmolLM2 ships as Q4_1 (4-bit, groups of 32), so its linear weights are 4-bit
 to begin with (`on_4bit_grid`).
 
