@@ -33,7 +33,7 @@ from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan  # noqa:
 from bulkhead.kv.layout import KVLayout  # noqa: E402
 from bulkhead.kv.ledger import PageLedger  # noqa: E402
 from bulkhead.kv.pool import KVPool  # noqa: E402
-from bulkhead.model import decode_kernel, linear_kernel  # noqa: E402
+from bulkhead.model import decode_kernel, linear_kernel, prefill_attention  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 from bulkhead.model.llama import LlamaModel  # noqa: E402
 from bulkhead.model.loader import load_weights  # noqa: E402
@@ -51,7 +51,8 @@ PROMPTS = (
     ("def fibonacci(n):", False),
     ("In 1969, the first humans to walk on the Moon were", False),
 )
-# name -> (linear kernel, lm_head kernel[, KV cache dtype]); the first is the reference.
+# name -> (linear kernel, lm_head kernel[, KV cache dtype[, decode glue[, prefill
+# attention]]]), "auto" resolved as the engine does; the first is the reference.
 VARIANTS = {
     "exact fp32 (onednn)": ("onednn", "fp32"),
     "int4 decode, fp32 lm_head": ("int4", "fp32"),
@@ -64,10 +65,15 @@ VARIANTS = {
     # The q4 rows above run a decode step's layers in one C call (the
     # default, bulkhead.model.decode_layers); this one through torch ops.
     "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
-    # The default where the CPU has AVX-512 BF16: prompts' inputs rounded to
-    # bf16 against the exact 4-bit weights, fp32 sums (q4-bf16in).
-    "bf16-input prompts, q4 decode, bf16w lm_head, bf16 KV (the default)": ("q4-bf16in", "bf16w", "bfloat16"),
-    "bf16-input prompts, q4 decode, fp32 lm_head, fp32 KV": ("q4-bf16in", "fp32", "float32"),
+    # Where the CPU has AVX-512 BF16: prompts' inputs rounded to bf16 against
+    # the exact 4-bit weights, fp32 sums (q4-bf16in), and their attention on
+    # bf16 dot products (the default) or fp32 SDPA.
+    "bf16-input prompts, fp32 prompt attention, q4 decode, bf16w lm_head, bf16 KV":
+        ("q4-bf16in", "bf16w", "bfloat16", "auto", "torch"),
+    "bf16-input prompts, fp32 prompt attention, q4 decode, fp32 lm_head, fp32 KV":
+        ("q4-bf16in", "fp32", "float32", "auto", "torch"),
+    "bf16-input prompts, bf16 prompt attention, q4 decode, bf16w lm_head, bf16 KV (the default)":
+        ("q4-bf16in", "bf16w", "bfloat16"),
     # Opt-in (--linear-kernel q4-bf16-prefill): prompts through oneDNN's bf16 GEMM.
     "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
 }
@@ -77,9 +83,10 @@ class Runner:
     """One variant's model, pool and runner, as the engine builds them."""
 
     def __init__(self, config, weights, max_tokens: int, kernel: str, head: str, kv_dtype: str = "float32",
-                 glue: str = "auto"):
+                 glue: str = "auto", prompt_attention: str = "auto"):
         attention = decode_kernel.choose("auto", kv_dtype, config.num_heads, config.num_kv_heads, config.head_dim, 16)
-        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention, glue)
+        prompt_attention = prefill_attention.choose(prompt_attention, kernel, config.head_dim)
+        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention, glue, prompt_attention)
         self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, kv_dtype)
         pages = self.layout.pages_for_tokens(max_tokens)
         self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)

@@ -22,7 +22,7 @@ from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
@@ -39,8 +39,10 @@ GUARDS_OFF_WARNING = (
 
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
-# cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket).
+# cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
+# aten's and the C prompt kernel's (q4-bf16in) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
+UNBUCKETED_KERNELS = ("aten", "q4-bf16in")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class EngineConfig:
     # "auto": a decode step's layers in one C call where the linear kernel is
     # q4 and decode attention c, else torch ops (bulkhead.model.decode_layers).
     decode_glue: str = "auto"
+    # "auto": prompts' attention on bf16 dot products where their linear
+    # layers round inputs to bf16 (q4-bf16in), else fp32 SDPA
+    # (bulkhead.model.prefill_attention).
+    prefill_attention: str = "auto"
     prefix_cache: bool = False
     # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
     # full decode batch (SchedulerConfig.step_tokens).
@@ -107,6 +113,9 @@ class EngineConfig:
                              f"not {self.decode_attention!r}")
         if self.decode_glue not in decode_layers.CHOICES:
             raise ValueError(f"decode_glue must be one of {decode_layers.CHOICES}, not {self.decode_glue!r}")
+        if self.prefill_attention not in prefill_attention.CHOICES:
+            raise ValueError(f"prefill_attention must be one of {prefill_attention.CHOICES}, "
+                             f"not {self.prefill_attention!r}")
 
 
 @dataclass
@@ -123,6 +132,7 @@ class BuiltEngine:
     decode_attention: str = "torch"  # what "auto" resolved to
     lm_head_kernel: str = "fp32"  # bulkhead.model.linear_kernel.choose_head's answer
     decode_glue: str = "torch"  # what "auto" resolved to (LlamaModel.decode_glue)
+    prefill_attention: str = "torch"  # what "auto" resolved to
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -144,7 +154,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     kv_dtype = resolve_kv_dtype(cfg)
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
-    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue)
+    prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
+    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue, prompt_attention)
     del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -181,7 +192,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     )
     row_multiple = _decode_row_multiple(model, cfg)
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
-                                 prefill_row_bucket=0 if kernel == "aten" else PREFILL_ROW_BUCKET,
+                                 prefill_row_bucket=0 if kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
                                  safe_mode=cfg.safe_mode and cfg.guards)
     lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
     runner = ModelRunner(model, pool, ledger, runner_config, lease)
@@ -190,14 +201,14 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                       prefill_only=prefill_only, interject=cfg.interject, lease=lease))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
-        "lm_head %s; decode attention %s; decode glue %s", num_pages, cfg.page_size, pool.num_tokens,
-        num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode, decision.context_length, kernel, head,
-        attention, model.decode_glue,
+        "lm_head %s; decode attention %s; decode glue %s; prefill attention %s", num_pages, cfg.page_size,
+        pool.num_tokens, num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode, decision.context_length,
+        kernel, head, attention, model.decode_glue, prompt_attention,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
     return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
-                       head, model.decode_glue)
+                       head, model.decode_glue, prompt_attention)
 
 
 # The KV cache's default element type. bf16 halves the bytes decode attention

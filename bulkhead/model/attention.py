@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bulkhead.model import prefill_attention
 from bulkhead.model.batch import PagedBatch
 from bulkhead.model.decode_kernel import gather_k_position_major, paged_decode_attention
 
@@ -30,11 +31,14 @@ def paged_attention(
     batch: PagedBatch,
     c_kernel: bool = False,
     slots: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prefill_bf16: bool = False,
 ) -> torch.Tensor:  # [T, H * hd]
     """c_kernel: decode steps read the pool in place through the C kernel
     (bulkhead.model.decode_kernel) instead of gathering pages for SDPA.
     slots: (page, offset) of each real row's write, [N] each, if the caller
-    computed them once for every layer; else from batch.write_slots."""
+    computed them once for every layer; else from batch.write_slots.
+    prefill_bf16: a prompt chunk's attention through the bf16 C kernel
+    (bulkhead.model.prefill_attention) instead of SDPA."""
     num_real = batch.write_slots.shape[0]
     page_size = v_pages.shape[1]
     pages, offsets = slots if slots is not None else (batch.write_slots // page_size, batch.write_slots % page_size)
@@ -44,7 +48,7 @@ def paged_attention(
     v_pages[pages, offsets] = v[:num_real].to(v_pages.dtype)
     if c_kernel and batch.decode:
         return _decode_attention(q, k_pages, v_pages, batch)
-    return _per_sequence_attention(q, k, v, k_pages, v_pages, batch)
+    return _per_sequence_attention(q, k, v, k_pages, v_pages, batch, prefill_bf16 and not batch.decode)
 
 
 def _decode_attention(q, k_pages, v_pages, batch: PagedBatch) -> torch.Tensor:
@@ -60,7 +64,7 @@ def _decode_attention(q, k_pages, v_pages, batch: PagedBatch) -> torch.Tensor:
     return out
 
 
-def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch) -> torch.Tensor:
+def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch, bf16: bool = False) -> torch.Tensor:
     kvh, hd = k.shape[1], k.shape[2]
     gathered = None
     out = q.new_zeros(q.shape[0], q.shape[1] * hd)
@@ -78,7 +82,10 @@ def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch) -> tor
             # Only positions below the written watermark kv_len are read.
             k_seq = gathered[0][start : start + seq.kv_len]
             v_seq = gathered[1][start : start + seq.kv_len]
-            mask, causal = _chunk_mask(seq.num_queries, seq.kv_len, q.device), False
+            mask, causal = None if bf16 else _chunk_mask(seq.num_queries, seq.kv_len, q.device), False
+        if bf16:  # causal by construction: the queries are the last num_queries of kv_len positions
+            out[rows] = prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5).reshape(seq.num_queries, -1)
+            continue
         o = F.scaled_dot_product_attention(
             q_seq,
             k_seq.transpose(0, 1).unsqueeze(0),

@@ -260,7 +260,7 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     if kernel == "aten":
         return "aten"
     if kernel in ("auto", "q4-bf16in") and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
-            and q4_usable(weights):
+            and onednn_usable(dtype) and q4_usable(weights):
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel, bf16-input prompt kernel")
         return "q4-bf16in"
     if kernel in ("auto", "q4") and dtype == torch.float32 and onednn_usable(dtype) and q4_usable(weights):
@@ -273,6 +273,7 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
                            + {"q4": "", "q4-bf16in": "this CPU has no AVX-512 BF16, ",
                               "q4-bf16-prefill": "this torch build cannot run oneDNN bf16, "}[kernel]
+                           + ("--dtype is not float32, " if dtype != torch.float32 else "")
                            + "or a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
     if kernel == "auto" and weights is not None and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and int4_usable() and on_4bit_grid(weights):

@@ -57,14 +57,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, decode_attention: str = "torch",
-                 decode_glue: str = "auto"):
+                 decode_glue: str = "auto", prefill_attention: str = "torch"):
         """decode_attention: "c" (the C kernel over the pool, see
         bulkhead.model.decode_kernel.choose) or "torch". decode_glue: "c"
         runs a decode step's layers in one C call (bulkhead.model.decode_layers),
-        "torch" through the ops below, "auto" the C call where it can run."""
+        "torch" through the ops below, "auto" the C call where it can run.
+        prefill_attention: "bf16" (bulkhead.model.prefill_attention) or "torch"."""
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
+        self.prefill_attention = prefill_attention
         self.cos, self.sin = rope_tables(config.rope, config.head_dim, config.max_position_embeddings)
         if decode_glue not in decode_layers.CHOICES:
             raise ValueError(f"decode glue must be one of {decode_layers.CHOICES}, not {decode_glue!r}")
@@ -126,7 +128,8 @@ class LlamaModel:
             qk = apply_rope(qkv[:, :qk_size].view(-1, qk_heads, cfg.head_dim), cos, sin)  # [T, H + KVH, hd]
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, qk_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
-            attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots)
+            attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots,
+                                   self.prefill_attention == "bf16")
             x = x + _linear(attn, layer.o, None, batch)
             h = _rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate, up = _linear(h, layer.gate_up, None, batch).chunk(2, dim=-1)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from pathlib import Path
 
 import torch
 
 from bulkhead.model import c_linear, q4_kernel
+
+log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "linear_q4_bf16in.c"
 BLOCK = q4_kernel.BLOCK  # the C file's NB; the scales and offsets are q4's, shared
@@ -36,7 +39,10 @@ def load() -> ctypes.CDLL | None:
     """The library in torch's OpenMP team (bulkhead.model.c_linear), or None
     where it cannot be built or this CPU has no AVX-512 BF16."""
     lib = c_linear.load_in_torch_team(SOURCE, "the bf16-input prompt kernel: prompts stay fp32")
-    if lib is None or not lib.available():
+    if lib is None:
+        return None
+    if not lib.available():
+        log.info("no AVX-512 BF16 on this CPU: prompts' linear layers stay oneDNN fp32")
         return None
     lib.linear_q4_bf16in.restype = ctypes.c_int
     lib.linear_q4_bf16in.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
@@ -64,7 +70,7 @@ def linear_q4_bf16in(x: torch.Tensor, qb: torch.Tensor, dm: torch.Tensor) -> tor
         raise RuntimeError("the bf16-input prompt kernel is not available")
     blocks, pairs = qb.shape[:2]
     k = 2 * pairs
-    rows = x.shape[0] if x.dim() == 2 else 0
+    rows = x.shape[0] if x.dim() == 2 else 0  # a wrong shape is refused by c_linear.call, below
     # Scratch for the call: x rounded to bf16, and each group's sum of it.
     scratch = torch.empty(rows, k, dtype=torch.bfloat16), torch.empty(rows, k // GROUP)
     return c_linear.call(lib.linear_q4_bf16in, x, k, blocks * BLOCK, qb, dm, *scratch)

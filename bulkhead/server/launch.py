@@ -15,7 +15,7 @@ from pathlib import Path
 from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -90,11 +90,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
                         f"{linear_kernel.MATMUL_PRECISION['int4']}. With q4, q4-bf16in, int4 or onednn-bf16 the lm_head takes "
-                        f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention and the KV cache stay fp32 "
+                        f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
                         "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
                    help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
                         "machine), torch = gather pages and SDPA per request; auto = c where it builds")
+    p.add_argument("--prefill-attention", choices=prefill_attention.CHOICES, default="auto",
+                   help="a prompt's attention: bf16 = a C kernel on bf16 dot products (q, K, V and the softmax's "
+                        "probabilities rounded to bf16; scores, sums and outputs fp32), torch = fp32 SDPA; auto = "
+                        "bf16 where the linear kernel is q4-bf16in (prompts' inputs already rounded to bf16) and "
+                        "the CPU has AVX-512 BF16, else torch")
     p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
                         "c = every layer in one C call, where the linear kernel is q4 and decode attention c; "
@@ -133,6 +138,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
         decode_attention=args.decode_attention, decode_glue=args.decode_glue,
+        prefill_attention=args.prefill_attention,
         guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         interject=not args.no_interjection,

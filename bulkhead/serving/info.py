@@ -69,6 +69,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "lm_head_kernel": built.lm_head_kernel,
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
+        "prefill_attention": built.prefill_attention,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.

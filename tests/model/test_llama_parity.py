@@ -24,15 +24,17 @@ from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
 from bulkhead.model import decode_kernel
-from bulkhead.model import q4_kernel
+from bulkhead.model import prefill_attention, q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import int4_usable, onednn_usable
 from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
 
 
-def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_kernel=None, kv_dtype="float32"):
+def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_kernel=None, kv_dtype="float32",
+                 prompt_attention="torch"):
     """Logits at each chunk end (prefill) and at each of the last 3 tokens (decode)."""
-    model = load_model(model_dir, linear_kernel=kernel, decode_attention=decode_attention, head_kernel=head_kernel)
+    model = load_model(model_dir, linear_kernel=kernel, decode_attention=decode_attention, head_kernel=head_kernel,
+                       prefill_attention=prompt_attention)
     c = model.config
     layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, kv_dtype)
     pool, ledger = KVPool(layout, 16, "poison"), PageLedger(16)
@@ -140,9 +142,14 @@ def test_smollm2_on_a_bf16_kv_cache_keeps_the_distribution(smollm2_dir, decode_a
     pytest.param("onednn-bf16", 0.01, marks=pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="no bf16")),
     pytest.param("int4", 0.02, marks=pytest.mark.skipif(not (onednn_usable(torch.bfloat16) and int4_usable()),
                                                         reason="no int4 kernel")),
+    # Prompts' inputs rounded to bf16 (the default where the CPU has AVX-512 BF16).
+    pytest.param("q4-bf16in", 0.01, marks=pytest.mark.skipif(not (q4_usable_here() and q4_bf16in_kernel.load()),
+                                                            reason="no AVX-512 BF16 or no 4-bit kernel here")),
 ])
 def test_smollm2_on_a_reduced_precision_kernel_keeps_the_distribution(smollm2_dir, kernel, max_kl):
-    ours = paged_logits(smollm2_dir, IDS, 13, kernel, "c" if decode_kernel.load(64, 3, 16) else "torch")
+    # Prompts' attention as the engine picks it for this kernel (bf16 beside q4-bf16in).
+    ours = paged_logits(smollm2_dir, IDS, 13, kernel, "c" if decode_kernel.load(64, 3, 16) else "torch",
+                        prompt_attention=prefill_attention.choose("auto", kernel, 64))
     ref = reference_logits(smollm2_dir, IDS)
     for pos, logits in ours.items():
         kl = F.kl_div(logits.log_softmax(-1), ref[pos].log_softmax(-1), log_target=True, reduction="sum").item()

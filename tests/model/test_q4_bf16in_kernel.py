@@ -1,13 +1,15 @@
 """The prompt kernel over 4-bit grid weights with bf16 inputs and fp32 sums
 (bulkhead.model.q4_bf16in_kernel)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bulkhead.model import q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, choose, prepare_one
-from tests.model.test_q4_kernel import _model, gguf_q4_1
+from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
 needs_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
                                   reason="no AVX-512 BF16 here, or the kernel cannot be built")
@@ -54,13 +56,26 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
         torch.set_num_threads(threads)
 
 
+def test_on_a_cpu_with_avx512_bf16_it_is_built():
+    # Otherwise every needs_bf16in test would skip, and the default fall back to fp32 prompts unseen.
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "avx512_bf16" not in flags or q4_kernel.load() is None:
+        pytest.skip("no AVX-512 BF16 here, or no C build of the 4-bit kernels at all")
+    assert q4_bf16in_kernel.load() is not None
+
+
 @needs_bf16in
 def test_non_finite_input_reaches_the_output():
     w = gguf_q4_1(32, 64)
-    x = torch.zeros(3, 64)
+    x = torch.zeros(4, 64)
     x[1, 5], x[2, 40] = float("nan"), float("inf")
+    # A NaN whose low mantissa bits alone are set rounds to inf unless the
+    # rounding keeps NaN apart; input 1 of each group has q = 15 for every
+    # output, so an inf there would give some outputs inf, not NaN.
+    x[3, 1] = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
     y = run(x, w)
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+    assert torch.isnan(y[3]).all()
 
 
 @needs_bf16in
@@ -69,6 +84,10 @@ def test_shapes_it_does_not_take_are_refused():
     with pytest.raises(ValueError, match="float32"):
         run(torch.randn(2, 64), w)
     assert q4_bf16in_kernel.pack_q(w + 1e-4 * torch.randn(w.shape)) is None  # off the grid
+    # The C side's own check: inputs not a whole number of groups of 32.
+    qb = torch.zeros(2, 24, q4_bf16in_kernel.BLOCK, 2, dtype=torch.bfloat16)  # K = 48
+    with pytest.raises(ValueError, match="refused"):
+        q4_bf16in_kernel.linear_q4_bf16in(torch.randn(2, 48), qb, torch.zeros(2, 2, 2, q4_bf16in_kernel.BLOCK))
 
 
 @needs_bf16in
@@ -84,6 +103,6 @@ def test_prompt_rows_take_it_and_decode_rows_stay_q4():
 def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_error(monkeypatch):
     monkeypatch.setattr(q4_bf16in_kernel, "load", lambda: None)
     if q4_kernel.load() is not None:
-        assert choose("auto", torch.float32, _model(gguf_q4_1)) == "q4"
+        assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4"
     with pytest.raises(RuntimeError, match="q4-bf16in: .*AVX-512 BF16"):
-        choose("q4-bf16in", torch.float32, _model(gguf_q4_1))
+        choose("q4-bf16in", torch.float32, one_layer_model(gguf_q4_1))

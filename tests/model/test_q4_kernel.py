@@ -6,20 +6,10 @@ import torch.nn.functional as F
 
 from bulkhead.model import linear_kernel, q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import Q4Linear, choose, onednn_usable, prepare_one
+from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
 needs_q4 = pytest.mark.skipif(q4_kernel.load() is None or not onednn_usable(torch.float32),
                               reason="the 4-bit kernel cannot be built here (no compiler or no libgomp torch)")
-
-
-def gguf_q4_1(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Weights as a Q4_1 GGUF dequantizes them: per group of 32 inputs,
-    q * d + m in fp32 with d and m stored in fp16, q in 0..15, both ends used."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15
-    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01).half().float()
-    m = (torch.randn(n, k // 32, 1, generator=gen) * 0.05).half().float()
-    return (q * d + m).reshape(n, k)
 
 
 def test_a_q4_1_weight_is_rebuilt_bit_for_bit():
@@ -84,13 +74,6 @@ def test_decode_rows_take_the_4_bit_kernel_and_prompt_rows_onednn():
         prepare_one(torch.randn(64, 96), "q4")
 
 
-def _model(make):
-    from bulkhead.model.llama import LayerWeights, ModelWeights
-
-    layer = LayerWeights(torch.ones(64), make(96, 64), None, make(64, 64), torch.ones(64), make(128, 64), make(64, 64))
-    return ModelWeights(torch.zeros(10, 64), [layer], torch.ones(64), torch.zeros(10, 64))
-
-
 # What auto takes for a 4-bit grid model: q4's decode rows either way, its
 # prompts through bf16 inputs where this CPU has AVX-512 BF16.
 AUTO_Q4 = "q4-bf16in" if q4_bf16in_kernel.load() is not None else "q4"
@@ -98,25 +81,25 @@ AUTO_Q4 = "q4-bf16in" if q4_bf16in_kernel.load() is not None else "q4"
 
 @needs_q4
 def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
-    assert choose("auto", torch.float32, _model(gguf_q4_1)) == AUTO_Q4
-    off = _model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k))
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == AUTO_Q4
+    off = one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k))
     assert choose("auto", torch.float32, off) not in ("q4", "q4-bf16in")
     with pytest.raises(RuntimeError, match="not exactly on a 4-bit grid"):
         choose("q4", torch.float32, off)
-    assert choose("onednn", torch.float32, _model(gguf_q4_1)) == "onednn"  # asked for by name: honoured
+    assert choose("onednn", torch.float32, one_layer_model(gguf_q4_1)) == "onednn"  # asked for by name: honoured
 
 
 def test_where_the_kernel_cannot_be_built_auto_does_not_take_it(monkeypatch):
     monkeypatch.setattr(q4_kernel, "load", lambda: None)
-    assert choose("auto", torch.float32, _model(gguf_q4_1)) not in ("q4", "q4-bf16in")
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-bf16in")
 
 
 @needs_q4
 @pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
 def test_bf16_prefill_is_opt_in_and_changes_only_prompt_rows():
     # Never auto: oneDNN's bf16 prompts fail the quality gate's README answer.
-    assert choose("auto", torch.float32, _model(gguf_q4_1)) == AUTO_Q4
-    assert choose("q4-bf16-prefill", torch.float32, _model(gguf_q4_1)) == "q4-bf16-prefill"
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == AUTO_Q4
+    assert choose("q4-bf16-prefill", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16-prefill"
     w = gguf_q4_1(64, 96)
     exact, fast = prepare_one(w, "q4"), prepare_one(w, "q4-bf16-prefill")
     x, b = torch.randn(40, 96), torch.randn(64)
@@ -125,4 +108,4 @@ def test_bf16_prefill_is_opt_in_and_changes_only_prompt_rows():
     assert prompt.dtype == torch.float32 and not torch.equal(prompt, exact(x, b, decode=False))  # it did round
     torch.testing.assert_close(prompt, F.linear(x, w, b), rtol=0.05, atol=0.1)
     with pytest.raises(RuntimeError, match="q4-bf16-prefill: .*not exactly on a 4-bit grid"):
-        choose("q4-bf16-prefill", torch.float32, _model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k)))
+        choose("q4-bf16-prefill", torch.float32, one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k)))

@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from bulkhead.model import prefill_attention
 from tests.server_process import OPERATOR_HEADERS, OPERATOR_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -187,6 +188,10 @@ def test_server_info_and_models_show_the_live_limits(server, client):
     assert info["context_length"] == 2048 and info["max_input_tokens"] == 2047
     assert info["pool_tokens"] >= info["context_length"]
     assert info["scrub_mode"] == "poison" and info["kv_dtype"] == "bfloat16" and info["page_size"] == 16
+    # The kernels say what they compute; prompts' attention is bf16 only beside bf16-input prompts.
+    assert info["linear_kernel"] in ("q4", "q4-bf16in") and info["decode_glue"] in ("c", "torch")
+    assert info["prefill_attention"] == ("bf16" if info["linear_kernel"] == "q4-bf16in" and prefill_attention.load()
+                                         else "torch")
     models = client.models.list()
     assert models.data[0].id == MODEL
 

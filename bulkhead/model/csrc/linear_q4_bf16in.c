@@ -6,11 +6,12 @@
  * Why: a prompt's pass is bound by arithmetic (oneDNN's fp32 GEMM runs at
  * the cores' fp32 peak), and AVX-512 BF16's dot-product instruction does
  * twice the multiply-adds of an fp32 FMA. A 4-bit q is exact in bf16, so
- * rounding x to bf16 is the only rounding this adds to the fp32 model: the
- * weights are rebuilt exactly (the product sum of a group is scaled by its
- * fp32 d, and m times the group's sum of x is added) and nothing is summed or
- * returned in bf16. oneDNN's bf16 GEMM also rounds the weights and its
- * output, which measured twice this kernel's distance from the exact model.
+ * x rounded to bf16 is the only operand rounded: the weights are rebuilt
+ * exactly (the product sum of a group is scaled by its fp32 d, and m times
+ * the group's sum of x is added: the fp32 model's sum, regrouped) and
+ * nothing is summed or returned in bf16. oneDNN's bf16 GEMM also rounds the
+ * weights and its output, which measured 1.5x this kernel's distance from
+ * the exact model (docs/performance.md, Quality).
  *
  * For a group g of G inputs:  sum_k x_k w_k = d_g * sum_k x_k q_k + m_g * S_g,
  * S_g = sum_k x_k. vdpbf16ps sums pairs of x_k * q_k into fp32 lanes (one
@@ -61,7 +62,8 @@ int available(void) {
 int block_outputs(void) { return NB; }
 int group_inputs(void) { return G; }
 
-/* fp32 -> bf16, round to nearest even, NaN kept NaN (torch's rounding). */
+/* fp32 -> bf16, round to nearest even as torch does; a NaN stays a (quiet)
+ * NaN, where adding the rounding bias could carry it into inf. */
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

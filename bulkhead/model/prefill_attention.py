@@ -1,0 +1,86 @@
+"""A prompt chunk's causal attention on bf16 dot products
+(csrc/prefill_attention_bf16.c), compiled and loaded as the linear kernels
+are (bulkhead.model.c_linear).
+
+Why: a 4,096-token prompt spends over half its time in attention, and
+torch's fp32 flash kernel runs it at ~130 GFLOP/s on this project's two
+cores; with AVX-512 BF16 the C kernel does the same flash-style sums on
+bf16 dot products (twice an fp32 FMA's multiply-adds). q, K and V are
+rounded to bf16 (K and V are stored in bf16 anyway under the default KV
+cache), the probabilities are rounded to bf16 for the value sum; every
+score, softmax sum and output stays fp32. Its distance from fp32 attention
+is measured in docs/performance.md ("Quality").
+
+`choose` takes it ("bf16") where prompts already round their inputs to bf16
+(`--linear-kernel q4-bf16in`) and it builds here; "torch" (fp32 SDPA)
+everywhere else, so the exact kernels keep exact attention.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import c_linear
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_bf16.c"
+CHOICES = ("auto", "bf16", "torch")
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The library in torch's OpenMP team, or None where it cannot be built
+    or this CPU has no AVX-512 BF16."""
+    lib = c_linear.load_in_torch_team(SOURCE, "the bf16 prompt-attention kernel: prompts' attention stays fp32")
+    if lib is None:
+        return None
+    if not lib.available():
+        log.info("no AVX-512 BF16 on this CPU: prompts' attention stays fp32 SDPA")
+        return None
+    fn = lib.prefill_attention_bf16
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+    return lib
+
+
+def choose(choice: str, linear_kernel: str, head_dim: int) -> str:
+    """Resolve "auto"; refuse "bf16" where it cannot run."""
+    if choice not in CHOICES:
+        raise ValueError(f"prefill attention must be one of {CHOICES}, not {choice!r}")
+    usable = load() is not None and head_dim == load().head_dim()
+    if choice == "bf16" and not usable:
+        raise RuntimeError(f"--prefill-attention bf16: its C kernel cannot run here (no AVX-512 BF16, no compiler, "
+                           f"or head_dim {head_dim} is not {load().head_dim() if load() else 64})")
+    if choice == "auto":
+        return "bf16" if usable and linear_kernel == "q4-bf16in" else "torch"
+    return choice
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of q [Tq, H, hd] over k, v [L, KVH, hd] (float32; the
+    queries are the last Tq of the L positions) -> [Tq, H, hd] float32."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the bf16 prompt-attention kernel is not available")
+    q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[2] != k.shape[2]:
+        raise ValueError(f"prefill attention takes q [Tq, H, hd] and k, v [L, KVH, hd], not q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    (tq, h, hd), (length, kvh, _) = q.shape, k.shape
+    padded = -(-length // lib.key_block()) * lib.key_block()
+    # Scratch: K and V as the kernel reads them (bf16, keys padded to a whole
+    # block with zeros), and q rounded.
+    kb = torch.empty(kvh * padded * hd, dtype=torch.bfloat16)
+    vb, qb = torch.empty_like(kb), torch.empty(tq * h * hd, dtype=torch.bfloat16)
+    out = torch.empty(tq, h, hd)
+    if lib.prefill_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), kb.data_ptr(),
+                                  vb.data_ptr(), qb.data_ptr(), tq, length, h, kvh, hd, scale,
+                                  torch.get_num_threads()):
+        raise ValueError(f"prefill attention refused q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    return out

@@ -1,0 +1,106 @@
+"""A prompt chunk's causal attention on bf16 dot products
+(bulkhead.model.prefill_attention)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bulkhead.model import prefill_attention
+
+needs_kernel = pytest.mark.skipif(prefill_attention.load() is None,
+                                  reason="no AVX-512 BF16 here, or the kernel cannot be built")
+
+
+def qkv(tq: int, length: int, heads: int = 9, kv_heads: int = 3, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(tq, heads, 64, generator=gen) * 2, torch.randn(length, kv_heads, 64, generator=gen),
+            torch.randn(length, kv_heads, 64, generator=gen))
+
+
+def sdpa(q, k, v, rounded: bool = False):
+    """fp32 SDPA of the last q.shape[0] positions, causal (on bf16-rounded q, k, v if asked)."""
+    if rounded:
+        q, k, v = (t.bfloat16().float() for t in (q, k, v))
+    tq, length = q.shape[0], k.shape[0]
+    mask = torch.arange(length)[None, :] <= (length - tq + torch.arange(tq))[:, None]
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+def run(q, k, v):
+    return prefill_attention.attention(q, k, v, 64 ** -0.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("tq,length", [(1, 1), (5, 5), (64, 64), (70, 70), (7, 100), (3, 200), (130, 257)])
+def test_it_is_causal_attention_on_bf16_operands(tq, length):
+    q, k, v = qkv(tq, length)
+    out = run(q, k, v)
+    # Against SDPA on the same rounded operands: what is left is the
+    # probabilities' rounding to bf16 (a relative 2^-9 each).
+    torch.testing.assert_close(out, sdpa(q, k, v, rounded=True), rtol=0, atol=1e-2)
+    torch.testing.assert_close(out, sdpa(q, k, v), rtol=0, atol=5e-2)
+
+
+@needs_kernel
+def test_no_query_sees_a_later_position():
+    q, k, v = qkv(20, 60)
+    out = run(q, k, v)
+    k2, v2 = k.clone(), v.clone()
+    k2[50:], v2[50:] = 1e3, -1e3  # positions 50.. are what queries 10.. see first
+    later = run(q, k2, v2)
+    assert torch.equal(out[:10], later[:10])  # queries at positions 40..49
+    assert all(not torch.equal(out[i], later[i]) for i in range(10, 20))  # and the others do see them
+
+
+@needs_kernel
+def test_a_querys_numbers_do_not_depend_on_the_rest_of_its_chunk():
+    # Chunked prefill: the same position's attention, whatever else is in the chunk or after it.
+    q, k, v = qkv(37, 90)
+    whole = run(q, k, v)
+    for i in (0, 3, 4, 17, 36):
+        pos = 90 - 37 + i
+        alone = run(q[i : i + 1], k[: pos + 1], v[: pos + 1])
+        assert torch.equal(alone[0], whole[i]), i
+
+
+@needs_kernel
+def test_heads_read_their_own_kv_head():
+    q, k, v = qkv(8, 8, heads=6, kv_heads=2)
+    out = run(q, k, v)
+    for h in range(6):
+        alone = run(q[:, h : h + 1], k[:, h // 3 : h // 3 + 1], v[:, h // 3 : h // 3 + 1])
+        assert torch.equal(alone[:, 0], out[:, h]), h
+
+
+@needs_kernel
+def test_non_finite_values_reach_the_output():
+    q, k, v = qkv(4, 4)
+    v[0, 0, 0] = float("nan")
+    out = run(q, k, v)
+    assert torch.isnan(out[:, :3, 0]).all() and torch.isfinite(out[:, 3:]).all()  # kv head 0: heads 0-2
+
+
+@needs_kernel
+def test_shapes_it_does_not_take_are_refused():
+    q, k, v = qkv(4, 4)
+    with pytest.raises(ValueError):
+        run(q, k, v[:3])
+    with pytest.raises(ValueError, match="refused"):
+        run(q, k[:3], v[:3])  # fewer positions than queries
+    with pytest.raises(ValueError, match="refused"):
+        run(torch.randn(4, 2, 32), torch.randn(4, 1, 32), torch.randn(4, 1, 32))  # head_dim 32
+
+
+def test_auto_takes_it_only_beside_bf16_input_prompts():
+    assert prefill_attention.choose("auto", "q4", 64) == "torch"
+    assert prefill_attention.choose("auto", "onednn", 64) == "torch"
+    assert prefill_attention.choose("torch", "q4-bf16in", 64) == "torch"
+    expected = "bf16" if prefill_attention.load() is not None else "torch"
+    assert prefill_attention.choose("auto", "q4-bf16in", 64) == expected
+    assert prefill_attention.choose("auto", "q4-bf16in", 128) == "torch"
+    with pytest.raises(RuntimeError, match="bf16"):
+        prefill_attention.choose("bf16", "q4", 128)
+    with pytest.raises(ValueError):
+        prefill_attention.choose("fast", "q4", 64)
