@@ -7,7 +7,7 @@ Why: at one request the ~600 small torch ops a step makes around its
 matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
-4-bit grid (`--linear-kernel q4`, the bundled model's default) and decode
+4-bit grid (`--linear-kernel q4` or `q4-bf16in`, the bundled model's default) and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the
 torch path's up to the order of two sums (the C file says which). Batch

@@ -13,9 +13,10 @@
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 (bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
-`int4` and `onednn-bf16` take `bf16w` where its C kernel builds here (the
-lm_head is then half the bytes at one request, where it is bound by memory),
-`aten` and `onednn` keep `fp32`.
+The reduced-precision kernels (`REDUCED`: `q4`, `q4-bf16in`, `int4`,
+`onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
+(the lm_head is then half the bytes at one request, where it is bound by
+memory), `aten` and `onednn` keep `fp32`.
 
 `auto` is `q4-bf16in` for weights that lie exactly on a 4-bit grid (a Q4_0
 or Q4_1 GGUF, such as the bundled SmolLM2: every weight rebuilds bit for bit
@@ -24,20 +25,22 @@ a third to a half of a 16-client run is prefill, bound by arithmetic, and
 bf16 dot products do twice fp32's multiply-adds. Only the prompt rows'
 inputs are rounded to bf16 (the 4-bit q is exact in bf16; sums, scales and
 outputs stay fp32); its measured distance from the exact model is in
-docs/performance.md "Quality". Without AVX-512 BF16, or where its C kernel
-does not build, `auto` is `q4`, whose prompts are oneDNN fp32.
+docs/performance.md "Quality". Beside it the engine runs prompts' attention
+on bf16 dot products too (bulkhead.model.prefill_attention). Without AVX-512
+BF16, or where its C kernel does not build, `auto` is `q4`, whose prompts
+are oneDNN fp32.
 `q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
 weights and each output to bf16) is opt-in, never `auto`: it answered the
 README's question in French (0.08 nats from a tie in fp32).
 
-Otherwise `int4` for weights near such a grid (`on_4bit_grid`) where this build
-runs it; otherwise `onednn` where this build runs it, else `aten`, the exact
-fp32 model. `q4` computes the exact model's numbers, up to the order of each
+For other weights `auto` is `int4` for weights near such a grid
+(`on_4bit_grid`) where this build runs it; otherwise `onednn` where this
+build runs it, else `aten`, the exact fp32 model. `q4` computes the exact model's numbers, up to the order of each
 sum, reading 4 bits a weight: faster than `int4` at every batch size measured
 (docs/performance.md), and without its bf16 inputs. `q4-bf16in`, `int4` and
-`onednn-bf16` are not the exact fp32 model and say so in `/server_info`; everything around the matmuls (norms, rotary, attention,
-the KV cache, sampling) stays fp32, each matmul's output returns to fp32, and
-the lm_head's inputs, sums and logits stay fp32 whatever its weights.
+`onednn-bf16` are not the exact fp32 model and say so in `/server_info`;
+each matmul's output returns to fp32, and the lm_head's inputs, sums and
+logits stay fp32 whatever its weights.
 
 Why oneDNN: on this project's 2-core AMD EPYC machine MKL's sgemm runs the
 whole model's linear layers 3.7x slower at 4 rows than oneDNN's kernel over a
