@@ -16,7 +16,11 @@
  * along keys), qb [Tq][H][D] bf16.
  *
  * Each (query, head) is computed by one thread in a fixed order whatever
- * else is in the call. NaN and inf reach the output.
+ * else is in the call. NaN and inf reach the output. A masked key's
+ * probability is 0, but 0 x NaN is NaN: a non-finite V at a later position
+ * of the same call reaches earlier queries. Such a value comes from this
+ * chunk's own rows (only written positions are passed), whose last row
+ * then fails the step closed anyway.
  */
 #include <math.h>
 #include <stdint.h>
