@@ -36,6 +36,17 @@ def load_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
         return None
 
 
+def load_bf16_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
+    """load_in_torch_team() for a kernel on AVX-512 BF16 instructions: None
+    also where this CPU has none (the C file then builds without them and its
+    available() says 0), which is logged once."""
+    lib = load_in_torch_team(source, what)
+    if lib is not None and not lib.available():
+        log.info("no AVX-512 BF16 on this CPU, so not %s", what)
+        return None
+    return lib
+
+
 def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor) -> torch.Tensor:
     """y = x @ w.T through `fn(x, *weights, y, M, N, K, threads)`: x [M, K]
     float32, y [M, N] float32; a shape the kernel refuses is a ValueError."""

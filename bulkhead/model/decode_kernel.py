@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -81,7 +82,10 @@ def _compiler() -> str | None:
 def _build(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
     """The library of this C source for these flags, compiled once into the cache."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
+    text = source.read_text()
+    # The headers it includes from its own folder (csrc/bf16.h) are part of what is compiled.
+    headers = [(source.parent / name).read_text() for name in re.findall(r'^#include "([^"]+)"', text, re.M)]
+    key = hashlib.sha256("\0".join([text, *headers, " ".join(flags), version, _cpu_flags()]).encode())
     target = cache_root() / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from bulkhead.model import c_linear
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_bf16.c"
 CHOICES = ("auto", "bf16", "torch")
@@ -37,11 +34,8 @@ CHOICES = ("auto", "bf16", "torch")
 def load() -> ctypes.CDLL | None:
     """The library in torch's OpenMP team, or None where it cannot be built
     or this CPU has no AVX-512 BF16."""
-    lib = c_linear.load_in_torch_team(SOURCE, "the bf16 prompt-attention kernel: prompts' attention stays fp32")
+    lib = c_linear.load_bf16_in_torch_team(SOURCE, "the bf16 prompt-attention kernel: prompts' attention stays fp32")
     if lib is None:
-        return None
-    if not lib.available():
-        log.info("no AVX-512 BF16 on this CPU: prompts' attention stays fp32 SDPA")
         return None
     fn = lib.prefill_attention_bf16
     fn.restype = ctypes.c_int

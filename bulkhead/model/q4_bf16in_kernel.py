@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from bulkhead.model import c_linear, q4_kernel
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "linear_q4_bf16in.c"
 BLOCK = q4_kernel.BLOCK  # the C file's NB; the scales and offsets are q4's, shared
@@ -38,11 +35,8 @@ GROUP = q4_kernel.GROUP
 def load() -> ctypes.CDLL | None:
     """The library in torch's OpenMP team (bulkhead.model.c_linear), or None
     where it cannot be built or this CPU has no AVX-512 BF16."""
-    lib = c_linear.load_in_torch_team(SOURCE, "the bf16-input prompt kernel: prompts stay fp32")
+    lib = c_linear.load_bf16_in_torch_team(SOURCE, "the bf16-input prompt kernel: prompts stay fp32")
     if lib is None:
-        return None
-    if not lib.available():
-        log.info("no AVX-512 BF16 on this CPU: prompts' linear layers stay oneDNN fp32")
         return None
     lib.linear_q4_bf16in.restype = ctypes.c_int
     lib.linear_q4_bf16in.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]

@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16.h"
 
 typedef int (*linear_fn)(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N,
                          int64_t K, int nthreads);
@@ -128,13 +129,6 @@ static void rope(const float *x, float *out, int64_t heads, int64_t hd, const fl
         for (int64_t d = 0; d < half; d++) oh[d] = xh[d] * cos[d] + (-xh[d + half]) * sin[d];
         for (int64_t d = half; d < hd; d++) oh[d] = xh[d] * cos[d] + xh[d - half] * sin[d];
     }
-}
-
-static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 /* One row's K (already rotated) and V into its pool slot. */

@@ -32,6 +32,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include "bf16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -61,22 +62,6 @@ int available(void) {
 
 int block_outputs(void) { return NB; }
 int group_inputs(void) { return G; }
-
-/* fp32 -> bf16, round to nearest even as torch does; a NaN stays a (quiet)
- * NaN, where adding the rounding bias could carry it into inf. */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 #ifdef __AVX512BF16__
 /* Rows [0, R) against one block: xb [R][K] bf16, s [R][K / G] (each group's

@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "bf16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -46,13 +47,6 @@ int available(void) {
 
 int head_dim(void) { return D; }
 int key_block(void) { return KB; }
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
 
 #ifdef __AVX512BF16__
 static inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
