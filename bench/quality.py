@@ -74,6 +74,9 @@ VARIANTS = {
         ("q4-bf16in", "fp32", "float32", "auto", "torch"),
     "bf16-input prompts, bf16 prompt attention, q4 decode, bf16w lm_head, bf16 KV (the default)":
         ("q4-bf16in", "bf16w", "bfloat16"),
+    # Opt-in (--linear-kernel q4-bf16in-all): decode rows' inputs rounded to bf16 as well.
+    "bf16-input prompts and decode rows, bf16 prompt attention, bf16w lm_head, bf16 KV":
+        ("q4-bf16in-all", "bf16w", "bfloat16"),
     # Opt-in (--linear-kernel q4-bf16-prefill): prompts through oneDNN's bf16 GEMM.
     "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
 }

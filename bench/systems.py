@@ -55,6 +55,11 @@ BULKHEAD_FLAGS = {
     # Prompts through oneDNN fp32 (--linear-kernel q4): the default's decode,
     # without its bf16-input prompt kernel (what that kernel buys).
     "bulkhead-fp32-prompts": ["--role", "colocated", "--linear-kernel", "q4"],
+    # Opt-in: decode rows' inputs rounded to bf16 too (--linear-kernel
+    # q4-bf16in-all): what bf16 dot products buy a decode step.
+    "bulkhead-bf16-decode": ["--role", "colocated", "--linear-kernel", "q4-bf16in-all"],
+    "bulkhead-disagg-bf16-decode": ["--role", "local", "--prefill", "1", "--decode", "1",
+                                    "--linear-kernel", "q4-bf16in-all"],
     # Opt-in: prompts through bf16 matmuls (what they would buy; they fail
     # the quality gate's README answer, docs/performance.md "Quality").
     "bulkhead-bf16-prefill": ["--role", "colocated", "--linear-kernel", "q4-bf16-prefill"],

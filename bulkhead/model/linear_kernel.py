@@ -8,6 +8,7 @@
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
 | `q4-bf16in` | the 4-bit grid weights rebuilt exactly, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | as `q4` | 4-bit (and q in bf16) |
+| `q4-bf16in-all` | as `q4-bf16in` | the same product over the 4-bit nibbles: bf16 inputs, fp32 sums | 4-bit (and q in bf16) |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
@@ -29,6 +30,10 @@ docs/performance.md "Quality". Beside it the engine runs prompts' attention
 on bf16 dot products too (bulkhead.model.prefill_attention). Without AVX-512
 BF16, or where its C kernel does not build, `auto` is `q4`, whose prompts
 are oneDNN fp32.
+`q4-bf16in-all` rounds decode rows' inputs to bf16 as well (a 16-row
+decode step is bound by its matmuls' arithmetic, not only by memory): opt-in,
+never `auto`, because it moves the model further from the exact one
+(docs/performance.md "Quality").
 `q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
 weights and each output to bf16) is opt-in, never `auto`: it answered the
 README's question in French (0.08 nats from a tie in fp32).
@@ -77,14 +82,16 @@ from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16-prefill")
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16-prefill")  # the kernels whose lm_head takes bf16w
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
+# The kernels whose lm_head takes bf16w.
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
 HEAD_KERNELS = ("fp32", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
                     "q4-bf16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows as q4",
+                    "q4-bf16in-all": "prompts and decode rows bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
@@ -179,18 +186,21 @@ class Int4Linear(Linear):
 
 class Q4Linear(Linear):
     """Decode rows through the 4-bit kernel with fp32 inputs and sums
-    (bulkhead.model.q4_kernel); other rows through `prefill` (a oneDNN
-    layer over the same weight). Both compute the fp32 model's numbers."""
+    (bulkhead.model.q4_kernel), or with bf16 inputs where `bf16_decode`
+    (q4_bf16in_kernel.linear_q4_nibbles, the same packed weights); other
+    rows through `prefill` (a layer over the same weight)."""
 
-    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear):
+    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, bf16_decode: bool = False):
         self.packed = packed
         self.prefill = prefill
+        self.bf16_decode = bf16_decode
         self.out_features, self.in_features = prefill.out_features, prefill.in_features
 
     def __call__(self, x, b=None, decode=False):
         if not decode:
             return self.prefill(x, b)
-        y = q4_kernel.linear_q4(x.float(), self.packed)
+        run = q4_bf16in_kernel.linear_q4_nibbles if self.bf16_decode else q4_kernel.linear_q4
+        y = run(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
@@ -262,6 +272,9 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
+    if kernel == "q4-bf16in-all" and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
+            and q4_usable(weights):
+        return kernel
     if kernel in ("auto", "q4-bf16in") and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
             and onednn_usable(dtype) and q4_usable(weights):
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel, bf16-input prompt kernel")
@@ -272,9 +285,10 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     if kernel == "q4-bf16-prefill" and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and q4_usable(weights):
         return kernel
-    if kernel in ("q4", "q4-bf16in", "q4-bf16-prefill"):
+    if kernel in ("q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill"):
         raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
                            + {"q4": "", "q4-bf16in": "this CPU has no AVX-512 BF16, ",
+                              "q4-bf16in-all": "this CPU has no AVX-512 BF16, ",
                               "q4-bf16-prefill": "this torch build cannot run oneDNN bf16, "}[kernel]
                            + ("--dtype is not float32, " if dtype != torch.float32 else "")
                            + "or a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
@@ -344,12 +358,13 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "int4":
         prefill = OneDNNLinear(w, w.dtype)
         return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
-    if kernel in ("q4", "q4-bf16in", "q4-bf16-prefill"):
+    if kernel in ("q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill"):
         packed = q4_kernel.pack(w)
         if packed is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
-        if kernel == "q4-bf16in":  # no fp32 copy of the weight: prompts read q in bf16 and q4's scales
-            return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]))
+        if kernel in ("q4-bf16in", "q4-bf16in-all"):  # no fp32 copy of the weight: prompts read q in bf16
+            return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]),
+                            bf16_decode=kernel == "q4-bf16in-all")
         return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 

@@ -12,7 +12,7 @@ score, softmax sum and output stays fp32. Its distance from fp32 attention
 is measured in docs/performance.md ("Quality").
 
 `choose` takes it ("bf16") where prompts already round their inputs to bf16
-(`--linear-kernel q4-bf16in`) and it builds here; "torch" (fp32 SDPA)
+(`--linear-kernel q4-bf16in` or `q4-bf16in-all`) and it builds here; "torch" (fp32 SDPA)
 everywhere else, so the exact kernels keep exact attention.
 """
 
@@ -52,7 +52,7 @@ def choose(choice: str, linear_kernel: str, head_dim: int) -> str:
         raise RuntimeError(f"--prefill-attention bf16: its C kernel cannot run here (no AVX-512 BF16, no compiler, "
                            f"or head_dim {head_dim} is not {load().head_dim() if load() else 64})")
     if choice == "auto":
-        return "bf16" if usable and linear_kernel == "q4-bf16in" else "torch"
+        return "bf16" if usable and linear_kernel in ("q4-bf16in", "q4-bf16in-all") else "torch"
     return choice
 
 

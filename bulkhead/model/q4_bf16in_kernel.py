@@ -12,6 +12,11 @@ its output; measured on the quality prompts (docs/performance.md "Quality")
 it lands further from the exact model and answers the README's question in
 French, where this kernel answers it as the fp32 model does.
 
+`linear_q4_nibbles` is the same product for decode rows under the opt-in
+`--linear-kernel q4-bf16in-all`: it reads the 4-bit kernel's own packing
+(no second copy of the weights), and moves the model further from the
+exact one than prompts alone do (docs/performance.md "Quality").
+
 Where the CPU has no AVX-512 BF16 (the C file builds without it and says so
 in `available()`), `load()` is None and prompts stay on oneDNN fp32.
 """
@@ -40,6 +45,8 @@ def load() -> ctypes.CDLL | None:
         return None
     lib.linear_q4_bf16in.restype = ctypes.c_int
     lib.linear_q4_bf16in.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.linear_q4_nibbles_bf16in.restype = ctypes.c_int
+    lib.linear_q4_nibbles_bf16in.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     assert lib.block_outputs() == BLOCK and lib.group_inputs() == GROUP
     return lib
 
@@ -68,3 +75,15 @@ def linear_q4_bf16in(x: torch.Tensor, qb: torch.Tensor, dm: torch.Tensor) -> tor
     # Scratch for the call: x rounded to bf16, and each group's sum of it.
     scratch = torch.empty(rows, k, dtype=torch.bfloat16), torch.empty(rows, k // GROUP)
     return c_linear.call(lib.linear_q4_bf16in, x, k, blocks * BLOCK, qb, dm, *scratch)
+
+
+def linear_q4_nibbles(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32 from q4's own packing
+    (packed = q4_kernel.pack(w): 4 bits a weight, no bf16 copy of q), x
+    rounded to bf16 inside the call: decode rows under `q4-bf16in-all`."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the bf16-input kernel is not available")
+    qs, dm = packed
+    blocks, k, _ = qs.shape
+    return c_linear.call(lib.linear_q4_nibbles_bf16in, x, k, blocks * BLOCK, qs, dm)

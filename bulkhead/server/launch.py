@@ -89,7 +89,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "int4 for "
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
-                        f"{linear_kernel.MATMUL_PRECISION['int4']}. With q4, q4-bf16in, int4 or onednn-bf16 the lm_head takes "
+                        f"{linear_kernel.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
+                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in-all']}. "
+                        "With q4, q4-bf16in(-all), int4 or onednn-bf16 the lm_head takes "
                         f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
                         "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
@@ -98,7 +100,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-attention", choices=prefill_attention.CHOICES, default="auto",
                    help="a prompt's attention: bf16 = a C kernel on bf16 dot products (q, K, V and the softmax's "
                         "probabilities rounded to bf16; scores, sums and outputs fp32), torch = fp32 SDPA; auto = "
-                        "bf16 where the linear kernel is q4-bf16in (prompts' inputs already rounded to bf16) and "
+                        "bf16 where the linear kernel is q4-bf16in or q4-bf16in-all (prompts' inputs already rounded "
+                        "to bf16) and "
                         "the CPU has AVX-512 BF16, else torch")
     p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "

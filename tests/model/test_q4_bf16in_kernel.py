@@ -106,3 +106,61 @@ def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_err
         assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4"
     with pytest.raises(RuntimeError, match="q4-bf16in: .*AVX-512 BF16"):
         choose("q4-bf16in", torch.float32, one_layer_model(gguf_q4_1))
+    with pytest.raises(RuntimeError, match="q4-bf16in-all: .*AVX-512 BF16"):
+        choose("q4-bf16in-all", torch.float32, one_layer_model(gguf_q4_1))
+
+
+def run_nibbles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return q4_bf16in_kernel.linear_q4_nibbles(x, q4_kernel.pack(w))
+
+
+@needs_bf16in
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17])
+def test_the_decode_twin_reads_q4s_nibbles_and_rounds_only_the_inputs(rows):
+    w = gguf_q4_1(96, 128)
+    x = torch.randn(rows, 128)
+    y = run_nibbles(x, w)
+    # Its 128 + q trick loses a little more to fp32 rounding than the prompt kernel's plain q.
+    torch.testing.assert_close(y, only_inputs_rounded(x, w), rtol=1e-5, atol=2e-5)
+    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16in
+def test_the_decode_twins_rows_do_not_depend_on_their_batch_mates_or_place():
+    w = gguf_q4_1(64, 96)
+    packed = q4_kernel.pack(w)
+    x = torch.randn(20, 96)
+    alone = torch.cat([q4_bf16in_kernel.linear_q4_nibbles(x[i : i + 1], packed) for i in range(20)])
+    for m in range(1, 21):
+        assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x[:m], packed), alone[:m])
+    assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x.roll(5, 0), packed), alone.roll(5, 0))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x, packed), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_bf16in
+def test_the_decode_twin_passes_non_finite_input_and_refuses_shapes():
+    w = gguf_q4_1(32, 64)
+    x = torch.zeros(3, 64)
+    x[1, 5], x[2, 40] = float("nan"), float("inf")
+    y = run_nibbles(x, w)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+    qs = torch.zeros(2, 48, q4_bf16in_kernel.BLOCK // 2, dtype=torch.uint8)  # K = 48: not whole groups
+    with pytest.raises(ValueError, match="refused"):
+        q4_bf16in_kernel.linear_q4_nibbles(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_bf16in_kernel.BLOCK)))
+
+
+@needs_bf16in
+def test_under_q4_bf16in_all_decode_rows_round_their_inputs_and_prompt_rows_are_q4_bf16ins():
+    w = gguf_q4_1(64, 96)
+    every, prompts_only = prepare_one(w, "q4-bf16in-all"), prepare_one(w, "q4-bf16in")
+    x, b = torch.randn(9, 96), torch.randn(64)
+    torch.testing.assert_close(every(x, b, decode=True), only_inputs_rounded(x, w) + b, rtol=1e-5, atol=2e-5)
+    assert not torch.equal(every(x, b, decode=True), prompts_only(x, b, decode=True))
+    assert torch.equal(every(x, b, decode=False), prompts_only(x, b, decode=False))
+    assert choose("q4-bf16in-all", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in-all"
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"  # opt-in, never auto
