@@ -72,10 +72,11 @@ class EngineConfig:
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
     # "auto": a decode step's layers in one C call where the linear kernel is
-    # q4 and decode attention c, else torch ops (bulkhead.model.decode_layers).
+    # a q4 one (q4, q4-bf16in, q4-bf16in-all) and decode attention c, else
+    # torch ops (bulkhead.model.decode_layers).
     decode_glue: str = "auto"
     # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in), else fp32 SDPA
+    # layers round inputs to bf16 (q4-bf16in, q4-bf16in-all), else fp32 SDPA
     # (bulkhead.model.prefill_attention).
     prefill_attention: str = "auto"
     prefix_cache: bool = False

@@ -1,6 +1,6 @@
 """What the blocked C linear kernels share (csrc/linear_bf16w.c for the
 lm_head, csrc/linear_q4.c for 4-bit decode rows, csrc/linear_q4_bf16in.c
-for prompt rows): how each is built and loaded to run in torch's OpenMP
+for prompt rows and, under `q4-bf16in-all`, decode rows): how each is built and loaded to run in torch's OpenMP
 team (the prompt-attention kernel loads the same way), and how a call
 checks its input and shapes. The kernels differ in how they read a weight,
 and the prompt kernel also takes scratch buffers, passed after the weights.
@@ -57,5 +57,6 @@ def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor) -> torch.T
     if x.shape[0] == 0:
         return y
     if fn(x.data_ptr(), *(w.data_ptr() for w in weights), y.data_ptr(), x.shape[0], n, k, torch.get_num_threads()):
-        raise ValueError(f"{fn.__name__} refused shapes x {tuple(x.shape)}, w [{n}, {k}]")
+        raise ValueError(f"{fn.__name__} refused x {tuple(x.shape)}, w [{n}, {k}]: a shape it does not take, "
+                         "or no memory for its scratch")
     return y

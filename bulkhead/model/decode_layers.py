@@ -42,7 +42,7 @@ CHOICES = ("auto", "c", "torch")  # LlamaModel's decode_glue
 KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)",
           -2: "a write slot outside the pool", -3: "a position outside the rotary tables", -4: "no memory",
-          -5: "a matmul shape the 4-bit kernel refused"}
+          -5: "a matmul the 4-bit kernel refused (a shape it does not take, or no memory for its scratch)"}
 
 
 class _Q4(ctypes.Structure):
@@ -111,9 +111,11 @@ class DecodeLayers:
             return f"{config.num_kv_heads} KV heads x head_dim {config.head_dim} is over {MAX_KV_ROW}"
         if weights.embed.dtype != torch.float32:
             return f"the model is {weights.embed.dtype}, not float32"
-        if q4_kernel.load() is None or not all(isinstance(lin, Q4Linear) for layer in weights.layers
-                                               for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+        linears = [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if q4_kernel.load() is None or not all(isinstance(lin, Q4Linear) for lin in linears):
             return "the linear layers do not run the q4 kernel"
+        if len({lin.bf16_decode for lin in linears}) > 1:  # the C layers call one kernel for every matmul
+            return "the linear layers mix fp32-input and bf16-input decode kernels"
         if load() is None:
             return "the C file could not be built here (see the log)"
         return None

@@ -14,8 +14,8 @@
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 (bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
-The reduced-precision kernels (`REDUCED`: `q4`, `q4-bf16in`, `int4`,
-`onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
+The reduced-precision kernels (`REDUCED`: `q4`, `q4-bf16in`, `q4-bf16in-all`,
+`int4`, `onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
 (the lm_head is then half the bytes at one request, where it is bound by
 memory), `aten` and `onednn` keep `fp32`.
 
@@ -42,8 +42,8 @@ For other weights `auto` is `int4` for weights near such a grid
 (`on_4bit_grid`) where this build runs it; otherwise `onednn` where this
 build runs it, else `aten`, the exact fp32 model. `q4` computes the exact model's numbers, up to the order of each
 sum, reading 4 bits a weight: faster than `int4` at every batch size measured
-(docs/performance.md), and without its bf16 inputs. `q4-bf16in`, `int4` and
-`onednn-bf16` are not the exact fp32 model and say so in `/server_info`;
+(docs/performance.md), and without its bf16 inputs. `q4-bf16in`, `q4-bf16in-all`,
+`int4` and `onednn-bf16` are not the exact fp32 model and say so in `/server_info`;
 each matmul's output returns to fp32, and the lm_head's inputs, sums and
 logits stay fp32 whatever its weights.
 
@@ -272,11 +272,13 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
-    if kernel == "q4-bf16in-all" and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
-            and q4_usable(weights):
+    def bf16in_usable() -> bool:  # q4-bf16in(-all); oneDNN for an fp32 lm_head where bf16w cannot run
+        return dtype == torch.float32 and q4_bf16in_kernel.load() is not None and onednn_usable(dtype) \
+            and q4_usable(weights)
+
+    if kernel == "q4-bf16in-all" and bf16in_usable():
         return kernel
-    if kernel in ("auto", "q4-bf16in") and dtype == torch.float32 and q4_bf16in_kernel.load() is not None \
-            and onednn_usable(dtype) and q4_usable(weights):
+    if kernel in ("auto", "q4-bf16in") and bf16in_usable():
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel, bf16-input prompt kernel")
         return "q4-bf16in"
     if kernel in ("auto", "q4") and dtype == torch.float32 and onednn_usable(dtype) and q4_usable(weights):

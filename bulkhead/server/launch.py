@@ -105,7 +105,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "the CPU has AVX-512 BF16, else torch")
     p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
-                        "c = every layer in one C call, where the linear kernel is q4 and decode attention c; "
+                        "c = every layer in one C call, where the linear kernel is q4, q4-bf16in or q4-bf16in-all "
+                        "and decode attention c; "
                         "torch = one torch op at a time; auto = c where it can run")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
                    help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "

@@ -145,6 +145,9 @@ def test_smollm2_on_a_bf16_kv_cache_keeps_the_distribution(smollm2_dir, decode_a
     # Prompts' inputs rounded to bf16 (the default where the CPU has AVX-512 BF16).
     pytest.param("q4-bf16in", 0.01, marks=pytest.mark.skipif(not (q4_usable_here() and q4_bf16in_kernel.load()),
                                                             reason="no AVX-512 BF16 or no 4-bit kernel here")),
+    # Decode rows' inputs rounded too (opt-in).
+    pytest.param("q4-bf16in-all", 0.01, marks=pytest.mark.skipif(not (q4_usable_here() and q4_bf16in_kernel.load()),
+                                                                reason="no AVX-512 BF16 or no 4-bit kernel here")),
 ])
 def test_smollm2_on_a_reduced_precision_kernel_keeps_the_distribution(smollm2_dir, kernel, max_kl):
     # Prompts' attention as the engine picks it for this kernel (bf16 beside q4-bf16in).

@@ -39,19 +39,29 @@ def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
     torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
 
 
-@needs_bf16in
-def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    w = gguf_q4_1(64, 96)
+def prompt_rows_kernel(w):
     qb, dm = q4_bf16in_kernel.pack_q(w), q4_kernel.pack(w)[1]
+    return lambda x: q4_bf16in_kernel.linear_q4_bf16in(x, qb, dm)
+
+
+def decode_rows_kernel(w):
+    packed = q4_kernel.pack(w)
+    return lambda x: q4_bf16in_kernel.linear_q4_nibbles(x, packed)
+
+
+@needs_bf16in
+@pytest.mark.parametrize("make", [prompt_rows_kernel, decode_rows_kernel], ids=["prompt-rows", "decode-rows"])
+def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place(make):
+    run_rows = make(gguf_q4_1(64, 96))
     x = torch.randn(20, 96)
-    alone = torch.cat([q4_bf16in_kernel.linear_q4_bf16in(x[i : i + 1], qb, dm) for i in range(20)])
+    alone = torch.cat([run_rows(x[i : i + 1]) for i in range(20)])
     for m in range(1, 21):
-        assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x[:m], qb, dm), alone[:m])
-    assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x.roll(5, 0), qb, dm), alone.roll(5, 0))
+        assert torch.equal(run_rows(x[:m]), alone[:m])
+    assert torch.equal(run_rows(x.roll(5, 0)), alone.roll(5, 0))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(q4_bf16in_kernel.linear_q4_bf16in(x, qb, dm), alone)
+        assert torch.equal(run_rows(x), alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -116,7 +126,7 @@ def run_nibbles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @needs_bf16in
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17])
-def test_the_decode_twin_reads_q4s_nibbles_and_rounds_only_the_inputs(rows):
+def test_the_decode_rows_kernel_reads_q4s_nibbles_and_rounds_only_the_inputs(rows):
     w = gguf_q4_1(96, 128)
     x = torch.randn(rows, 128)
     y = run_nibbles(x, w)
@@ -126,24 +136,7 @@ def test_the_decode_twin_reads_q4s_nibbles_and_rounds_only_the_inputs(rows):
 
 
 @needs_bf16in
-def test_the_decode_twins_rows_do_not_depend_on_their_batch_mates_or_place():
-    w = gguf_q4_1(64, 96)
-    packed = q4_kernel.pack(w)
-    x = torch.randn(20, 96)
-    alone = torch.cat([q4_bf16in_kernel.linear_q4_nibbles(x[i : i + 1], packed) for i in range(20)])
-    for m in range(1, 21):
-        assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x[:m], packed), alone[:m])
-    assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x.roll(5, 0), packed), alone.roll(5, 0))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(q4_bf16in_kernel.linear_q4_nibbles(x, packed), alone)
-    finally:
-        torch.set_num_threads(threads)
-
-
-@needs_bf16in
-def test_the_decode_twin_passes_non_finite_input_and_refuses_shapes():
+def test_the_decode_rows_kernel_passes_non_finite_input_and_refuses_shapes():
     w = gguf_q4_1(32, 64)
     x = torch.zeros(3, 64)
     x[1, 5], x[2, 40] = float("nan"), float("inf")

@@ -1,7 +1,8 @@
 /* Every transformer layer of one decode step in one call: the glue between
  * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
- * in C, the matmuls and attention through the 4-bit kernel
- * (linear_q4.c) and the decode-attention kernel (paged_decode_attention.c),
+ * in C, the matmuls and attention through a 4-bit kernel (linear_q4.c's,
+ * or linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`: one signature)
+ * and the decode-attention kernel (paged_decode_attention.c),
  * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
  *
  * Why: at one request a step's matmuls and attention take about 7 ms and

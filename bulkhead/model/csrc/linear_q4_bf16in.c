@@ -24,7 +24,7 @@
  * of operations whichever rows share the call and whichever thread runs it.
  * Threads split the outputs, never a sum. NaN and inf in x reach y.
  *
- * Packing (q4_bf16in_kernel.pack): outputs in blocks of NB; for block b and
+ * Packing (q4_bf16in_kernel.pack_q): outputs in blocks of NB; for block b and
  * input pair p, NB pairs of bf16 q values, (q[2p], q[2p + 1]) of output j at
  * [j][0..1]; the scales and offsets dm are q4's ([K / G][2][NB] a block).
  *
@@ -125,9 +125,12 @@ static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, 
  * group's dot product is sum x_k (128 + q_k), every product exact (8 bits
  * times 8), and 128 S_g comes off it before the scale:
  *     sum_k x_k w_k = d_g * (sum_k x_k (128 + q_k) - 128 S_g) + m_g * S_g.
- * The subtraction loses what the larger partial sums rounded away: about
- * 2^-24 of 128 sum |x_k|, far below the inputs' own bf16 rounding (2^-9).
- * The group's dot product accumulates in registers, the running sum in y. */
+ * The subtraction loses what the larger partial sums rounded away: up to
+ * G roundings of 2^-24 of 128 sum |x_k|, far below the inputs' own bf16
+ * rounding (2^-9 of each). The factor 128 also leaves 2^7 less headroom: an
+ * |x| above ~2.6e36 makes inf - inf, a NaN the runner's finite check fails
+ * closed, where the prompt kernel stays finite. The group's dot product
+ * accumulates in registers, the running sum in y. */
 #define NMAX 8  /* rows per pass over a block: 8 x 2 group sums in registers, the totals in y */
 
 #define DEFINE_NIBBLE_BLOCK(R)                                                                        \
@@ -209,8 +212,8 @@ static void round_rows(const float *x, uint16_t *xb, float *s, int64_t M, int64_
 /* x [M, K] fp32 contiguous; qs [N / NB][K][NB / 2], dm [N / NB][K / G][2][NB]
  * (q4_kernel.pack, as linear_q4 takes them); y [M, N] fp32 contiguous. The
  * signature of linear_q4, so that decode_layers.c calls either; scratch is
- * its own. Returns 0, or -1 for a shape it does not take, no memory, or a
- * CPU without AVX-512 BF16. */
+ * its own (malloc's, small beside a matmul). Returns 0, or -1 for a shape it
+ * does not take, no memory for the scratch, or a CPU without AVX-512 BF16. */
 int linear_q4_nibbles_bf16in(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N,
                              int64_t K, int nthreads) {
 #ifdef __AVX512BF16__
