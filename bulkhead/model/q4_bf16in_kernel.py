@@ -84,6 +84,4 @@ def linear_q4_nibbles(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]
     lib = load()
     if lib is None:
         raise RuntimeError("the bf16-input kernel is not available")
-    qs, dm = packed
-    blocks, k, _ = qs.shape
-    return c_linear.call(lib.linear_q4_nibbles_bf16in, x, k, blocks * BLOCK, qs, dm)
+    return q4_kernel.call_packed(lib.linear_q4_nibbles_bf16in, x, packed)

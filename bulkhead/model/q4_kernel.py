@@ -116,6 +116,11 @@ def linear_q4(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> tor
     lib = load()
     if lib is None:
         raise RuntimeError("the 4-bit decode kernel is not available")
+    return call_packed(lib.linear_q4, x, packed)
+
+
+def call_packed(fn, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """c_linear.call for a kernel with linear_q4's signature over pack(w)'s two tensors."""
     qs, dm = packed
     blocks, k, _ = qs.shape
-    return c_linear.call(lib.linear_q4, x, k, blocks * BLOCK, qs, dm)
+    return c_linear.call(fn, x, k, blocks * BLOCK, qs, dm)

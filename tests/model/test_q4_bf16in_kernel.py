@@ -24,21 +24,6 @@ def only_inputs_rounded(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.bfloat16().double(), w.double()).float()
 
 
-@needs_bf16in
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 64])
-def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
-    w = gguf_q4_1(96, 128)
-    x = torch.randn(rows, 128)
-    y = run(x, w)
-    assert y.dtype == torch.float32
-    # fp32 sums of exact products: within fp32 rounding of the bf16-input answer ...
-    torch.testing.assert_close(y, only_inputs_rounded(x, w), rtol=1e-5, atol=1e-5)
-    # ... which is not the fp32 answer (so the first check is not of an fp32 kernel) ...
-    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    # ... but near it, and nearer than a bf16 output could be.
-    torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
-
-
 def prompt_rows_kernel(w):
     qb, dm = q4_bf16in_kernel.pack_q(w), q4_kernel.pack(w)[1]
     return lambda x: q4_bf16in_kernel.linear_q4_bf16in(x, qb, dm)
@@ -47,6 +32,24 @@ def prompt_rows_kernel(w):
 def decode_rows_kernel(w):
     packed = q4_kernel.pack(w)
     return lambda x: q4_bf16in_kernel.linear_q4_nibbles(x, packed)
+
+
+# The decode-rows kernel's 128 + q loses a little more to fp32 rounding than the prompt kernel's plain q.
+@needs_bf16in
+@pytest.mark.parametrize("make,atol", [(prompt_rows_kernel, 1e-5), (decode_rows_kernel, 2e-5)],
+                         ids=["prompt-rows", "decode-rows"])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 8, 9, 13, 16, 17, 64])
+def test_it_rounds_the_inputs_to_bf16_and_nothing_else(make, atol, rows):
+    w = gguf_q4_1(96, 128)
+    x = torch.randn(rows, 128)
+    y = make(w)(x)
+    assert y.dtype == torch.float32
+    # fp32 sums of exact products: within fp32 rounding of the bf16-input answer ...
+    torch.testing.assert_close(y, only_inputs_rounded(x, w), rtol=1e-5, atol=atol)
+    # ... which is not the fp32 answer (so the first check is not of an fp32 kernel) ...
+    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    # ... but near it, and nearer than a bf16 output could be.
+    torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
 
 
 @needs_bf16in
@@ -120,27 +123,12 @@ def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_err
         choose("q4-bf16in-all", torch.float32, one_layer_model(gguf_q4_1))
 
 
-def run_nibbles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return q4_bf16in_kernel.linear_q4_nibbles(x, q4_kernel.pack(w))
-
-
-@needs_bf16in
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17])
-def test_the_decode_rows_kernel_reads_q4s_nibbles_and_rounds_only_the_inputs(rows):
-    w = gguf_q4_1(96, 128)
-    x = torch.randn(rows, 128)
-    y = run_nibbles(x, w)
-    # Its 128 + q trick loses a little more to fp32 rounding than the prompt kernel's plain q.
-    torch.testing.assert_close(y, only_inputs_rounded(x, w), rtol=1e-5, atol=2e-5)
-    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-
-
 @needs_bf16in
 def test_the_decode_rows_kernel_passes_non_finite_input_and_refuses_shapes():
     w = gguf_q4_1(32, 64)
     x = torch.zeros(3, 64)
     x[1, 5], x[2, 40] = float("nan"), float("inf")
-    y = run_nibbles(x, w)
+    y = decode_rows_kernel(w)(x)
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
     qs = torch.zeros(2, 48, q4_bf16in_kernel.BLOCK // 2, dtype=torch.uint8)  # K = 48: not whole groups
     with pytest.raises(ValueError, match="refused"):

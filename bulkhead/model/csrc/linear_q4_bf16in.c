@@ -67,6 +67,28 @@ int block_outputs(void) { return NB; }
 int group_inputs(void) { return G; }
 
 #ifdef __AVX512BF16__
+/* t[r] += row r's inputs 2p and 2p + 1 (one bf16 pair) times the weight
+ * pairs of outputs 0-15 (w0) and 16-31 (w1): both kernels' inner step.
+ * Inlined into each block function, where R is a constant. */
+static inline __attribute__((always_inline)) void dot_pair(__m512 (*t)[2], int R, const uint16_t *xb, int64_t K,
+                                                           int64_t p, __m512bh w0, __m512bh w1) {
+    for (int r = 0; r < R; r++) {
+        int32_t pair;
+        memcpy(&pair, xb + r * K + 2 * p, 4);
+        __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+        t[r][0] = _mm512_dpbf16_ps(t[r][0], xv, w0);
+        t[r][1] = _mm512_dpbf16_ps(t[r][1], xv, w1);
+    }
+}
+
+/* Group g's scales d and offsets m of a block's NB outputs, as two vectors each. */
+static inline __attribute__((always_inline)) void load_scales(const float *dm, int64_t g, __m512 *d0, __m512 *d1,
+                                                              __m512 *m0, __m512 *m1) {
+    const float *d = dm + g * 2 * NB, *m = d + NB;
+    *d0 = _mm512_loadu_ps(d), *d1 = _mm512_loadu_ps(d + 16);
+    *m0 = _mm512_loadu_ps(m), *m1 = _mm512_loadu_ps(m + 16);
+}
+
 /* Rows [0, R) against one block: xb [R][K] bf16, s [R][K / G] (each group's
  * sum of xb), qb [K / 2][NB][2] bf16, dm [K / G][2][NB]. */
 #define DEFINE_BLOCK(R)                                                                               \
@@ -81,17 +103,10 @@ int group_inputs(void) { return G; }
             for (int64_t p = g * (G / 2); p < (g + 1) * (G / 2); p++) {                               \
                 const uint16_t *w = qb + p * 2 * NB;                                                  \
                 __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + NB); \
-                for (int r = 0; r < R; r++) {                                                         \
-                    int32_t pair;                                                                     \
-                    memcpy(&pair, xb + r * K + 2 * p, 4);                                             \
-                    __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);                                  \
-                    t[r][0] = _mm512_dpbf16_ps(t[r][0], xv, w0);                                      \
-                    t[r][1] = _mm512_dpbf16_ps(t[r][1], xv, w1);                                      \
-                }                                                                                     \
+                dot_pair(t, R, xb, K, p, w0, w1);                                                     \
             }                                                                                         \
-            const float *d = dm + g * 2 * NB, *m = d + NB;                                            \
-            __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16);                             \
-            __m512 m0 = _mm512_loadu_ps(m), m1 = _mm512_loadu_ps(m + 16);                             \
+            __m512 d0, d1, m0, m1;                                                                    \
+            load_scales(dm, g, &d0, &d1, &m0, &m1);                                                   \
             for (int r = 0; r < R; r++) {                                                             \
                 __m512 sv = _mm512_set1_ps(s[r * (K / G) + g]);                                       \
                 acc[r][0] = _mm512_fmadd_ps(sv, m0, _mm512_fmadd_ps(t[r][0], d0, acc[r][0]));         \
@@ -150,17 +165,10 @@ static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, 
                 /* (pair & low) | biased: 0xEA is A & B | C */                                        \
                 __m512bh w0 = (__m512bh)_mm512_ternarylogic_epi32(pair, low, biased, 0xEA);           \
                 __m512bh w1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(pair, 4), low, biased, 0xEA); \
-                for (int r = 0; r < R; r++) {                                                         \
-                    int32_t xs;                                                                       \
-                    memcpy(&xs, xb + r * K + 2 * p, 4);                                               \
-                    __m512bh xv = (__m512bh)_mm512_set1_epi32(xs);                                    \
-                    t[r][0] = _mm512_dpbf16_ps(t[r][0], xv, w0);                                      \
-                    t[r][1] = _mm512_dpbf16_ps(t[r][1], xv, w1);                                      \
-                }                                                                                     \
+                dot_pair(t, R, xb, K, p, w0, w1);                                                     \
             }                                                                                         \
-            const float *d = dm + g * 2 * NB, *m = d + NB;                                            \
-            __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16);                             \
-            __m512 m0 = _mm512_loadu_ps(m), m1 = _mm512_loadu_ps(m + 16);                             \
+            __m512 d0, d1, m0, m1;                                                                    \
+            load_scales(dm, g, &d0, &d1, &m0, &m1);                                                   \
             for (int r = 0; r < R; r++) {                                                             \
                 __m512 sv = _mm512_set1_ps(s[r * (K / G) + g]);                                       \
                 __m512 q0 = _mm512_fnmadd_ps(sv, bias, t[r][0]), q1 = _mm512_fnmadd_ps(sv, bias, t[r][1]); \
