@@ -263,7 +263,6 @@ int linear_q4_bf16in(const float *x, const uint16_t *qb, const float *dm, uint16
     if (N % NB || K % G || M < 1 || K < 1) return -1;
     int64_t groups = K / G, blocks = N / NB;
     int threads = nthreads > 0 ? nthreads : 1;
-    (void)threads;
     round_rows(x, xb, s, M, K, threads);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads)
