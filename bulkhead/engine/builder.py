@@ -42,7 +42,7 @@ GUARDS_OFF_WARNING = (
 # cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
 # aten's and the C prompt kernel's (q4-bf16in) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
-UNBUCKETED_KERNELS = ("aten", "q4-bf16in", "q4-bf16in-all")
+UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 
 
 @dataclass(frozen=True)

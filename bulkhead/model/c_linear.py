@@ -2,8 +2,9 @@
 lm_head, csrc/linear_q4.c for 4-bit decode rows, csrc/linear_q4_bf16in.c
 for prompt rows and, under `q4-bf16in-all`, decode rows): how each is
 built and loaded to run in torch's OpenMP team (the prompt-attention kernel
-loads the same way), and how a call checks its input and shapes. The kernels differ in how they read a weight,
-and the prompt kernel also takes scratch buffers, passed after the weights.
+loads the same way), and how a call checks its input and shapes. The
+kernels differ in how they read a weight, and the prompt kernel also takes
+scratch buffers, passed after the weights.
 """
 
 from __future__ import annotations

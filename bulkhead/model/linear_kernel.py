@@ -83,6 +83,11 @@ from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_kernel
 log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
+# The kernels whose prompts round their inputs to bf16 (q4_bf16in_kernel), and
+# the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
+# and prompt attention on the first.
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all")
+Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
 # The kernels whose lm_head takes bf16w.
 REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
 HEAD_KERNELS = ("fp32", "bf16w")
@@ -287,7 +292,7 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     if kernel == "q4-bf16-prefill" and dtype == torch.float32 and onednn_usable(torch.bfloat16) \
             and q4_usable(weights):
         return kernel
-    if kernel in ("q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill"):
+    if kernel in Q4_KERNELS:
         raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
                            + {"q4": "", "q4-bf16in": "this CPU has no AVX-512 BF16, ",
                               "q4-bf16in-all": "this CPU has no AVX-512 BF16, ",
@@ -360,11 +365,11 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "int4":
         prefill = OneDNNLinear(w, w.dtype)
         return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
-    if kernel in ("q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill"):
+    if kernel in Q4_KERNELS:
         packed = q4_kernel.pack(w)
         if packed is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
-        if kernel in ("q4-bf16in", "q4-bf16in-all"):  # no fp32 copy of the weight: prompts read q in bf16
+        if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read q in bf16
             return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]),
                             bf16_decode=kernel == "q4-bf16in-all")
         return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))

@@ -12,8 +12,9 @@ score, softmax sum and output stays fp32. Its distance from fp32 attention
 is measured in docs/performance.md ("Quality").
 
 `choose` takes it ("bf16") where prompts already round their inputs to bf16
-(`--linear-kernel q4-bf16in` or `q4-bf16in-all`) and it builds here; "torch" (fp32 SDPA)
-everywhere else, so the exact kernels keep exact attention.
+(`--linear-kernel q4-bf16in` or `q4-bf16in-all`) and it builds here;
+"torch" (fp32 SDPA) everywhere else, so the exact kernels keep exact
+attention.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bulkhead.model import c_linear
+from bulkhead.model.linear_kernel import BF16_INPUT_PROMPTS
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_bf16.c"
 CHOICES = ("auto", "bf16", "torch")
@@ -52,7 +54,7 @@ def choose(choice: str, linear_kernel: str, head_dim: int) -> str:
         raise RuntimeError(f"--prefill-attention bf16: its C kernel cannot run here (no AVX-512 BF16, no compiler, "
                            f"or head_dim {head_dim} is not {load().head_dim() if load() else 64})")
     if choice == "auto":
-        return "bf16" if usable and linear_kernel in ("q4-bf16in", "q4-bf16in-all") else "torch"
+        return "bf16" if usable and linear_kernel in BF16_INPUT_PROMPTS else "torch"
     return choice
 
 
