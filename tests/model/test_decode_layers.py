@@ -217,6 +217,14 @@ def test_it_runs_only_over_the_4_bit_kernel_and_c_attention(smollm2_dir, c_model
         LlamaModel(c_model.config, c_model.weights, "c", "fast")
 
 
+def test_weights_that_mix_the_two_decode_kernels_are_refused(c_model, monkeypatch):
+    # The C layers call one kernel for every matmul: a layer whose Q4Linear
+    # asks for the other would silently run the first one's numbers.
+    monkeypatch.setattr(c_model.weights.layers[3].down, "bf16_decode", True)
+    with pytest.raises(RuntimeError, match="decode glue c cannot run: the linear layers mix fp32-input and bf16-input"):
+        LlamaModel(c_model.config, c_model.weights, "c", "c")
+
+
 def test_where_decode_rows_are_tiled_the_torch_path_runs(c_model, monkeypatch):
     # Tiles mean no batch-invariant row multiple was measured: the C layers,
     # one matmul over every row, must not run then.
