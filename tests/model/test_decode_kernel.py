@@ -111,6 +111,20 @@ def test_the_pthread_pool_computes_the_same_numbers(monkeypatch):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "float16"])
+def test_the_vector_loops_compute_the_plain_loops_numbers_bit_for_bit(kv_dtype, monkeypatch):
+    # Whole pages run through GCC vector types with more sums in flight
+    # (csrc/paged_decode_attention.c); each sum must stay the plain loops'
+    # own, term for term, or the speed-up would move every figure in the
+    # quality table. -DPLAIN_LOOPS builds the kernel without them.
+    case = make_case(LENGTHS * 3, kv_dtype=kv_dtype)  # 4-page groups, leftover whole pages, partial pages
+    default = run(*case)
+    monkeypatch.setattr(decode_kernel, "FLAGS", (*decode_kernel.FLAGS, "-DPLAIN_LOOPS"))
+    plain = decode_kernel.load.__wrapped__(HD, H // KVH, PS, kv_dtype)
+    monkeypatch.setattr(decode_kernel, "load", lambda *geometry: plain)
+    assert torch.equal(run(*case), default)
+
+
 def test_slots_past_the_watermark_are_never_read():
     # Poison mode fills unwritten slots with NaN; a request whose last page
     # is partly written must not see them.

@@ -105,6 +105,101 @@ static int check_pages(const Args *a, int b) {
     return 1;
 }
 
+#if defined(HEAD_DIM) && defined(GROUP) && defined(PAGE_SIZE) && HEAD_DIM % 16 == 0 && PAGE_SIZE % 16 == 0
+/* Whole pages in GCC's vector types (16 fp32 lanes, lowered to whatever
+ * SIMD -march=native has), each accumulator a named register. Written as
+ * plain loops, GCC kept three q.k accumulators, one of them spilled to the
+ * stack, and each page's 64 FMAs waited on one another: the kernel ran at a
+ * third of the cores' FMA rate and of this machine's read bandwidth. Every
+ * sum here is the same as one_item's loops compute, in the same order (the
+ * same multiply-adds, fused the same way: tests/model/test_decode_kernel.py
+ * checks bit for bit against the plain loops, built with -DPLAIN_LOOPS).
+ * The only change is how many independent sums are in flight at once. */
+#ifndef PLAIN_LOOPS
+#define VECTOR_LOOPS 1
+#endif
+#endif
+
+#ifdef VECTOR_LOOPS
+typedef float vf __attribute__((vector_size(64)));
+#define VL 16
+#define KV_VECS (PAGE_SIZE / VL)  /* vectors a K row of one page spans */
+#define HD_VECS (HEAD_DIM / VL)   /* vectors a V row spans */
+/* Pages whose scores are summed side by side: about twelve accumulators. */
+#define PAGES_AT_ONCE (GROUP * KV_VECS >= 8 ? 1 : GROUP * KV_VECS >= 4 ? 2 : 4)
+
+static inline vf load_vec(const kv_t *p) {
+#if defined(KV_BF16)
+    typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+    typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+    vh h;
+    memcpy(&h, p, sizeof h);
+    vu u = __builtin_convertvector(h, vu) << 16;  /* bf16 is fp32's top half: widening is exact */
+    vf f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#elif defined(KV_F16)
+    typedef _Float16 vh __attribute__((vector_size(VL * 2)));
+    vh h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, vf);
+#else
+    vf f;
+    memcpy(&f, p, sizeof f);
+    return f;
+#endif
+}
+
+/* scores[g][l] for the PAGES_AT_ONCE whole pages from page index pi: each
+ * score summed over d = 0, 1, ... as the plain loop does. */
+static inline void scores_of_pages(const Args *a, const float *q, const int64_t *pages, int64_t pi, int kvh,
+                                   int64_t stride, float *scores) {
+    const kv_t *kt[PAGES_AT_ONCE];
+    for (int p = 0; p < PAGES_AT_ONCE; p++)
+        kt[p] = a->k + pages[pi + p] * a->pool_page_stride + (int64_t)kvh * HEAD_DIM * PAGE_SIZE;
+    vf acc[PAGES_AT_ONCE][GROUP][KV_VECS];
+    memset(acc, 0, sizeof acc);
+    for (int d = 0; d < HEAD_DIM; d++)
+        for (int p = 0; p < PAGES_AT_ONCE; p++)
+            for (int j = 0; j < KV_VECS; j++) {
+                const vf k = load_vec(kt[p] + d * PAGE_SIZE + j * VL);
+                for (int g = 0; g < GROUP; g++) acc[p][g][j] += q[g * HEAD_DIM + d] * k;
+            }
+    for (int p = 0; p < PAGES_AT_ONCE; p++)
+        for (int g = 0; g < GROUP; g++)
+            for (int j = 0; j < KV_VECS; j++) {
+                const vf s = acc[p][g][j] * a->scale;
+                memcpy(scores + g * stride + (pi + p) * PAGE_SIZE + j * VL, &s, sizeof s);
+            }
+}
+
+/* acc[g] = sum_l p_g[l] v_l over positions 0, 1, ..., len - 1, in that order. */
+static inline void weighted_values(const Args *a, const int64_t *pages, int64_t len, int kvh, int64_t stride,
+                                   const float *scores, float *out) {
+    const int64_t row_stride = (int64_t)a->KVH * HEAD_DIM;
+    vf acc[GROUP][HD_VECS];
+    memset(acc, 0, sizeof acc);
+    for (int64_t l0 = 0; l0 < len; l0 += PAGE_SIZE) {
+        const kv_t *vp = a->v + pages[l0 / PAGE_SIZE] * a->pool_page_stride + (int64_t)kvh * HEAD_DIM;
+        const int64_t n = len - l0 < PAGE_SIZE ? len - l0 : PAGE_SIZE;
+        /* the next page's row j while this page's row j is read: a page ahead, spread over the page (a
+         * burst of 32 prefetches at the page's start measured no better) */
+        const kv_t *next = l0 + PAGE_SIZE < len ? a->v + pages[l0 / PAGE_SIZE + 1] * a->pool_page_stride + (int64_t)kvh * HEAD_DIM : vp;
+        for (int64_t j = 0; j < n; j++) {
+            for (int c = 0; c < HEAD_DIM * (int)sizeof(kv_t); c += 64)
+                __builtin_prefetch((const char *)(next + j * row_stride) + c);
+            vf v[HD_VECS];
+            for (int i = 0; i < HD_VECS; i++) v[i] = load_vec(vp + j * row_stride + i * VL);
+            for (int g = 0; g < GROUP; g++) {
+                const float p = scores[g * stride + l0 + j];
+                for (int i = 0; i < HD_VECS; i++) acc[g][i] += p * v[i];
+            }
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+#endif
+
 static void one_item(const Args *a, int b, int kvh, float *scores) {
 #if defined(HEAD_DIM) && defined(GROUP) && defined(PAGE_SIZE)
     /* compiled for this model: loop bounds are constants, accumulators stay in registers */
@@ -123,7 +218,11 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
      * kv head is [hd][ps]: row d holds dimension d of every position, so one
      * vector FMA adds q[d] * k[d] to ps scores at once, in the order d = 0,
      * 1, ... for every score (a fixed order, whatever the batch). */
-    for (int64_t pi = 0; pi < used; pi++) {
+    int64_t pi = 0;
+#ifdef VECTOR_LOOPS
+    for (; pi + PAGES_AT_ONCE <= len / ps; pi += PAGES_AT_ONCE) scores_of_pages(a, q, pages, pi, kvh, stride, scores);
+#endif
+    for (; pi < used; pi++) {
         const kv_t *restrict kt = a->k + pages[pi] * page_stride + (int64_t)kvh * hd * ps;
         const int64_t n = len - pi * ps < ps ? len - pi * ps : ps;  /* written positions only */
         float acc[MAX_GROUP * MAX_PAGE];
@@ -170,6 +269,9 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
     }
     /* out_g = sum_l p_g[l] v_l / sum_g: each V row read once for all G heads. */
     float acc[MAX_GROUP * MAX_HEAD_DIM];
+#ifdef VECTOR_LOOPS
+    weighted_values(a, pages, len, kvh, stride, scores, acc);
+#else
     memset(acc, 0, sizeof(float) * (size_t)(G * hd));
     for (int64_t l = 0; l < len; l++) {
         const kv_t *restrict v = a->v + pages[l / ps] * page_stride + (l % ps) * row_stride + (int64_t)kvh * hd;
@@ -179,6 +281,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
             for (int d = 0; d < hd; d++) o[d] += p * kv_f(v[d]);
         }
     }
+#endif
     for (int g = 0; g < G; g++) {
         float *o = a->out + ((int64_t)b * a->H + (int64_t)kvh * G + g) * hd;
         const float inv = scores[g * stride + len];
