@@ -1,6 +1,6 @@
 """Same-host backend: decode's pool lives in a file under /dev/shm that prefill maps.
 
-A write is one vectorised tensor copy in the prefill process, so when
+A write is a copy of each page's bytes in the prefill process (page_copy), so when
 write_pages returns or raises nothing is in flight (the drain is trivially
 proven). Decode never sees the writes: the write guard cannot run here, and
 decode's commit-time generation and digest checks are the guard.
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
+from bulkhead.disagg.transfer.page_copy import copy_pages
 from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists, torch_dtype
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool, pool_shape
@@ -171,9 +172,7 @@ class Source(TransferSource):
             return
         self._check_alive(desc)
         dst = self._mapping(desc)
-        src_idx = torch.tensor(src_pages, dtype=torch.long)
-        dst_idx = torch.tensor(dst_pages, dtype=torch.long)
-        dst[dst_idx] = src.data[src_idx]  # all layers, K and V, every page at once
+        copy_pages(dst, dst_pages, src.data, src_pages)  # all layers, K and V; not through torch (page_copy)
         self._check_alive(desc)  # bytes in a dead decode's memory were not delivered
         nbytes = len(dst_pages) * src.data[0].numel() * src.data.element_size()
         self._stats["bytes_sent"] += nbytes

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import socket
 
-import torch
 
 from bulkhead.disagg.transfer import tcp_framing as wire
 from bulkhead.disagg.transfer.base import TransferError, TransferSource
+from bulkhead.disagg.transfer.page_copy import gather_pages
 from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
 from bulkhead.disagg.transfer.tcp_receiver import Target
 
@@ -70,9 +70,7 @@ class Source(TransferSource):
         try:
             wire.send_header(conn, header)
             for start in range(0, len(src_pages), _SEND_PAGES):
-                idx = torch.tensor(src_pages[start : start + _SEND_PAGES], dtype=torch.long)
-                chunk = src.data[idx]  # [n, L, 2, ps, H, D], contiguous
-                conn.sendall(chunk.view(torch.uint8).reshape(-1).numpy())
+                conn.sendall(gather_pages(src.data, src_pages[start : start + _SEND_PAGES]))  # not through torch (page_copy)
             ack = wire.recv_ack(conn)
         except (OSError, wire.WireError) as e:  # socket.timeout is an OSError
             self._drop(addr)  # the stream's framing is unknown now

@@ -18,6 +18,7 @@ import torch
 
 from bulkhead.disagg.transfer import tcp_framing as wire
 from bulkhead.disagg.transfer.base import TransferTarget
+from bulkhead.disagg.transfer.page_copy import copy_pages
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool
 
@@ -148,9 +149,8 @@ class Target(TransferTarget):
                 allowed = [self._allowed(page, gen, h.request_id) for page, gen in chunk]
                 keep = [i for i, ok in enumerate(allowed) if ok]
                 refused += [page for (page, _), ok in zip(chunk, allowed) if not ok]
-                if keep:
-                    dst_idx = torch.tensor([chunk[i][0] for i in keep], dtype=torch.long)
-                    self.pool.data[dst_idx] = stage[keep]  # [n, L, 2, ps, H, D]
+                if keep:  # not through torch: this is the connection's thread (page_copy)
+                    copy_pages(self.pool.data, [chunk[i][0] for i in keep], stage, keep)
             written += len(keep)
         self._count(pages_written=written, writes_refused=len(refused))
         return written, refused
