@@ -1,15 +1,29 @@
 """ZeroMQ sockets of the control plane, each owned by one thread.
 
 The router binds one ROUTER socket; every worker connects one DEALER socket
-to it. Other threads never touch a socket: they enqueue with `send()` and the
-owning thread flushes the queue between polls.
+to it. Other threads never touch a socket: they enqueue with `send()`, which
+also writes a byte to the link's wake-up pipe, and the owning thread, woken
+by the socket or the pipe, flushes the queue.
+
+Why a pipe and not a short poll: the links used to poll every 2 ms to pick
+up queued sends, three threads (router, prefill, decode) waking 1,500 times
+a second between them on a 2-core machine whose cores the workers' OpenMP
+threads were using. Each wake-up took a core from one of those threads,
+and its partner waited for it at the next barrier. Only the first send
+since the last flush writes the byte: a decode step's tokens, sent one
+after another, leave in one flush (a byte per send woke the router's link
+for every token and doubled its CPU time). Figures: docs/performance.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 
 import zmq
@@ -18,7 +32,14 @@ from bulkhead.disagg.signing import Signer
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 2
+# How often on_tick runs: heartbeats, grant retries and deadlines, all of
+# them tens of milliseconds or more apart. Sends and messages never wait for it.
+TICK_S = 0.01
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 class _Link:
@@ -28,6 +49,32 @@ class _Link:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()  # a byte in it: something was queued (module docstring)
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # Closed with the link object, never when its thread ends: a send()
+        # after stop() must not write into a descriptor number reused since.
+        weakref.finalize(self, _close_all, self._wake_r, self._wake_w)
+        self.wakeups = 0  # times the link thread woke (tests: an idle link sleeps between ticks)
+        self._wake_lock = threading.Lock()
+        self._woken = False  # a wake-up byte is on its way and the queue not yet flushed
+
+    def _queue(self, item) -> None:
+        """Any thread: hand item to the link thread, waking it for the first
+        item since its last flush only (a decode step's 16 tokens, sent one
+        after another, then go out in one flush, as under the old poll)."""
+        with self._wake_lock:
+            self._out.put(item)
+            if self._woken:
+                return
+            self._woken = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already: the thread will run
 
     def start(self, on_message: Callable, on_tick: Callable[[], None] | None = None) -> None:
         # Bind/connect here, so a taken port fails the start instead of a thread.
@@ -38,15 +85,26 @@ class _Link:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
     def _loop(self, sock, on_message, on_tick) -> None:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_tick = time.monotonic()
         while not self._stop.is_set():
+            with self._wake_lock:
+                self._woken = False  # before the flush: anything queued after it wakes us again
             self._flush(sock)
-            if poller.poll(POLL_MS):
+            # whole milliseconds, rounded up: zmq takes an int, and a 0 returns at once (a spin until the tick)
+            wait_ms = max(0, math.ceil((next_tick - time.monotonic()) * 1000)) if on_tick is not None else None
+            ready = dict(poller.poll(wait_ms))
+            self.wakeups += 1
+            if self._wake_r in ready:
+                self._drain_wakeups()
+            if sock in ready:
                 while True:
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -56,12 +114,20 @@ class _Link:
                         self._deliver(frames, on_message)
                     except Exception:  # one bad message must not take the control plane down
                         log.exception("handling a control message failed")
-            if on_tick is not None:
+            if on_tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
                 try:
                     on_tick()
                 except Exception:
                     log.exception("control-plane tick failed")
         sock.close(linger=200)
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _deliver(self, frames, on_message) -> None:
         raise NotImplementedError
@@ -81,7 +147,7 @@ class WorkerLink(_Link):
         self.router_address = router_address
 
     def send(self, message: dict) -> None:
-        self._out.put(message)
+        self._queue(message)
 
     def _open(self):
         sock = self._ctx.socket(zmq.DEALER)
@@ -119,7 +185,7 @@ class RouterLink(_Link):
         self._on_undeliverable = on_undeliverable
 
     def send(self, worker: str, message: dict) -> None:
-        self._out.put((worker, message))
+        self._queue((worker, message))
 
     def _open(self):
         sock = self._ctx.socket(zmq.ROUTER)
