@@ -314,7 +314,7 @@ class DecodeWorker(WorkerBase):
     def on_tick(self) -> None:
         super().on_tick()
         now = self.clock()
-        if self.pending and now - self._last_grant_try > 0.05:  # the pool frees pages per step, not per poll
+        if self.pending and now - self._last_grant_try > 0.05:  # the pool frees pages per step, not per tick
             self._last_grant_try = now
             self._grant_pending()
         with self.lock:

@@ -1,9 +1,9 @@
 """ZeroMQ sockets of the control plane, each owned by one thread.
 
 The router binds one ROUTER socket; every worker connects one DEALER socket
-to it. Other threads never touch a socket: they enqueue with `send()`, which
-also writes a byte to the link's wake-up pipe, and the owning thread, woken
-by the socket or the pipe, flushes the queue.
+to it. Other threads never touch a socket: they enqueue with `send()`, and
+the owning thread, woken by its socket or by a byte in the link's wake-up
+pipe, flushes the queue.
 
 Why a pipe and not a short poll: the links used to poll every 2 ms to pick
 up queued sends, three threads (router, prefill, decode) waking 1,500 times
@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 TICK_S = 0.01
 
 
+def _wait_ms(deadline: float) -> int:
+    """Milliseconds until deadline, rounded up: zmq's poll takes whole
+    milliseconds, and a wait under one, passed as 0, returned at once (a spin
+    until the tick: 22,378 polls in 50 ms, measured)."""
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))
+
+
 def _close_all(*fds: int) -> None:
     for fd in fds:
         os.close(fd)
@@ -55,19 +62,19 @@ class _Link:
         # Closed with the link object, never when its thread ends: a send()
         # after stop() must not write into a descriptor number reused since.
         weakref.finalize(self, _close_all, self._wake_r, self._wake_w)
-        self.wakeups = 0  # times the link thread woke (tests: an idle link sleeps between ticks)
+        self.polls = 0  # times the link thread's poll returned, ticks included (tests: an idle link sleeps)
         self._wake_lock = threading.Lock()
-        self._woken = False  # a wake-up byte is on its way and the queue not yet flushed
+        self._wake_pending = False  # a wake-up byte is on its way and the queue not yet flushed
 
-    def _queue(self, item) -> None:
+    def _enqueue(self, item) -> None:
         """Any thread: hand item to the link thread, waking it for the first
-        item since its last flush only (a decode step's 16 tokens, sent one
-        after another, then go out in one flush, as under the old poll)."""
+        item since its last flush only (a decode step's tokens, sent one after
+        another while the link thread waits for the GIL, leave in one flush)."""
         with self._wake_lock:
             self._out.put(item)
-            if self._woken:
+            if self._wake_pending:
                 return
-            self._woken = True
+            self._wake_pending = True
         self._wake()
 
     def _wake(self) -> None:
@@ -96,24 +103,14 @@ class _Link:
         next_tick = time.monotonic()
         while not self._stop.is_set():
             with self._wake_lock:
-                self._woken = False  # before the flush: anything queued after it wakes us again
+                self._wake_pending = False  # before the flush: anything queued after it wakes us again
             self._flush(sock)
-            # whole milliseconds, rounded up: zmq takes an int, and a 0 returns at once (a spin until the tick)
-            wait_ms = max(0, math.ceil((next_tick - time.monotonic()) * 1000)) if on_tick is not None else None
-            ready = dict(poller.poll(wait_ms))
-            self.wakeups += 1
-            if self._wake_r in ready:
-                self._drain_wakeups()
+            ready = dict(poller.poll(_wait_ms(next_tick) if on_tick is not None else None))
+            self.polls += 1
+            if self._wake_r in ready and not self._drain_wakeups():
+                break  # the pipe was closed: the interpreter is exiting
             if sock in ready:
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        self._deliver(frames, on_message)
-                    except Exception:  # one bad message must not take the control plane down
-                        log.exception("handling a control message failed")
+                self._receive_all(sock, on_message)
             if on_tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 try:
@@ -122,12 +119,28 @@ class _Link:
                     log.exception("control-plane tick failed")
         sock.close(linger=200)
 
-    def _drain_wakeups(self) -> None:
+    def _receive_all(self, sock, on_message) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._deliver(frames, on_message)
+            except Exception:  # one bad message must not take the control plane down
+                log.exception("handling a control message failed")
+
+    def _drain_wakeups(self) -> bool:
+        """Empty the wake-up pipe; False once it is closed (the link object
+        was finalized at exit while its daemon thread still ran)."""
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except BlockingIOError:
-            pass
+            return True
+        except OSError:
+            return False
+        return True
 
     def _deliver(self, frames, on_message) -> None:
         raise NotImplementedError
@@ -147,7 +160,7 @@ class WorkerLink(_Link):
         self.router_address = router_address
 
     def send(self, message: dict) -> None:
-        self._queue(message)
+        self._enqueue(message)
 
     def _open(self):
         sock = self._ctx.socket(zmq.DEALER)
@@ -185,7 +198,7 @@ class RouterLink(_Link):
         self._on_undeliverable = on_undeliverable
 
     def send(self, worker: str, message: dict) -> None:
-        self._queue((worker, message))
+        self._enqueue((worker, message))
 
     def _open(self):
         sock = self._ctx.socket(zmq.ROUTER)

@@ -6,14 +6,15 @@ big enough to go parallel (an indexed copy of a few pages is) starts a
 second OpenMP team in the process, and libgomp, seeing more of its threads
 than cores, then lets every team's waiting threads spin only ~100 rounds
 before sleeping: the engine's own team slept and woke at each of a pass's
-barriers. Measured (2-core machine, 16 clients, prompts only): the prefill
-worker switched context 114,747 times in 12 s against colocated's 1,358,
-its prompt passes took 1.25x colocated's, and a fifth of the machine sat
-idle. numpy copies run on the calling thread alone, so these helpers copy
-with numpy over the pool's bytes (bf16 has no numpy dtype, hence uint8).
+barriers: the prefill worker's prompt passes took 1.25x colocated's
+(docs/performance.md). numpy copies run on the calling thread alone, so
+these helpers copy with numpy over the pool's bytes (bf16 has no numpy
+dtype, hence uint8).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,16 +26,17 @@ def page_bytes(data: torch.Tensor) -> np.ndarray:
     return data.view(torch.uint8).view(data.shape[0], -1).numpy()
 
 
-def copy_pages(dst: torch.Tensor, dst_pages, src: torch.Tensor, src_pages) -> None:
+def copy_pages(src: torch.Tensor, src_pages: Sequence[int], dst: torch.Tensor, dst_pages: Sequence[int]) -> None:
     """dst page dst_pages[i] = src page src_pages[i], every layer's K and V,
-    on the calling thread only. The caller has checked the lists
-    (pages.check_page_lists) and the geometry."""
-    to, frm = page_bytes(dst), page_bytes(src)
-    for d, s in zip(dst_pages, src_pages):
-        to[d] = frm[s]
+    on the calling thread only (the order of TransferSource.write_pages'
+    arguments). The caller has checked the lists (pages.check_page_lists)
+    and the geometry."""
+    src_bytes, dst_bytes = page_bytes(src), page_bytes(dst)
+    for src_page, dst_page in zip(src_pages, dst_pages):
+        dst_bytes[dst_page] = src_bytes[src_page]
 
 
-def gather_pages(src: torch.Tensor, pages) -> np.ndarray:
+def gather_pages(src: torch.Tensor, pages: Sequence[int]) -> np.ndarray:
     """The listed pages' bytes, in order, as one contiguous [n, bytes] array
     (a copy, made on the calling thread only)."""
     return page_bytes(src)[np.asarray(pages, dtype=np.int64)]

@@ -172,7 +172,7 @@ class Source(TransferSource):
             return
         self._check_alive(desc)
         dst = self._mapping(desc)
-        copy_pages(dst, dst_pages, src.data, src_pages)  # all layers, K and V; not through torch (page_copy)
+        copy_pages(src.data, src_pages, dst, dst_pages)  # all layers, K and V; not through torch (page_copy)
         self._check_alive(desc)  # bytes in a dead decode's memory were not delivered
         nbytes = len(dst_pages) * src.data[0].numel() * src.data.element_size()
         self._stats["bytes_sent"] += nbytes

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 
-
 from bulkhead.disagg.transfer import tcp_framing as wire
 from bulkhead.disagg.transfer.base import TransferError, TransferSource
 from bulkhead.disagg.transfer.page_copy import gather_pages

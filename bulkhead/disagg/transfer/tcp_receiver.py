@@ -150,7 +150,7 @@ class Target(TransferTarget):
                 keep = [i for i, ok in enumerate(allowed) if ok]
                 refused += [page for (page, _), ok in zip(chunk, allowed) if not ok]
                 if keep:  # not through torch: this is the connection's thread (page_copy)
-                    copy_pages(self.pool.data, [chunk[i][0] for i in keep], stage, keep)
+                    copy_pages(stage, keep, self.pool.data, [chunk[i][0] for i in keep])
             written += len(keep)
         self._count(pages_written=written, writes_refused=len(refused))
         return written, refused

@@ -26,8 +26,7 @@
  * turns into a failed request. No -ffast-math, for that reason.
  *
  * KV element type: float32, or bfloat16 / float16 when built with -DKV_BF16 /
- * -DKV_F16 (a 2-byte cache: decode attention reads half the bytes, and that
- * read is most of its time at 16 requests). Every element is widened to
+ * -DKV_F16 (a 2-byte cache: decode attention reads half the bytes). Every element is widened to
  * fp32 as it is loaded; q, the scores, the sums and out stay fp32.
  *
  * Layouts (bulkhead.kv.pool.KVPool):
@@ -125,7 +124,10 @@ typedef float vf __attribute__((vector_size(64)));
 #define VL 16
 #define KV_VECS (PAGE_SIZE / VL)  /* vectors a K row of one page spans */
 #define HD_VECS (HEAD_DIM / VL)   /* vectors a V row spans */
-/* Pages whose scores are summed side by side: about twelve accumulators. */
+/* Pages whose scores are summed side by side: about twelve accumulators, as
+ * many as AVX-512's registers hold with room to spare (measured for SmolLM2:
+ * 3 query heads a KV head, 16-token pages, so four pages; with AVX2 each
+ * vector takes two registers and some spill, which costs speed, not exactness). */
 #define PAGES_AT_ONCE (GROUP * KV_VECS >= 8 ? 1 : GROUP * KV_VECS >= 4 ? 2 : 4)
 
 static inline vf load_vec(const kv_t *p) {
@@ -184,7 +186,9 @@ static inline void weighted_values(const Args *a, const int64_t *pages, int64_t 
         const int64_t n = len - l0 < PAGE_SIZE ? len - l0 : PAGE_SIZE;
         /* the next page's row j while this page's row j is read: a page ahead, spread over the page (a
          * burst of 32 prefetches at the page's start measured no better) */
-        const kv_t *next = l0 + PAGE_SIZE < len ? a->v + pages[l0 / PAGE_SIZE + 1] * a->pool_page_stride + (int64_t)kvh * HEAD_DIM : vp;
+        const kv_t *next = l0 + PAGE_SIZE < len
+                               ? a->v + pages[l0 / PAGE_SIZE + 1] * a->pool_page_stride + (int64_t)kvh * HEAD_DIM
+                               : vp;
         for (int64_t j = 0; j < n; j++) {
             for (int c = 0; c < HEAD_DIM * (int)sizeof(kv_t); c += 64)
                 __builtin_prefetch((const char *)(next + j * row_stride) + c);

@@ -26,7 +26,7 @@ def _pool(num_pages=6, seed=0):
 
 def test_copy_and_gather_move_whole_pages_byte_for_byte():
     src, dst = _pool(seed=1), _pool(seed=2)
-    copy_pages(dst.data, [5, 0], src.data, [1, 3])
+    copy_pages(src.data, [1, 3], dst.data, [5, 0])
     assert torch.equal(dst.data[5], src.data[1]) and torch.equal(dst.data[0], src.data[3])
     assert torch.equal(dst.data[2], _pool(seed=2).data[2])  # pages not named are untouched
     got = gather_pages(src.data, [4, 1])
@@ -47,17 +47,18 @@ def test_a_write_from_a_transfer_thread_starts_no_openmp_team(backend, receiver_
     # slower. The only threads a write may add are the receiver's own.
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
-    target = make_target(backend, LAYOUT, 8)
+    target, source = make_target(backend, LAYOUT, 8), make_source(backend)
     transfers = ThreadPoolExecutor(1)
     try:
+        src = _pool()  # built first: torch ops on this thread must not move the count
         transfers.submit(lambda: None).result()  # the transfer thread exists before counting
         before = _threads()
-        source = make_source(backend)
-        transfers.submit(source.write_pages, target.descriptor(), "r", _pool(), [0, 1, 2, 3], [4, 5, 6, 7],
+        transfers.submit(source.write_pages, target.descriptor(), "r", src, [0, 1, 2, 3], [4, 5, 6, 7],
                          [1, 1, 1, 1]).result()
         assert _threads() - before == receiver_threads
-        assert torch.equal(target.pool.data[4:8], _pool().data[0:4])
+        assert torch.equal(target.pool.data[4:8], src.data[0:4])
     finally:
         transfers.shutdown()
+        source.close()
         target.close()
         torch.set_num_threads(previous)
