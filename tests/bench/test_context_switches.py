@@ -1,0 +1,63 @@
+"""bench/context_switches.py's /proc readings and arithmetic (the load it drives is bench/peers.py's)."""
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import context_switches as cs  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc")
+
+
+def test_it_reads_every_thread_of_a_process_and_counts_a_blocked_one():
+    started, release = threading.Event(), threading.Event()
+
+    def blocked():
+        started.set()
+        release.wait()  # blocks on a lock: voluntary switches
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    started.wait()
+    try:
+        counters = cs.thread_counters(os.getpid())
+        assert t.native_id in counters and threading.main_thread().native_id in counters
+        assert counters[t.native_id].voluntary >= 1
+        assert all(c.voluntary >= 0 and c.involuntary >= 0 and c.cpu_s >= 0 for c in counters.values())
+    finally:
+        release.set()
+        t.join()
+
+
+def test_a_level_counts_what_changed_and_threads_born_during_it_from_zero():
+    before = {1: cs.Counters(10, 5, 1.0), 2: cs.Counters(3, 3, 0.5)}
+    after = {1: cs.Counters(15, 6, 1.5), 2: cs.Counters(3, 4, 0.5), 3: cs.Counters(2, 1, 0.25)}
+    assert cs.level_counters(before, after) == cs.Counters(7, 3, 0.75)
+
+
+def test_a_process_it_cannot_read_gives_no_threads():
+    assert cs.thread_counters(2**31 - 1) == {}
+
+
+def test_role_names_the_router_and_its_workers(monkeypatch, tmp_path):
+    def fake_cmdline(args):
+        path = tmp_path / "cmdline"
+        path.write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+        return path
+
+    real_open = open
+
+    def opener(args):
+        return lambda path, mode="r", *a, **k: real_open(fake_cmdline(args), mode, *a, **k)
+
+    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--role", "local"]))
+    assert cs.role(100, root=100) == "router"
+    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--role", "decode"]))
+    assert cs.role(101, root=100) == "decode"
+    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--model", "x"]))
+    assert cs.role(100, root=100) == "server"
