@@ -82,6 +82,8 @@ class _Link:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
             pass  # the pipe is full of wake-ups already: the thread will run
+        except OSError:
+            pass  # closed by the finalizer at exit: nothing will read it
 
     def start(self, on_message: Callable, on_tick: Callable[[], None] | None = None) -> None:
         # Bind/connect here, so a taken port fails the start instead of a thread.
