@@ -5,9 +5,9 @@ executor, the tcp receiver's connection thread). A torch op there that is
 big enough to go parallel (an indexed copy of a few pages is) starts a
 second OpenMP team in the process, and libgomp, seeing more of its threads
 than cores, then lets every team's waiting threads spin only ~100 rounds
-before sleeping: the engine's own team slept and woke at each of a pass's
-barriers: the prefill worker's prompt passes took 1.25x colocated's
-(docs/performance.md). numpy copies run on the calling thread alone, so
+before sleeping. The engine's own team then slept and woke at each of a
+pass's barriers, and the prefill worker's prompt passes took 1.25x
+colocated's (docs/performance.md). numpy copies run on the calling thread alone, so
 these helpers copy with numpy over the pool's bytes (bf16 has no numpy
 dtype, hence uint8).
 """
