@@ -7,8 +7,16 @@ head_dim], one contiguous range in the page-major pool), hashed in place.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import xxhash
+
+
+def page_bytes(data: torch.Tensor) -> np.ndarray:
+    """A page-major pool's data (or a staging buffer of whole pages) as
+    [pages, bytes a page] uint8: a view of the same memory, no copy (bf16 has
+    no numpy dtype, hence bytes). The transfer backends copy through it too."""
+    return data.view(torch.uint8).view(data.shape[0], -1).numpy()
 
 
 def page_digests(pool, pages: list[int]) -> list[int]:
@@ -17,8 +25,7 @@ def page_digests(pool, pages: list[int]) -> list[int]:
     for p in pages:
         if not 0 <= p < pool.num_pages:
             raise IndexError(f"page {p} outside the pool of {pool.num_pages} pages")
-    # the bytes (bf16 has no numpy dtype), one row per page: a view, no copy
-    raw = data.view(torch.uint8).view(data.shape[0], -1).numpy()
+    raw = page_bytes(data)
     return [xxhash.xxh3_64_intdigest(raw[p]) for p in pages]
 
 

@@ -8,8 +8,8 @@ than cores, then lets every team's waiting threads spin only ~100 rounds
 before sleeping. The engine's own team then slept and woke at each of a
 pass's barriers, and the prefill worker's prompt passes took 1.25x
 colocated's (docs/performance.md). numpy copies run on the calling thread alone, so
-these helpers copy with numpy over the pool's bytes (bf16 has no numpy
-dtype, hence uint8).
+these helpers copy with numpy over the pool's bytes (kv.digest.page_bytes,
+the view the digests hash).
 """
 
 from __future__ import annotations
@@ -19,11 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-
-def page_bytes(data: torch.Tensor) -> np.ndarray:
-    """A page-major pool (or staging buffer) as [pages, bytes a page] uint8:
-    a view of the same memory, no copy."""
-    return data.view(torch.uint8).view(data.shape[0], -1).numpy()
+from bulkhead.kv.digest import page_bytes
 
 
 def copy_pages(src: torch.Tensor, src_pages: Sequence[int], dst: torch.Tensor, dst_pages: Sequence[int]) -> None:
