@@ -80,14 +80,20 @@ def level_counters(before: dict[int, Counters], after: dict[int, Counters]) -> C
 
 
 def role(pid: int, root: int) -> str:
+    """What the process is, from its command line (its pid where that is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0")]
     except OSError:
         return str(pid)
-    if b"--role" in args[:-1]:
-        given = args[args.index(b"--role") + 1].decode()
-        return "router" if pid == root and given == "local" else given
+    return role_of(args, pid == root)
+
+
+def role_of(args: list[str], is_root: bool) -> str:
+    """`--role local` names the router (the launcher); a worker's `--role` its role."""
+    if "--role" in args[:-1]:
+        given = args[args.index("--role") + 1]
+        return "router" if is_root and given == "local" else given
     return "server"
 
 

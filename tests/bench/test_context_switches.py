@@ -44,20 +44,13 @@ def test_a_process_it_cannot_read_gives_no_threads():
     assert cs.thread_counters(2**31 - 1) == {}
 
 
-def test_role_names_the_router_and_its_workers(monkeypatch, tmp_path):
-    def fake_cmdline(args):
-        path = tmp_path / "cmdline"
-        path.write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
-        return path
+def test_role_names_the_router_and_its_workers():
+    serve = ["python", "-m", "bulkhead.cli", "serve"]
+    assert cs.role_of([*serve, "--role", "local", ""], is_root=True) == "router"
+    assert cs.role_of([*serve, "--role", "decode", ""], is_root=False) == "decode"
+    assert cs.role_of([*serve, "--model", "x", ""], is_root=True) == "server"
 
-    real_open = open
 
-    def opener(args):
-        return lambda path, mode="r", *a, **k: real_open(fake_cmdline(args), mode, *a, **k)
-
-    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--role", "local"]))
-    assert cs.role(100, root=100) == "router"
-    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--role", "decode"]))
-    assert cs.role(101, root=100) == "decode"
-    monkeypatch.setattr("builtins.open", opener(["python", "-m", "bulkhead.cli", "serve", "--model", "x"]))
-    assert cs.role(100, root=100) == "server"
+def test_role_reads_a_live_process_and_names_a_gone_one_by_its_pid():
+    assert cs.role(os.getpid(), root=-1) == "server"  # pytest's command line has no --role
+    assert cs.role(2**31 - 1, root=-1) == str(2**31 - 1)
