@@ -72,8 +72,14 @@ VARIANTS = {
         ("q4-bf16in", "bf16w", "bfloat16", "auto", "torch"),
     "bf16-input prompts, fp32 prompt attention, q4 decode, fp32 lm_head, fp32 KV":
         ("q4-bf16in", "fp32", "float32", "auto", "torch"),
-    "bf16-input prompts, bf16 prompt attention, q4 decode, bf16w lm_head, bf16 KV (the default)":
+    "bf16-input prompts, bf16 prompt attention, q4 decode, bf16w lm_head, bf16 KV (--linear-kernel q4-bf16in)":
         ("q4-bf16in", "bf16w", "bfloat16"),
+    # Where the CPU has AVX-512 VNNI too: decode rows' inputs as 16-bit
+    # integers per group of 32 (q4-i16in), the rest as q4-bf16in.
+    "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode, bf16w lm_head, bf16 KV (the default)":
+        ("q4-i16in", "bf16w", "bfloat16"),
+    "bf16-input prompts, fp32 prompt attention, 16-bit-integer-input decode, fp32 lm_head, fp32 KV":
+        ("q4-i16in", "fp32", "float32", "auto", "torch"),
     # Opt-in (--linear-kernel q4-bf16in-all): decode rows' inputs rounded to bf16 as well.
     "bf16-input prompts and decode rows, bf16 prompt attention, bf16w lm_head, bf16 KV":
         ("q4-bf16in-all", "bf16w", "bfloat16"),
@@ -173,9 +179,14 @@ def measure(tokens: int, variants: dict = VARIANTS) -> tuple[dict, dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="greedy tokens of the exact model per prompt")
+    ap.add_argument("--only", default="", help="comma list: run only the variants whose names contain one of "
+                                               "these (the reference always runs)")
     args = ap.parse_args(argv)
-    totals, answers = measure(args.tokens)
-    print(f"{len(PROMPTS)} prompts, {args.tokens} tokens each, against {next(iter(VARIANTS))}\n")
+    wanted = [w for w in args.only.split(",") if w]
+    variants = {name: v for i, (name, v) in enumerate(VARIANTS.items())
+                if i == 0 or not wanted or any(w in name for w in wanted)}
+    totals, answers = measure(args.tokens, variants)
+    print(f"{len(PROMPTS)} prompts, {args.tokens} tokens each, against {next(iter(variants))}\n")
     print("| variant | top-1 agreement | KL mean (nats) | KL max | max logit diff | README answer |")
     print("|---|---:|---:|---:|---:|---|")
     for name, t in totals.items():

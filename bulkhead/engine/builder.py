@@ -40,7 +40,7 @@ GUARDS_OFF_WARNING = (
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
 # cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
-# aten's and the C prompt kernel's (q4-bf16in) take any count unpadded.
+# aten's and the C prompt kernel's (q4-bf16in, q4-i16in) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 
@@ -72,11 +72,11 @@ class EngineConfig:
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
     # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-bf16in-all) and decode attention c, else
+    # a q4 one (q4, q4-bf16in, q4-i16in, q4-bf16in-all) and decode attention c, else
     # torch ops (bulkhead.model.decode_layers).
     decode_glue: str = "auto"
     # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-bf16in-all), else fp32 SDPA
+    # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all), else fp32 SDPA
     # (bulkhead.model.prefill_attention).
     prefill_attention: str = "auto"
     prefix_cache: bool = False

@@ -1,6 +1,7 @@
 """What the blocked C linear kernels share (csrc/linear_bf16w.c for the
 lm_head, csrc/linear_q4.c for 4-bit decode rows, csrc/linear_q4_bf16in.c
-for prompt rows and, under `q4-bf16in-all`, decode rows): how each is
+for prompt rows and, under `q4-bf16in-all`, decode rows, csrc/linear_q4_i16in.c
+for decode rows under `q4-i16in`): how each is
 built and loaded to run in torch's OpenMP team (the prompt-attention kernel
 loads the same way), and how a call checks its input and shapes. The
 kernels differ in how they read a weight, and the prompt kernel also takes
@@ -37,13 +38,14 @@ def load_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
         return None
 
 
-def load_bf16_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
-    """load_in_torch_team() for a kernel on AVX-512 BF16 instructions: None
-    also where this CPU has none (the C file then builds without them and its
-    available() says 0), which is logged once."""
+def load_for_isa_in_torch_team(source: Path, what: str, isa: str) -> ctypes.CDLL | None:
+    """load_in_torch_team() for a kernel on instructions some CPUs lack
+    (`isa` names them: "AVX-512 BF16", "AVX-512 VNNI"): None also where this
+    CPU has none (the C file then builds without them and its available()
+    says 0), which is logged once."""
     lib = load_in_torch_team(source, what)
     if lib is not None and not lib.available():
-        log.info("no AVX-512 BF16 on this CPU, so not %s", what)
+        log.info("no %s on this CPU, so not %s", isa, what)
         return None
     return lib
 

@@ -1,15 +1,16 @@
 """A decode step's transformer layers in one C call (csrc/decode_layers.c):
 the glue between the matmuls and attention in C, the matmuls through the
-4-bit kernel (bulkhead.model.q4_kernel, or its bf16-input twin under
-`q4-bf16in-all`) and attention through the C decode
-kernel (bulkhead.model.decode_kernel), the same kernels the torch path calls.
+4-bit kernel (bulkhead.model.q4_kernel, its 16-bit-integer-input twin
+under `q4-i16in` or its bf16-input one under `q4-bf16in-all`) and attention
+through the C decode kernel (bulkhead.model.decode_kernel), the same kernels
+the torch path calls.
 
 Why: at one request the ~600 small torch ops a step makes around its
 matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
-4-bit grid (`--linear-kernel q4`, `q4-bf16in` (the bundled model's default) or
-`q4-bf16in-all`) and decode
+4-bit grid (`--linear-kernel q4`, `q4-bf16in`, `q4-i16in` (the bundled
+model's default) or `q4-bf16in-all`) and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the
 torch path's up to the order of two sums (the C file says which). Batch
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bulkhead.model import decode_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import decode_kernel, q4_kernel
 from bulkhead.model.decode_kernel import KernelError
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,8 @@ class DecodeLayers:
     def __init__(self, config, weights, cos: torch.Tensor, sin: torch.Tensor, lib: ctypes.CDLL):
         self.config, self.weights, self.lib = config, weights, lib
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        # The layers' decode kernel (linear_kernel.Q4Linear), either of the two with linear_q4's signature.
-        bf16_decode = weights.layers[0].qkv.bf16_decode
-        fn = q4_bf16in_kernel.load().linear_q4_nibbles_bf16in if bf16_decode else q4_kernel.load().linear_q4
-        self._linear = ctypes.cast(fn, ctypes.c_void_p).value
+        # The layers' decode kernel (linear_kernel.Q4Linear.decode_fn): each has linear_q4's signature.
+        self._linear = ctypes.cast(weights.layers[0].qkv.decode_fn(), ctypes.c_void_p).value
         self._pool_key = None
         self._model = None
 
@@ -114,8 +113,8 @@ class DecodeLayers:
         linears = [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         if q4_kernel.load() is None or not all(isinstance(lin, Q4Linear) for lin in linears):
             return "the linear layers do not run the q4 kernel"
-        if len({lin.bf16_decode for lin in linears}) > 1:  # the C layers call one kernel for every matmul
-            return "the linear layers mix fp32-input and bf16-input decode kernels"
+        if len({lin.decode_inputs for lin in linears}) > 1:  # the C layers call one kernel for every matmul
+            return "the linear layers mix decode kernels (fp32, bf16 or 16-bit integer inputs)"
         if load() is None:
             return "the C file could not be built here (see the log)"
         return None

@@ -9,19 +9,22 @@
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
 | `q4-bf16in` | the 4-bit grid weights rebuilt exactly, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | as `q4` | 4-bit (and q in bf16) |
 | `q4-bf16in-all` | as `q4-bf16in` | the same product over the 4-bit nibbles: bf16 inputs, fp32 sums | 4-bit (and q in bf16) |
+| `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.q4_i16in_kernel) | 4-bit (and q in bf16) |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
 (bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
 The reduced-precision kernels (`REDUCED`: `q4`, `q4-bf16in`, `q4-bf16in-all`,
-`int4`, `onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
+`q4-i16in`, `int4`, `onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
 (the lm_head is then half the bytes at one request, where it is bound by
 memory), `aten` and `onednn` keep `fp32`.
 
-`auto` is `q4-bf16in` for weights that lie exactly on a 4-bit grid (a Q4_0
+`auto` is `q4-i16in` for weights that lie exactly on a 4-bit grid (a Q4_0
 or Q4_1 GGUF, such as the bundled SmolLM2: every weight rebuilds bit for bit
-from a 4-bit q and its group's scale and offset) on a CPU with AVX-512 BF16:
+from a 4-bit q and its group's scale and offset) on a CPU with AVX-512 BF16
+and VNNI, and `q4-bf16in` on one with AVX-512 BF16 alone. Its prompts are
+`q4-bf16in`'s:
 a third to a half of a 16-client run is prefill, bound by arithmetic, and
 bf16 dot products do twice fp32's multiply-adds. Only the prompt rows'
 inputs are rounded to bf16 (the 4-bit q is exact in bf16; sums, scales and
@@ -30,10 +33,14 @@ docs/performance.md "Quality". Beside it the engine runs prompts' attention
 on bf16 dot products too (bulkhead.model.prefill_attention). Without AVX-512
 BF16, or where its C kernel does not build, `auto` is `q4`, whose prompts
 are oneDNN fp32.
-`q4-bf16in-all` rounds decode rows' inputs to bf16 as well (a 16-row
-decode step is bound by its matmuls' arithmetic, not only by memory): opt-in,
-never `auto`, because it moves the model further from the exact one
-(docs/performance.md "Quality").
+A 16-row decode step is bound by its matmuls' arithmetic (fp32 FMA at the
+cores' peak under `q4`), and both kernels below do twice the multiply-adds
+per instruction. `q4-i16in`'s decode rows quantize each group of 32 inputs
+to 16-bit integers (each within 2^-16 of the group's largest |x|) against
+the exact 4-bit q, so a group's products sum exactly in int32; its measured
+distance from the exact model is in docs/performance.md "Quality".
+`q4-bf16in-all` rounds decode rows' inputs to bf16 instead, at the same
+speed and about twenty times the error per matmul: opt-in, never `auto`.
 `q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
 weights and each output to bf16) is opt-in, never `auto`: it answered the
 README's question in French (0.08 nats from a tie in fp32).
@@ -78,18 +85,22 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
+           "q4-bf16-prefill")
 # The kernels whose prompts round their inputs to bf16 (q4_bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all")
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in")
 Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
 # The kernels whose lm_head takes bf16w.
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-bf16-prefill")
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
+# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
+# (q4_bf16in_kernel's nibble twin) or 16-bit integers (q4_i16in_kernel).
+DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
 HEAD_KERNELS = ("fp32", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
@@ -97,6 +108,8 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
                     "q4-bf16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows as q4",
                     "q4-bf16in-all": "prompts and decode rows bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums",
+                    "q4-i16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows "
+                                "inputs as 16-bit integers per group of 32, exact int32 sums, fp32 scales",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
@@ -190,22 +203,33 @@ class Int4Linear(Linear):
 
 
 class Q4Linear(Linear):
-    """Decode rows through the 4-bit kernel with fp32 inputs and sums
-    (bulkhead.model.q4_kernel), or with bf16 inputs where `bf16_decode`
-    (q4_bf16in_kernel.linear_q4_nibbles, the same packed weights); other
-    rows through `prefill` (a layer over the same weight)."""
+    """Decode rows through a kernel over the 4-bit packing (q4_kernel.pack):
+    by `decode_inputs`, fp32 inputs and sums (bulkhead.model.q4_kernel),
+    bf16 inputs (q4_bf16in_kernel.linear_q4_nibbles) or 16-bit integer
+    inputs (bulkhead.model.q4_i16in_kernel); other rows through `prefill` (a
+    layer over the same weight)."""
 
-    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, bf16_decode: bool = False):
+    _RUN = {"fp32": q4_kernel.linear_q4, "bf16": q4_bf16in_kernel.linear_q4_nibbles,
+            "i16": q4_i16in_kernel.linear_q4_i16in}
+
+    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, decode_inputs: str = "fp32"):
+        if decode_inputs not in self._RUN:
+            raise ValueError(f"decode inputs must be one of {tuple(self._RUN)}, not {decode_inputs!r}")
         self.packed = packed
         self.prefill = prefill
-        self.bf16_decode = bf16_decode
+        self.decode_inputs = decode_inputs
         self.out_features, self.in_features = prefill.out_features, prefill.in_features
+
+    def decode_fn(self):
+        """The C function decode rows run (linear_q4's signature), for the C decode layers."""
+        return {"fp32": lambda: q4_kernel.load().linear_q4,
+                "bf16": lambda: q4_bf16in_kernel.load().linear_q4_nibbles_bf16in,
+                "i16": lambda: q4_i16in_kernel.load().linear_q4_i16in}[self.decode_inputs]()
 
     def __call__(self, x, b=None, decode=False):
         if not decode:
             return self.prefill(x, b)
-        run = q4_bf16in_kernel.linear_q4_nibbles if self.bf16_decode else q4_kernel.linear_q4
-        y = run(x.float(), self.packed)
+        y = self._RUN[self.decode_inputs](x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
@@ -283,6 +307,9 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
 
     if kernel == "q4-bf16in-all" and bf16in_usable():
         return kernel
+    if kernel in ("auto", "q4-i16in") and bf16in_usable() and q4_i16in_kernel.load() is not None:
+        log.info("linear weights lie exactly on a 4-bit grid: 16-bit-input decode kernel, bf16-input prompt kernel")
+        return "q4-i16in"
     if kernel in ("auto", "q4-bf16in") and bf16in_usable():
         log.info("linear weights lie exactly on a 4-bit grid: q4 decode kernel, bf16-input prompt kernel")
         return "q4-bf16in"
@@ -296,6 +323,7 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise RuntimeError(f"--linear-kernel {kernel}: its C kernel cannot be built here, "
                            + {"q4": "", "q4-bf16in": "this CPU has no AVX-512 BF16, ",
                               "q4-bf16in-all": "this CPU has no AVX-512 BF16, ",
+                              "q4-i16in": "this CPU has no AVX-512 BF16 or no AVX-512 VNNI, ",
                               "q4-bf16-prefill": "this torch build cannot run oneDNN bf16, "}[kernel]
                            + ("--dtype is not float32, " if dtype != torch.float32 else "")
                            + "or a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)")
@@ -371,7 +399,7 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
         if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read q in bf16
             return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]),
-                            bf16_decode=kernel == "q4-bf16in-all")
+                            DECODE_INPUTS.get(kernel, "fp32"))
         return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 

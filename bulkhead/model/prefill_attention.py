@@ -12,7 +12,7 @@ score, softmax sum and output stays fp32. Its distance from fp32 attention
 is measured in docs/performance.md ("Quality").
 
 `choose` takes it ("bf16") where prompts already round their inputs to bf16
-(`--linear-kernel q4-bf16in` or `q4-bf16in-all`) and it builds here;
+(`--linear-kernel q4-bf16in`, `q4-i16in` or `q4-bf16in-all`) and it builds here;
 "torch" (fp32 SDPA) everywhere else, so the exact kernels keep exact
 attention.
 """
@@ -36,7 +36,8 @@ CHOICES = ("auto", "bf16", "torch")
 def load() -> ctypes.CDLL | None:
     """The library in torch's OpenMP team, or None where it cannot be built
     or this CPU has no AVX-512 BF16."""
-    lib = c_linear.load_bf16_in_torch_team(SOURCE, "the bf16 prompt-attention kernel: prompts' attention stays fp32")
+    lib = c_linear.load_for_isa_in_torch_team(
+        SOURCE, "the bf16 prompt-attention kernel: prompts' attention stays fp32", "AVX-512 BF16")
     if lib is None:
         return None
     fn = lib.prefill_attention_bf16

@@ -40,7 +40,8 @@ GROUP = q4_kernel.GROUP
 def load() -> ctypes.CDLL | None:
     """The library in torch's OpenMP team (bulkhead.model.c_linear), or None
     where it cannot be built or this CPU has no AVX-512 BF16."""
-    lib = c_linear.load_bf16_in_torch_team(SOURCE, "the bf16-input prompt kernel: prompts stay fp32")
+    lib = c_linear.load_for_isa_in_torch_team(
+        SOURCE, "the bf16-input prompt kernel: prompts stay fp32", "AVX-512 BF16")
     if lib is None:
         return None
     lib.linear_q4_bf16in.restype = ctypes.c_int

@@ -83,15 +83,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads (default: torch's choice; with --role local, every core, the workers taking "
                         "turns, or with --core-sharing split the cores split among them)")
     p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
-                   help="linear layers: auto = q4-bf16in for weights exactly on a 4-bit grid (the bundled Q4_1 "
-                        f"SmolLM2) on a CPU with AVX-512 BF16: {linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
-                        f"without it q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
+                   help="linear layers: auto = q4-i16in for weights exactly on a 4-bit grid (the bundled Q4_1 "
+                        "SmolLM2) on a CPU with AVX-512 BF16 and VNNI: "
+                        f"{linear_kernel.MATMUL_PRECISION['q4-i16in']}; with BF16 alone q4-bf16in: "
+                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
+                        f"without either q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
                         "int4 for "
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
                         f"{linear_kernel.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
                         f"{linear_kernel.MATMUL_PRECISION['q4-bf16in-all']}. "
-                        "With q4, q4-bf16in(-all), int4 or onednn-bf16 the lm_head takes "
+                        "With q4, q4-bf16in(-all), q4-i16in, int4 or onednn-bf16 the lm_head takes "
                         f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
                         "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
@@ -100,12 +102,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-attention", choices=prefill_attention.CHOICES, default="auto",
                    help="a prompt's attention: bf16 = a C kernel on bf16 dot products (q, K, V and the softmax's "
                         "probabilities rounded to bf16; scores, sums and outputs fp32), torch = fp32 SDPA; auto = "
-                        "bf16 where the linear kernel is q4-bf16in or q4-bf16in-all (prompts' inputs already rounded "
+                        "bf16 where the linear kernel is q4-bf16in, q4-i16in or q4-bf16in-all (prompts' inputs already "
+                        "rounded "
                         "to bf16) and "
                         "the CPU has AVX-512 BF16, else torch")
     p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
-                        "c = every layer in one C call, where the linear kernel is q4, q4-bf16in or q4-bf16in-all "
+                        "c = every layer in one C call, where the linear kernel is q4, q4-bf16in, q4-i16in or "
+                        "q4-bf16in-all "
                         "and decode attention c; "
                         "torch = one torch op at a time; auto = c where it can run")
     p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",

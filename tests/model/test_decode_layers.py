@@ -12,7 +12,7 @@ from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
-from bulkhead.model import decode_kernel, decode_layers, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import decode_kernel, decode_layers, q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
 from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.linear_kernel import onednn_usable
 from bulkhead.model.llama import LlamaModel
@@ -87,9 +87,13 @@ def test_it_computes_the_torch_paths_numbers(c_model, kv_dtype, atol):
     assert torch.equal(changed(ours_pool), changed(runner.pool.data))  # into the same pages and layers
 
 
-@pytest.mark.skipif(q4_bf16in_kernel.load() is None, reason="no AVX-512 BF16 here")
-def test_under_q4_bf16in_all_it_calls_the_bf16_input_twin_as_the_torch_path_does(smollm2_dir, c_model):
-    model = load_model(smollm2_dir, linear_kernel="q4-bf16in-all", decode_attention="c", decode_glue="c")
+@pytest.mark.parametrize("kernel", [
+    pytest.param("q4-bf16in-all", marks=pytest.mark.skipif(q4_bf16in_kernel.load() is None,
+                                                           reason="no AVX-512 BF16 here")),
+    pytest.param("q4-i16in", marks=pytest.mark.skipif(q4_bf16in_kernel.load() is None or q4_i16in_kernel.load() is None,
+                                                      reason="no AVX-512 BF16 or VNNI here"))])
+def test_under_a_reduced_input_kernel_it_calls_that_twin_as_the_torch_path_does(smollm2_dir, c_model, kernel):
+    model = load_model(smollm2_dir, linear_kernel=kernel, decode_attention="c", decode_glue="c")
     assert model.decode_glue == "c"
     runner, works = prefilled(model)
     before = runner.pool.data.clone()
@@ -217,11 +221,12 @@ def test_it_runs_only_over_the_4_bit_kernel_and_c_attention(smollm2_dir, c_model
         LlamaModel(c_model.config, c_model.weights, "c", "fast")
 
 
-def test_weights_that_mix_the_two_decode_kernels_are_refused(c_model, monkeypatch):
+def test_weights_that_mix_decode_kernels_are_refused(c_model, monkeypatch):
     # The C layers call one kernel for every matmul: a layer whose Q4Linear
     # asks for the other would silently run the first one's numbers.
-    monkeypatch.setattr(c_model.weights.layers[3].down, "bf16_decode", True)
-    with pytest.raises(RuntimeError, match="decode glue c cannot run: the linear layers mix fp32-input and bf16-input"):
+    other = "bf16" if c_model.weights.layers[0].qkv.decode_inputs != "bf16" else "fp32"
+    monkeypatch.setattr(c_model.weights.layers[3].down, "decode_inputs", other)
+    with pytest.raises(RuntimeError, match="decode glue c cannot run: the linear layers mix decode kernels"):
         LlamaModel(c_model.config, c_model.weights, "c", "c")
 
 

@@ -144,4 +144,4 @@ def test_under_q4_bf16in_all_decode_rows_round_their_inputs_and_prompt_rows_are_
     assert not torch.equal(every(x, b, decode=True), prompts_only(x, b, decode=True))
     assert torch.equal(every(x, b, decode=False), prompts_only(x, b, decode=False))
     assert choose("q4-bf16in-all", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in-all"
-    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"  # opt-in, never auto
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) != "q4-bf16in-all"  # opt-in, never auto

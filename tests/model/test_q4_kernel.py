@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import linear_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import linear_kernel, q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import Q4Linear, choose, onednn_usable, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
@@ -76,14 +76,15 @@ def test_decode_rows_take_the_4_bit_kernel_and_prompt_rows_onednn():
 
 # What auto takes for a 4-bit grid model: q4's decode rows either way, its
 # prompts through bf16 inputs where this CPU has AVX-512 BF16.
-AUTO_Q4 = "q4-bf16in" if q4_bf16in_kernel.load() is not None else "q4"
+AUTO_Q4 = ("q4-i16in" if q4_i16in_kernel.load() is not None else "q4-bf16in") if q4_bf16in_kernel.load() is not None \
+    else "q4"
 
 
 @needs_q4
 def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
     assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == AUTO_Q4
     off = one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k))
-    assert choose("auto", torch.float32, off) not in ("q4", "q4-bf16in")
+    assert choose("auto", torch.float32, off) not in ("q4", "q4-bf16in", "q4-i16in")
     with pytest.raises(RuntimeError, match="not exactly on a 4-bit grid"):
         choose("q4", torch.float32, off)
     assert choose("onednn", torch.float32, one_layer_model(gguf_q4_1)) == "onednn"  # asked for by name: honoured
@@ -91,7 +92,7 @@ def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
 
 def test_where_the_kernel_cannot_be_built_auto_does_not_take_it(monkeypatch):
     monkeypatch.setattr(q4_kernel, "load", lambda: None)
-    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-bf16in")
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-bf16in", "q4-i16in")
 
 
 @needs_q4

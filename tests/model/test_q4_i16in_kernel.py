@@ -1,0 +1,121 @@
+"""The decode kernel over 4-bit grid weights with inputs as 16-bit integers
+per group of 32 and exact integer sums (bulkhead.model.q4_i16in_kernel)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bulkhead.model import q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
+from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, choose, prepare_one
+from tests.model.grid_weights import gguf_q4_1, one_layer_model
+
+needs_i16in = pytest.mark.skipif(q4_i16in_kernel.load() is None or q4_kernel.load() is None,
+                                 reason="no AVX-512 VNNI here, or the kernels cannot be built")
+GROUP = q4_kernel.GROUP
+
+
+def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return q4_i16in_kernel.linear_q4_i16in(x, q4_kernel.pack(w))
+
+
+def what_it_computes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The kernel's answer in float64: each group's inputs quantized as the C
+    file does (fp32 scale max |x| / 32767, i = round(x * (32767 / max |x|)))
+    times the exact q * d, plus m times the exact inputs' sum."""
+    q, d, m = q4_kernel.grid(w)  # [N, K/G, G], [N, K/G, 1], [N, K/G, 1]
+    groups = x.reshape(x.shape[0], -1, GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    # (torch's 32767 / amax is 32767 * (1 / amax), two roundings: divide as C does.)
+    i = torch.round(groups * (torch.full_like(amax, 32767) / amax)).clamp(-32767, 32767)
+    xq = (i.double() * (amax / 32767).double()).reshape(x.shape)
+    qd = (q.double() * d.double()).reshape(w.shape)
+    return F.linear(xq, qd) + F.linear(x.double(), m.double().expand_as(q).reshape(w.shape))
+
+
+@needs_i16in
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 13, 16, 17, 33])
+def test_it_quantizes_the_inputs_per_group_and_nothing_else(rows):
+    w = gguf_q4_1(96, 128)
+    x = torch.randn(rows, 128)
+    x[:, 7] *= 40  # an outlier in one group: its step is 40 times the others'
+    y = run(x, w)
+    assert y.dtype == torch.float32
+    # Exact integer sums and fp32 scales: within fp32 rounding of the quantized inputs' answer
+    # (|y| reaches ~20 here, and m times a group's fp32 sum of x rounds by up to ~1e-5) ...
+    model, exact = what_it_computes(x, w), F.linear(x.double(), w.double())
+    torch.testing.assert_close(y.double(), model, rtol=1e-5, atol=1e-4)
+    # ... which is not the exact answer, so the check above tells the quantization from fp32 sums ...
+    assert (y.double() - model).abs().max() * 5 < (model - exact).abs().max()
+    # ... but nearer it than bf16 inputs land: about twenty times here, at least five.
+    bf16_error = (F.linear(x.bfloat16().double(), w.double()) - exact).norm()
+    assert (y.double() - exact).norm() * 5 < bf16_error
+
+
+@needs_i16in
+def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
+    w = gguf_q4_1(64, 96)
+    packed = q4_kernel.pack(w)
+    x = torch.randn(20, 96)
+    alone = torch.cat([q4_i16in_kernel.linear_q4_i16in(x[i : i + 1], packed) for i in range(20)])
+    for m in range(1, 21):
+        assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x[:m], packed), alone[:m])
+    assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x.roll(5, 0), packed), alone.roll(5, 0))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x, packed), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_i16in
+def test_zero_and_non_finite_groups():
+    w = gguf_q4_1(32, 64)
+    x = torch.randn(5, 64)
+    x[0] = 0  # no largest |x| to scale by: zeros, not a division by zero
+    x[1, 5], x[2, 40], x[3, 33] = float("nan"), float("inf"), -float("inf")
+    x[4, :32] = 0  # one zero group beside a live one
+    y = run(x, w)
+    assert torch.equal(y[0], torch.zeros(32))
+    assert torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any() and not torch.isfinite(y[3]).any()
+    torch.testing.assert_close(y[4].double(), F.linear(x[4:].double(), w.double())[0], rtol=1e-3, atol=1e-3)
+
+
+@needs_i16in
+def test_shapes_it_does_not_take_are_refused():
+    w = gguf_q4_1(64, 96)
+    with pytest.raises(ValueError, match="float32"):
+        run(torch.randn(2, 64), w)
+    qs = torch.zeros(2, 48, q4_kernel.BLOCK // 2, dtype=torch.uint8)  # K = 48: not whole groups
+    with pytest.raises(ValueError, match="refused"):
+        q4_i16in_kernel.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
+
+
+@needs_i16in
+@pytest.mark.skipif(q4_bf16in_kernel.load() is None, reason="no AVX-512 BF16 here")
+def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_q4_bf16ins():
+    w = gguf_q4_1(64, 96)
+    ours, bf16in = prepare_one(w, "q4-i16in"), prepare_one(w, "q4-bf16in")
+    assert isinstance(ours, Q4Linear) and isinstance(ours.prefill, Q4BF16InLinear) and ours.decode_inputs == "i16"
+    x, b = torch.randn(9, 96), torch.randn(64)
+    torch.testing.assert_close(ours(x, b, decode=True), run(x, w) + b, rtol=0, atol=0)
+    assert torch.equal(ours(x, b, decode=False), bf16in(x, b, decode=False))
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-i16in"
+
+
+def test_without_vnni_auto_keeps_q4_bf16in_and_asking_for_it_is_an_error(monkeypatch):
+    monkeypatch.setattr(q4_i16in_kernel, "load", lambda: None)
+    if q4_bf16in_kernel.load() is not None and q4_kernel.load() is not None:
+        assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"
+    with pytest.raises(RuntimeError, match="q4-i16in: .*VNNI"):
+        choose("q4-i16in", torch.float32, one_layer_model(gguf_q4_1))
+
+
+def test_on_a_cpu_with_avx512_vnni_it_is_built():
+    # Otherwise every needs_i16in test would skip, and the default fall back to fp32 decode inputs unseen.
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "avx512_vnni" not in flags or q4_kernel.load() is None:
+        pytest.skip("no AVX-512 VNNI here, or no C build of the 4-bit kernels at all")
+    assert q4_i16in_kernel.load() is not None
