@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", default="1,16", help="comma list of decode batch sizes")
     ap.add_argument("--context", type=int, default=320, help="KV positions per request")
     ap.add_argument("--linear-kernel", default="auto", help="comma list: variants to run interleaved")
-    ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32 or bf16w ('' = the kernel's default)")
+    ap.add_argument("--head-kernel", default="", help="comma list, one per variant: lm_head kernel, fp32, bf16w or q8-i16in ('' = the kernel's default)")
     ap.add_argument("--kv-dtype", default="", help="comma list, one per variant: the KV cache's dtype "
                                                    "('' = float32)")
     ap.add_argument("--decode-glue", default="", help="comma list, one per variant: auto, c or torch "

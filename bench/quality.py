@@ -76,10 +76,15 @@ VARIANTS = {
         ("q4-bf16in", "bf16w", "bfloat16"),
     # Where the CPU has AVX-512 VNNI too: decode rows' inputs as 16-bit
     # integers per group of 32 (q4-i16in), the rest as q4-bf16in.
-    "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode, bf16w lm_head, bf16 KV (the default)":
+    "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode, bf16w lm_head, bf16 KV":
         ("q4-i16in", "bf16w", "bfloat16"),
     "bf16-input prompts, fp32 prompt attention, 16-bit-integer-input decode, fp32 lm_head, fp32 KV":
         ("q4-i16in", "fp32", "float32", "auto", "torch"),
+    # And the lm_head's 8-bit weights (a Q8_0 tensor) rebuilt exactly, its
+    # inputs as 16-bit integers per group (q8-i16in, q4-i16in's lm_head).
+    "fp32 layers, 16-bit-integer-input lm_head (the lm_head's own cost)": ("onednn", "q8-i16in"),
+    "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode and lm_head, bf16 KV (the default)":
+        ("q4-i16in", "q8-i16in", "bfloat16"),
     # Opt-in (--linear-kernel q4-bf16in-all): decode rows' inputs rounded to bf16 as well.
     "bf16-input prompts and decode rows, bf16 prompt attention, bf16w lm_head, bf16 KV":
         ("q4-bf16in-all", "bf16w", "bfloat16"),

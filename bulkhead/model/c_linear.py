@@ -1,6 +1,6 @@
 """What the blocked C linear kernels share (csrc/linear_bf16w.c for the
 lm_head, csrc/linear_q4.c for 4-bit decode rows, csrc/linear_q4_bf16in.c
-for prompt rows and, under `q4-bf16in-all`, decode rows, csrc/linear_q4_i16in.c
+for prompt rows and, under `q4-bf16in-all`, decode rows, csrc/linear_i16in.c
 for decode rows under `q4-i16in`): how each is
 built and loaded to run in torch's OpenMP team (the prompt-attention kernel
 loads the same way), and how a call checks its input and shapes. The

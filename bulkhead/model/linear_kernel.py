@@ -9,12 +9,16 @@
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
 | `q4-bf16in` | the 4-bit grid weights rebuilt exactly, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | as `q4` | 4-bit (and q in bf16) |
 | `q4-bf16in-all` | as `q4-bf16in` | the same product over the 4-bit nibbles: bf16 inputs, fp32 sums | 4-bit (and q in bf16) |
-| `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.q4_i16in_kernel) | 4-bit (and q in bf16) |
+| `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.i16in_kernel) | 4-bit (and q in bf16) |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
-below): `fp32` (oneDNN over the fp32 weight, the exact model) or `bf16w`
-(bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel).
+below): `fp32` (oneDNN over the fp32 weight, the exact model), `bf16w`
+(bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel) or,
+under `q4-i16in` for an lm_head that is exactly 8-bit (a GGUF Q8_0 tensor,
+as the bundled SmolLM2's tied embedding is), `q8-i16in` (those weights
+rebuilt exactly, inputs as 16-bit integers per group, fp32 logits:
+bulkhead.model.i16in_kernel).
 The reduced-precision kernels (`REDUCED`: `q4`, `q4-bf16in`, `q4-bf16in-all`,
 `q4-i16in`, `int4`, `onednn-bf16`, `q4-bf16-prefill`) take `bf16w` where its C kernel builds here
 (the lm_head is then half the bytes at one request, where it is bound by
@@ -85,7 +89,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import head_kernel, q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
+from bulkhead.model import head_kernel, i16in_kernel, q4_bf16in_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +103,9 @@ Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
 # The kernels whose lm_head takes bf16w.
 REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
 # What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
-# (q4_bf16in_kernel's nibble twin) or 16-bit integers (q4_i16in_kernel).
+# (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
 DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
-HEAD_KERNELS = ("fp32", "bf16w")
+HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
@@ -112,7 +116,9 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                                 "inputs as 16-bit integers per group of 32, exact int32 sums, fp32 scales",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
-                  "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits"}
+                  "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
+                  "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "
+                              "exact int32 sums, fp32 scales and logits"}
 
 # The row count oneDNN lays a weight out for; any count runs on it. Measured
 # here with the check of bulkhead.model.row_invariance over the model's
@@ -206,11 +212,11 @@ class Q4Linear(Linear):
     """Decode rows through a kernel over the 4-bit packing (q4_kernel.pack):
     by `decode_inputs`, fp32 inputs and sums (bulkhead.model.q4_kernel),
     bf16 inputs (q4_bf16in_kernel.linear_q4_nibbles) or 16-bit integer
-    inputs (bulkhead.model.q4_i16in_kernel); other rows through `prefill` (a
+    inputs (bulkhead.model.i16in_kernel); other rows through `prefill` (a
     layer over the same weight)."""
 
     _RUN = {"fp32": q4_kernel.linear_q4, "bf16": q4_bf16in_kernel.linear_q4_nibbles,
-            "i16": q4_i16in_kernel.linear_q4_i16in}
+            "i16": i16in_kernel.linear_q4_i16in}
 
     def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, decode_inputs: str = "fp32"):
         if decode_inputs not in self._RUN:
@@ -224,7 +230,7 @@ class Q4Linear(Linear):
         """The C function decode rows run (linear_q4's signature), for the C decode layers."""
         return {"fp32": lambda: q4_kernel.load().linear_q4,
                 "bf16": lambda: q4_bf16in_kernel.load().linear_q4_nibbles_bf16in,
-                "i16": lambda: q4_i16in_kernel.load().linear_q4_i16in}[self.decode_inputs]()
+                "i16": lambda: i16in_kernel.load().linear_q4_i16in}[self.decode_inputs]()
 
     def __call__(self, x, b=None, decode=False):
         if not decode:
@@ -307,7 +313,7 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
 
     if kernel == "q4-bf16in-all" and bf16in_usable():
         return kernel
-    if kernel in ("auto", "q4-i16in") and bf16in_usable() and q4_i16in_kernel.load() is not None:
+    if kernel in ("auto", "q4-i16in") and bf16in_usable() and i16in_kernel.load() is not None:
         log.info("linear weights lie exactly on a 4-bit grid: 16-bit-input decode kernel, bf16-input prompt kernel")
         return "q4-i16in"
     if kernel in ("auto", "q4-bf16in") and bf16in_usable():
@@ -345,6 +351,28 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
     return "aten"
 
 
+class Q8I16InLinear(Linear):
+    """The lm_head's `q8-i16in` kernel: 8-bit grid weights rebuilt exactly,
+    inputs as 16-bit integers per group of 32, exact int32 sums, fp32 logits
+    (bulkhead.model.i16in_kernel), the same kernel for every row, so a row's
+    logits do not depend on its batch-mates."""
+
+    def __init__(self, w: torch.Tensor):
+        self.out_features, self.in_features = w.shape
+        self.packed = i16in_kernel.pack_q8(w)
+        if self.packed is None:
+            raise ValueError(f"q8-i16in: weight {tuple(w.shape)} is not exactly on an 8-bit grid")
+
+    def __call__(self, x, b=None, decode=False):
+        y = i16in_kernel.linear_q8_i16in(x.float(), self.packed)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def q8_i16in_usable(w: torch.Tensor) -> bool:
+    """The 16-bit-input kernels build here and this weight is exactly on an 8-bit grid."""
+    return i16in_kernel.load() is not None and i16in_kernel.q8_grid(w) is not None
+
+
 class BF16WeightLinear(Linear):
     """The lm_head's `bf16w` kernel: bf16 weights, fp32 inputs, sums and
     outputs (bulkhead.model.head_kernel), the same kernel for every row, so a
@@ -366,17 +394,23 @@ def bf16w_usable(w: torch.Tensor) -> bool:
 
 
 def choose_head(kernel: str, lm_head: torch.Tensor, asked: str | None = None) -> str:
-    """The lm_head's kernel for a chosen linear kernel: `bf16w` under the
-    reduced-precision kernels where it runs here, `fp32` otherwise (and
-    always under `aten` and `onednn`, the exact model). `asked` names one
-    (tests and bench/decode_step.py); asking for `bf16w` where it cannot
-    run is an error."""
+    """The lm_head's kernel for a chosen linear kernel: `q8-i16in` under
+    `q4-i16in` where the lm_head is exactly 8-bit and the kernel runs here,
+    else `bf16w` under the reduced-precision kernels where it runs here,
+    `fp32` otherwise (and always under `aten` and `onednn`, the exact
+    model). `asked` names one (tests and bench/decode_step.py); asking for
+    one that cannot run is an error."""
     if asked is not None:
         if asked not in HEAD_KERNELS:
             raise ValueError(f"lm_head kernel must be one of {HEAD_KERNELS}, not {asked!r}")
         if asked == "bf16w" and not bf16w_usable(lm_head):
             raise RuntimeError("lm_head kernel bf16w: its C kernel cannot run here or does not take this shape")
+        if asked == "q8-i16in" and not q8_i16in_usable(lm_head):
+            raise RuntimeError("lm_head kernel q8-i16in: its C kernel cannot run here (no AVX-512 VNNI) or the "
+                               "lm_head is not exactly on an 8-bit grid (a Q8_0 tensor)")
         return asked
+    if kernel == "q4-i16in" and q8_i16in_usable(lm_head):
+        return "q8-i16in"
     if kernel in REDUCED and lm_head.dtype == torch.float32 and bf16w_usable(lm_head):
         return "bf16w"
     return "fp32"
@@ -420,7 +454,9 @@ def prepare(weights, kernel: str, head: str | None = None):
                                   gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
               for layer in weights.layers]
     head = choose_head(kernel, weights.lm_head, head)
-    if head == "bf16w":
+    if head == "q8-i16in":
+        lm_head = Q8I16InLinear(weights.lm_head)
+    elif head == "bf16w":
         lm_head = BF16WeightLinear(weights.lm_head)
     else:
         lm_head = prepare_one(weights.lm_head, "onednn" if kernel in REDUCED else kernel)

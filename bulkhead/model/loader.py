@@ -67,7 +67,7 @@ def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kerne
                decode_glue: str = "auto", prefill_attention: str = "torch") -> LlamaModel:
     """linear_kernel: a chosen kernel of bulkhead.model.linear_kernel ("aten",
     "onednn", ...); decode_attention: "c" or "torch" (LlamaModel);
-    head_kernel: the lm_head's ("fp32", "bf16w"; None: the kernel's default);
+    head_kernel: the lm_head's ("fp32", "bf16w", "q8-i16in"; None: the kernel's default);
     decode_glue: "auto", "c" or "torch"; prefill_attention: "bf16" or "torch" (LlamaModel)."""
     config, weights = load_weights(model_dir, dtype)
     return LlamaModel(config, prepare(weights, linear_kernel, head_kernel), decode_attention,

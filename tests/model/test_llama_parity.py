@@ -24,7 +24,7 @@ from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
 from bulkhead.model import decode_kernel
-from bulkhead.model import prefill_attention, q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
+from bulkhead.model import i16in_kernel, prefill_attention, q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import int4_usable, onednn_usable
 from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
@@ -147,7 +147,7 @@ def test_smollm2_on_a_bf16_kv_cache_keeps_the_distribution(smollm2_dir, decode_a
                                                             reason="no AVX-512 BF16 or no 4-bit kernel here")),
     # And decode rows' inputs as 16-bit integers per group (the default with VNNI too).
     pytest.param("q4-i16in", 0.01, marks=pytest.mark.skipif(
-        not (q4_usable_here() and q4_bf16in_kernel.load() and q4_i16in_kernel.load()),
+        not (q4_usable_here() and q4_bf16in_kernel.load() and i16in_kernel.load()),
         reason="no AVX-512 BF16 or VNNI, or no 4-bit kernel here")),
     # Decode rows' inputs rounded to bf16 too (opt-in).
     pytest.param("q4-bf16in-all", 0.01, marks=pytest.mark.skipif(not (q4_usable_here() and q4_bf16in_kernel.load()),

@@ -1,23 +1,26 @@
-"""The decode kernel over 4-bit grid weights with inputs as 16-bit integers
-per group of 32 and exact integer sums (bulkhead.model.q4_i16in_kernel)."""
+"""The kernels with inputs as 16-bit integers per group of 32 and exact
+integer sums (bulkhead.model.i16in_kernel): decode rows over 4-bit grid
+weights, and the lm_head over 8-bit ones."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import q4_bf16in_kernel, q4_i16in_kernel, q4_kernel
-from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, choose, prepare_one
-from tests.model.grid_weights import gguf_q4_1, one_layer_model
+from bulkhead.model import i16in_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, Q8I16InLinear, choose, choose_head, prepare, \
+    prepare_one
+from tests.model.grid_weights import gguf_q4_1, gguf_q8_0, one_layer_model
 
-needs_i16in = pytest.mark.skipif(q4_i16in_kernel.load() is None or q4_kernel.load() is None,
+needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None or q4_kernel.load() is None,
                                  reason="no AVX-512 VNNI here, or the kernels cannot be built")
 GROUP = q4_kernel.GROUP
 
 
 def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return q4_i16in_kernel.linear_q4_i16in(x, q4_kernel.pack(w))
+    return i16in_kernel.linear_q4_i16in(x, q4_kernel.pack(w))
 
 
 def what_it_computes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -58,14 +61,14 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
     w = gguf_q4_1(64, 96)
     packed = q4_kernel.pack(w)
     x = torch.randn(20, 96)
-    alone = torch.cat([q4_i16in_kernel.linear_q4_i16in(x[i : i + 1], packed) for i in range(20)])
+    alone = torch.cat([i16in_kernel.linear_q4_i16in(x[i : i + 1], packed) for i in range(20)])
     for m in range(1, 21):
-        assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x[:m], packed), alone[:m])
-    assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x.roll(5, 0), packed), alone.roll(5, 0))
+        assert torch.equal(i16in_kernel.linear_q4_i16in(x[:m], packed), alone[:m])
+    assert torch.equal(i16in_kernel.linear_q4_i16in(x.roll(5, 0), packed), alone.roll(5, 0))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(q4_i16in_kernel.linear_q4_i16in(x, packed), alone)
+        assert torch.equal(i16in_kernel.linear_q4_i16in(x, packed), alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -90,7 +93,7 @@ def test_shapes_it_does_not_take_are_refused():
         run(torch.randn(2, 64), w)
     qs = torch.zeros(2, 48, q4_kernel.BLOCK // 2, dtype=torch.uint8)  # K = 48: not whole groups
     with pytest.raises(ValueError, match="refused"):
-        q4_i16in_kernel.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
+        i16in_kernel.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
 
 
 @needs_i16in
@@ -106,7 +109,7 @@ def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_q4_bf16ins():
 
 
 def test_without_vnni_auto_keeps_q4_bf16in_and_asking_for_it_is_an_error(monkeypatch):
-    monkeypatch.setattr(q4_i16in_kernel, "load", lambda: None)
+    monkeypatch.setattr(i16in_kernel, "load", lambda: None)
     if q4_bf16in_kernel.load() is not None and q4_kernel.load() is not None:
         assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"
     with pytest.raises(RuntimeError, match="q4-i16in: .*VNNI"):
@@ -118,4 +121,79 @@ def test_on_a_cpu_with_avx512_vnni_it_is_built():
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     if "avx512_vnni" not in flags or q4_kernel.load() is None:
         pytest.skip("no AVX-512 VNNI here, or no C build of the 4-bit kernels at all")
-    assert q4_i16in_kernel.load() is not None
+    assert i16in_kernel.load() is not None
+
+
+# The lm_head's kernel over 8-bit grid weights (a GGUF Q8_0 tensor).
+
+def test_an_8_bit_grid_is_found_exactly_and_anything_else_refused():
+    w = gguf_q8_0(64, 96)
+    q, d = i16in_kernel.q8_grid(w)
+    assert q.dtype == torch.int8 and torch.equal((q.float() * d).reshape(w.shape), w)
+    assert i16in_kernel.q8_grid(w + 1e-6 * torch.randn(w.shape)) is None  # off the grid
+    assert i16in_kernel.q8_grid(gguf_q4_1(64, 96)) is None  # 4-bit with offsets: not w = q * d
+    assert i16in_kernel.q8_grid(w[:48]) is None  # N not whole blocks of 32
+    zero_group = w.clone()
+    zero_group[3, 32:64] = 0
+    assert i16in_kernel.q8_grid(zero_group) is not None
+
+
+def q8_what_it_computes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """linear_q8_i16in's answer in float64: x quantized per group as the C
+    file does, times the exact weights."""
+    groups = x.reshape(x.shape[0], -1, GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    i = torch.round(groups * (torch.full_like(amax, 32767) / amax)).clamp(-32767, 32767)
+    return F.linear((i.double() * (amax / 32767).double()).reshape(x.shape), w.double())
+
+
+@needs_i16in
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 17])
+def test_the_8_bit_kernel_quantizes_the_inputs_and_keeps_the_weights_exact(rows):
+    w = gguf_q8_0(160, 192)
+    x = torch.randn(rows, 192)
+    x[:, 70] *= 40
+    y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w)).double()
+    model, exact = q8_what_it_computes(x, w), F.linear(x.double(), w.double())
+    torch.testing.assert_close(y, model, rtol=1e-5, atol=1e-4)
+    assert (y - model).abs().max() * 5 < (model - exact).abs().max()
+    # Nearer the exact lm_head than bf16w's rounded weights land.
+    bf16w_error = (F.linear(x.double(), w.bfloat16().double()) - exact).norm()
+    assert (y - exact).norm() * 5 < bf16w_error
+
+
+@needs_i16in
+def test_the_8_bit_kernels_rows_do_not_depend_on_their_batch_mates_and_non_finite_input_reaches_its_row():
+    packed = i16in_kernel.pack_q8(gguf_q8_0(64, 96))
+    run8 = lambda x: i16in_kernel.linear_q8_i16in(x, packed)  # noqa: E731
+    x = torch.randn(20, 96)
+    alone = torch.cat([run8(x[i : i + 1]) for i in range(20)])
+    for m in (1, 2, 7, 8, 9, 16, 20):
+        assert torch.equal(run8(x[:m]), alone[:m])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run8(x), alone)
+    finally:
+        torch.set_num_threads(threads)
+    x[1, 5], x[2, 40], x[3] = float("nan"), float("inf"), 0
+    y = run8(x[:4])
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
+    assert torch.equal(y[3], torch.zeros(64))
+    with pytest.raises(ValueError, match="float32"):
+        run8(torch.randn(2, 64))
+
+
+@needs_i16in
+def test_under_q4_i16in_an_8_bit_lm_head_takes_it_and_any_other_bf16w():
+    w = one_layer_model(gguf_q4_1)
+    lm_head = gguf_q8_0(96, 64)
+    assert choose_head("q4-i16in", lm_head) == "q8-i16in"
+    assert choose_head("q4-bf16in", lm_head) != "q8-i16in"  # only beside 16-bit-integer decode rows
+    assert choose_head("q4-i16in", torch.randn(96, 64)) != "q8-i16in"  # not on the grid
+    head = prepare(dataclasses.replace(w, lm_head=lm_head), "q4-i16in").lm_head
+    assert isinstance(head, Q8I16InLinear)
+    x = torch.randn(3, 64)
+    assert torch.equal(head(x), i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(lm_head)))
+    with pytest.raises(RuntimeError, match="q8-i16in"):
+        choose_head("q4-i16in", torch.randn(96, 64), "q8-i16in")

@@ -1,0 +1,105 @@
+"""Linear layers with their inputs as 16-bit integers per group of 32
+(csrc/linear_i16in.c), compiled and loaded as the other linear kernels are
+(bulkhead.model.c_linear): decode rows over the 4-bit grid weights
+(`linear_q4_i16in`, the decode kernel of `--linear-kernel q4-i16in`), and
+the lm_head over 8-bit grid weights (`linear_q8_i16in`, its `q8-i16in`
+kernel under q4-i16in, where the lm_head is a GGUF Q8_0 tensor).
+
+Why: a 16-row decode step runs linear_q4 (fp32 inputs and sums) at the two
+cores' fp32 FMA peak. AVX-512 VNNI's 16-bit integer dot product does twice
+the multiply-adds per instruction, and with the 4-bit q exact as an integer,
+each group's sum of products is exact in int32; only each input is rounded,
+to within 2^-16 of its group's largest |x| (bf16 inputs keep 2^-9 of each
+input: about twenty times this kernel's error on SmolLM2's layers,
+measured in tests/model/test_i16in_kernel.py). It reads linear_q4's own
+packing, with linear_q4's signature, so the C decode layers call either.
+
+The lm_head: SmolLM2's tied embedding ships as Q8_0 (per group of 32
+inputs, w = q * d, q in -127..127, d fp16), so its weights rebuild exactly
+from 1 byte each, against bf16w's 2 bytes of rounded weight; at 16 rows the
+lm_head is bound by arithmetic (fp32 FMA under bf16w), and the same
+integer dot product does twice the multiply-adds. Its inputs are quantized
+as the decode rows' are.
+
+Where the CPU has no AVX-512 VNNI (the C file builds without it and says so
+in `available()`), `load()` is None: decode rows stay on linear_q4, the
+lm_head on bf16w.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import c_linear, q4_kernel
+
+SOURCE = Path(__file__).parent / "csrc" / "linear_i16in.c"
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The library in torch's OpenMP team, or None where it cannot be built
+    or this CPU has no AVX-512 VNNI."""
+    lib = c_linear.load_for_isa_in_torch_team(
+        SOURCE, "the 16-bit-input decode kernel: decode rows stay on q4's fp32 inputs", "AVX-512 VNNI")
+    if lib is None:
+        return None
+    for fn in (lib.linear_q4_i16in, lib.linear_q8_i16in):
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    assert lib.block_outputs() == q4_kernel.BLOCK and lib.group_inputs() == q4_kernel.GROUP
+    return lib
+
+
+def linear_q4_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32 from q4's packing (packed =
+    q4_kernel.pack(w)), x quantized to 16-bit integers per group inside the call."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the 16-bit-input decode kernel is not available")
+    return q4_kernel.call_packed(lib.linear_q4_i16in, x, packed)
+
+
+def q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [N, K] as (q int8 [N, K/G, G] in -127..127, d fp32 [N, K/G, 1]) with
+    q * d == w bit for bit in fp32, d of fp16 precision (as GGUF's Q8_0
+    stores it, so q * d is one exact product), or None if some group is not
+    on such a grid or the shape is not the kernel's."""
+    if w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % q4_kernel.BLOCK or w.shape[1] % q4_kernel.GROUP \
+            or w.numel() == 0 or not bool(torch.isfinite(w).all()):
+        return None
+    groups = w.reshape(w.shape[0], -1, q4_kernel.GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    d = (amax / 127).half().float()  # Q8_0's quantizer: d = max |w| / 127, stored in fp16
+    q = torch.round(groups / d.clamp_min(torch.finfo(torch.float32).tiny)).clamp_(-127, 127)
+    if not bool(((q * d) == groups).all()):
+        return None
+    return q.to(torch.int8), d
+
+
+def pack_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [N, K] laid out for linear_q8_i16in: (q int8 [N/NB, K/2, 2, NB/2, 2]:
+    for each input pair, outputs 0-15's two q then outputs 16-31's; d fp32
+    [N/NB, K/G, NB]), or None if w is not exactly on an 8-bit grid."""
+    found = q8_grid(w)
+    if found is None:
+        return None
+    q, d = found
+    n, k = w.shape
+    nb = q4_kernel.BLOCK
+    qb = q.reshape(n // nb, 2, nb // 2, k // 2, 2).permute(0, 3, 1, 2, 4).contiguous()
+    return qb, d.reshape(n // nb, nb, -1).transpose(1, 2).contiguous()
+
+
+def linear_q8_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack_q8(w), x
+    quantized to 16-bit integers per group inside the call."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the 16-bit-input kernels are not available")
+    qb, d = packed
+    blocks, pairs = qb.shape[:2]
+    return c_linear.call(lib.linear_q8_i16in, x, 2 * pairs, blocks * q4_kernel.BLOCK, qb, d)
