@@ -33,7 +33,7 @@ from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan  # noqa:
 from bulkhead.kv.layout import KVLayout  # noqa: E402
 from bulkhead.kv.ledger import PageLedger  # noqa: E402
 from bulkhead.kv.pool import KVPool  # noqa: E402
-from bulkhead.model import decode_kernel, linear_kernel, prefill_attention  # noqa: E402
+from bulkhead.model import decode_kernel, linear_kernel, prefill_attention, prefill_glue  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 from bulkhead.model.llama import LlamaModel  # noqa: E402
 from bulkhead.model.loader import load_weights  # noqa: E402
@@ -52,7 +52,8 @@ PROMPTS = (
     ("In 1969, the first humans to walk on the Moon were", False),
 )
 # name -> (linear kernel, lm_head kernel[, KV cache dtype[, decode glue[, prefill
-# attention]]]), "auto" resolved as the engine does; the first is the reference.
+# attention[, prefill glue]]]]), "auto" resolved as the engine does; the first
+# is the reference.
 VARIANTS = {
     "exact fp32 (onednn)": ("onednn", "fp32"),
     "int4 decode, fp32 lm_head": ("int4", "fp32"),
@@ -85,6 +86,9 @@ VARIANTS = {
     "fp32 layers, 16-bit-integer-input lm_head (the lm_head's own cost)": ("onednn", "q8-i16in"),
     "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode and lm_head, bf16 KV (the default)":
         ("q4-i16in", "q8-i16in", "bfloat16"),
+    # The rows above run a prompt's norms, rotary and SiLU in C (the default,
+    # bulkhead.model.prefill_glue); this one through torch ops.
+    "the default, prompt glue through torch ops": ("q4-i16in", "q8-i16in", "bfloat16", "auto", "auto", "torch"),
     # Opt-in (--linear-kernel q4-bf16in-all): decode rows' inputs rounded to bf16 as well.
     "bf16-input prompts and decode rows, bf16 prompt attention, bf16w lm_head, bf16 KV":
         ("q4-bf16in-all", "bf16w", "bfloat16"),
@@ -97,10 +101,11 @@ class Runner:
     """One variant's model, pool and runner, as the engine builds them."""
 
     def __init__(self, config, weights, max_tokens: int, kernel: str, head: str, kv_dtype: str = "float32",
-                 glue: str = "auto", prompt_attention: str = "auto"):
+                 glue: str = "auto", prompt_attention: str = "auto", prompt_glue: str = "auto"):
         attention = decode_kernel.choose("auto", kv_dtype, config.num_heads, config.num_kv_heads, config.head_dim, 16)
         prompt_attention = prefill_attention.choose(prompt_attention, kernel, config.head_dim)
-        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention, glue, prompt_attention)
+        model = LlamaModel(config, linear_kernel.prepare(weights, kernel, head), attention, glue, prompt_attention,
+                           prefill_glue.choose(prompt_glue, kernel))
         self.layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, 16, kv_dtype)
         pages = self.layout.pages_for_tokens(max_tokens)
         self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)

@@ -22,7 +22,7 @@ from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
@@ -79,6 +79,10 @@ class EngineConfig:
     # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all), else fp32 SDPA
     # (bulkhead.model.prefill_attention).
     prefill_attention: str = "auto"
+    # "auto": a prompt pass's norms, rotary and SiLU in C where it builds
+    # here and the linear kernel is a reduced-precision one, else torch ops
+    # (bulkhead.model.prefill_glue).
+    prefill_glue: str = "auto"
     prefix_cache: bool = False
     # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
     # full decode batch (SchedulerConfig.step_tokens).
@@ -117,6 +121,8 @@ class EngineConfig:
         if self.prefill_attention not in prefill_attention.CHOICES:
             raise ValueError(f"prefill_attention must be one of {prefill_attention.CHOICES}, "
                              f"not {self.prefill_attention!r}")
+        if self.prefill_glue not in prefill_glue.CHOICES:
+            raise ValueError(f"prefill_glue must be one of {prefill_glue.CHOICES}, not {self.prefill_glue!r}")
 
 
 @dataclass
@@ -134,6 +140,7 @@ class BuiltEngine:
     lm_head_kernel: str = "fp32"  # bulkhead.model.linear_kernel.choose_head's answer
     decode_glue: str = "torch"  # what "auto" resolved to (LlamaModel.decode_glue)
     prefill_attention: str = "torch"  # what "auto" resolved to
+    prefill_glue: str = "torch"  # what "auto" resolved to
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
@@ -156,7 +163,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
     prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
-    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue, prompt_attention)
+    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue, prompt_attention,
+                       prefill_glue.choose(cfg.prefill_glue, kernel))
     del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -202,14 +210,14 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                       prefill_only=prefill_only, interject=cfg.interject, lease=lease))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
-        "lm_head %s; decode attention %s; decode glue %s; prefill attention %s", num_pages, cfg.page_size,
-        pool.num_tokens, num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode, decision.context_length,
-        kernel, head, attention, model.decode_glue, prompt_attention,
+        "lm_head %s; decode attention %s; decode glue %s; prefill attention %s; prefill glue %s", num_pages,
+        cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode,
+        decision.context_length, kernel, head, attention, model.decode_glue, prompt_attention, model.prefill_glue,
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
     return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
-                       head, model.decode_glue, prompt_attention)
+                       head, model.decode_glue, prompt_attention, model.prefill_glue)
 
 
 # The KV cache's default element type. bf16 halves the bytes decode attention

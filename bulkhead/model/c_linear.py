@@ -22,17 +22,17 @@ from bulkhead.model import decode_kernel
 log = logging.getLogger(__name__)
 
 
-def load_in_torch_team(source: Path, what: str) -> ctypes.CDLL | None:
+def load_in_torch_team(source: Path, what: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library of `source`, built with -fopenmp where torch runs on
     libgomp (the decode-attention kernel's reasoning: the work runs in
-    torch's own thread team); None where it cannot be built, or without
-    OpenMP (one thread of it would lose to torch's kernels on two). `what`
-    names the kernel and its fallback in the warning."""
+    torch's own thread team) and any further `flags`; None where it cannot be
+    built, or without OpenMP (one thread of it would lose to torch's kernels
+    on two). `what` names the kernel and its fallback in the warning."""
     cc = decode_kernel._compiler()
     if cc is None or not decode_kernel.torch_uses_libgomp():
         return None
     try:
-        return ctypes.CDLL(str(decode_kernel._build(cc, [*decode_kernel.FLAGS, "-fopenmp"], source)))
+        return ctypes.CDLL(str(decode_kernel._build(cc, [*decode_kernel.FLAGS, "-fopenmp", *flags], source)))
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("could not build %s (%s)", what, str(getattr(e, "stderr", "") or e).strip()[:500])
         return None

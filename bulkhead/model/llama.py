@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model.attention import paged_attention
-from bulkhead.model import decode_layers
+from bulkhead.model import decode_layers, prefill_glue
 from bulkhead.model.batch import PagedBatch
 from bulkhead.model.config import ModelConfig
 from bulkhead.model.linear_kernel import Linear
@@ -57,16 +57,21 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, decode_attention: str = "torch",
-                 decode_glue: str = "auto", prefill_attention: str = "torch"):
+                 decode_glue: str = "auto", prefill_attention: str = "torch", prefill_glue: str = "torch"):
         """decode_attention: "c" (the C kernel over the pool, see
         bulkhead.model.decode_kernel.choose) or "torch". decode_glue: "c"
         runs a decode step's layers in one C call (bulkhead.model.decode_layers),
         "torch" through the ops below, "auto" the C call where it can run.
-        prefill_attention: "bf16" (bulkhead.model.prefill_attention) or "torch"."""
+        prefill_attention: "bf16" (bulkhead.model.prefill_attention) or "torch".
+        prefill_glue: "c" (bulkhead.model.prefill_glue: prompt rows' norms,
+        rotary and SiLU in C) or "torch", as prefill_glue.choose resolved it."""
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
         self.prefill_attention = prefill_attention
+        if prefill_glue not in ("c", "torch"):
+            raise ValueError(f"prefill glue must be c or torch (prefill_glue.choose resolves auto), not {prefill_glue!r}")
+        self.prefill_glue = prefill_glue
         self.cos, self.sin = rope_tables(config.rope, config.head_dim, config.max_position_embeddings)
         if decode_glue not in decode_layers.CHOICES:
             raise ValueError(f"decode glue must be one of {decode_layers.CHOICES}, not {decode_glue!r}")
@@ -113,27 +118,76 @@ class LlamaModel:
 
     def _torch_layers(self, x: torch.Tensor, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
                       between_layers: Callable[[], None] | None) -> torch.Tensor:
-        """Every layer, one torch op at a time: x [T, D] in, the last layer's output out."""
+        """Every layer, one torch op (or, for prompt rows under prefill_glue
+        "c", one C call) at a time: x [T, D] in, the last layer's output out."""
         cfg, w = self.config, self.weights
-        cos = self.cos[batch.positions].unsqueeze(1).to(x.dtype)  # [T, 1, hd]
-        sin = self.sin[batch.positions].unsqueeze(1).to(x.dtype)
+        glue = _CGlue(self, batch) if self.prefill_glue == "c" and not batch.decode and x.dtype == torch.float32 \
+            else _TorchGlue(self, batch, x.dtype)
         page_size = kv_layers[0][1].shape[1]
         # Where each real row's K/V goes: the same for every layer.
         slots = (batch.write_slots // page_size, batch.write_slots % page_size)  # page [N], offset [N]
         qk_size, qk_heads = cfg.q_size + cfg.kv_size, cfg.num_heads + cfg.num_kv_heads
-        for layer, (k_pages, v_pages) in zip(w.layers, kv_layers):
-            h = _rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+        x = x.contiguous()
+        h = glue.rms_norm(x, w.layers[0].input_norm)
+        for i, (layer, (k_pages, v_pages)) in enumerate(zip(w.layers, kv_layers)):
             qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)  # [T, (H + 2 * KVH) * hd]
-            # Rotary on q and k in one pass: the same arithmetic per element as two.
-            qk = apply_rope(qkv[:, :qk_size].view(-1, qk_heads, cfg.head_dim), cos, sin)  # [T, H + KVH, hd]
+            qk = glue.rope(qkv, qk_heads)  # [T, H + KVH, hd]
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, qk_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
             attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots,
                                    self.prefill_attention == "bf16")
-            x = x + _linear(attn, layer.o, None, batch)
-            h = _rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = _linear(h, layer.gate_up, None, batch).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.down, None, batch)
-            if between_layers is not None and layer is not w.layers[-1]:
+            x, h = glue.add_rms_norm(x, _linear(attn, layer.o, None, batch), layer.post_norm)
+            act = glue.silu_mul(_linear(h, layer.gate_up, None, batch))
+            down = _linear(act, layer.down, None, batch)
+            if layer is w.layers[-1]:
+                return x + down
+            # The residual add and the next layer's input norm in one pass.
+            x, h = glue.add_rms_norm(x, down, w.layers[i + 1].input_norm)
+            if between_layers is not None:
                 between_layers()
         return x
+
+
+class _TorchGlue:
+    """A pass's ops around its matmuls and attention, as torch ops."""
+
+    def __init__(self, model: LlamaModel, batch: PagedBatch, dtype: torch.dtype):
+        self.eps, self.head_dim = model.config.rms_norm_eps, model.config.head_dim
+        self.cos = model.cos[batch.positions].unsqueeze(1).to(dtype)  # [T, 1, hd]
+        self.sin = model.sin[batch.positions].unsqueeze(1).to(dtype)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(x, weight, self.eps)
+
+    def rope(self, qkv: torch.Tensor, heads: int) -> torch.Tensor:
+        # Rotary on q and k in one pass: the same arithmetic per element as two.
+        return apply_rope(qkv[:, : heads * self.head_dim].view(-1, heads, self.head_dim), self.cos, self.sin)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor):
+        x = x + delta
+        return x, _rms_norm(x, weight, self.eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class _CGlue:
+    """The same ops for a prompt pass's rows in C (bulkhead.model.prefill_glue);
+    the residual is added into x in place (x is the pass's own tensor)."""
+
+    def __init__(self, model: LlamaModel, batch: PagedBatch):
+        self.eps, self.head_dim = model.config.rms_norm_eps, model.config.head_dim
+        self.cos, self.sin, self.positions = model.cos, model.sin, batch.positions
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return prefill_glue.rms_norm(x, weight, self.eps)
+
+    def rope(self, qkv: torch.Tensor, heads: int) -> torch.Tensor:
+        return prefill_glue.rope(qkv.contiguous(), heads, self.head_dim, self.positions, self.cos, self.sin)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor):
+        return x, prefill_glue.add_rms_norm(x, delta.contiguous(), weight, self.eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return prefill_glue.silu_mul(gate_up.contiguous())

@@ -64,11 +64,13 @@ def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[M
 
 def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten",
                decode_attention: str = "torch", head_kernel: str | None = None,
-               decode_glue: str = "auto", prefill_attention: str = "torch") -> LlamaModel:
+               decode_glue: str = "auto", prefill_attention: str = "torch",
+               prefill_glue: str = "torch") -> LlamaModel:
     """linear_kernel: a chosen kernel of bulkhead.model.linear_kernel ("aten",
     "onednn", ...); decode_attention: "c" or "torch" (LlamaModel);
     head_kernel: the lm_head's ("fp32", "bf16w", "q8-i16in"; None: the kernel's default);
-    decode_glue: "auto", "c" or "torch"; prefill_attention: "bf16" or "torch" (LlamaModel)."""
+    decode_glue: "auto", "c" or "torch"; prefill_attention: "bf16" or "torch";
+    prefill_glue: "c" or "torch" (LlamaModel)."""
     config, weights = load_weights(model_dir, dtype)
     return LlamaModel(config, prepare(weights, linear_kernel, head_kernel), decode_attention,
-                      decode_glue, prefill_attention)
+                      decode_glue, prefill_attention, prefill_glue)

@@ -15,7 +15,7 @@ from pathlib import Path
 from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -106,6 +106,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "rounded "
                         "to bf16) and "
                         "the CPU has AVX-512 BF16, else torch")
+    p.add_argument("--prefill-glue", choices=prefill_glue.CHOICES, default="auto",
+                   help="the ops around a prompt pass's matmuls and attention (norms, rotary, SiLU, residual adds): "
+                        "c = one C call per op over every row, torch = torch ops; auto = c where it builds and the "
+                        "linear kernel is not an exact one (onednn, aten)")
     p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
                         "c = every layer in one C call, where the linear kernel is q4, q4-bf16in, q4-i16in or "
@@ -146,7 +150,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
         safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
         decode_attention=args.decode_attention, decode_glue=args.decode_glue,
-        prefill_attention=args.prefill_attention,
+        prefill_attention=args.prefill_attention, prefill_glue=args.prefill_glue,
         guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         interject=not args.no_interjection,

@@ -70,6 +70,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
         "prefill_attention": built.prefill_attention,
+        "prefill_glue": built.prefill_glue,
         "batch_invariant": cfg.decode_tile > 0,
         "safe_mode": cfg.safe_mode and cfg.guards,
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.

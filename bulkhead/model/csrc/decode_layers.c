@@ -1,7 +1,8 @@
 /* Every transformer layer of one decode step in one call: the glue between
  * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
- * in C, the matmuls and attention through a 4-bit kernel (linear_q4.c's,
- * or linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`: one signature)
+ * in C (the row ops of glue.h), the matmuls and attention through a 4-bit
+ * kernel (linear_q4.c's, linear_i16in.c's under `q4-i16in` or
+ * linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`: one signature)
  * and the decode-attention kernel (paged_decode_attention.c),
  * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
  *
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
+#include "glue.h"
 
 typedef int (*linear_fn)(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N,
                          int64_t K, int nthreads);
@@ -72,65 +74,9 @@ typedef struct {
 
 enum { BAD_GEOMETRY = -1, BAD_SLOT = -2, BAD_POSITION = -3, NO_MEMORY = -4, LINEAR_REFUSED = -5 };
 
-#define LANES 16
 #define MAX_KV_ROW 2048  /* KV heads x head_dim of one row: the k_rot buffer below */
 
 int max_kv_row(void) { return MAX_KV_ROW; }
-
-/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row. */
-static void rms_norm(const float *x, const float *w, float *y, int64_t T, int64_t D, float eps) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *xr = x + t * D;
-        float acc[LANES] = {0};
-        int64_t d = 0;
-        for (; d + LANES <= D; d += LANES)
-            for (int l = 0; l < LANES; l++) acc[l] += xr[d + l] * xr[d + l];
-        for (; d < D; d++) acc[d % LANES] += xr[d] * xr[d];
-        float sum = 0;
-        for (int l = 0; l < LANES; l++) sum += acc[l];
-        float r = 1.0f / sqrtf(sum / (float)D + eps);
-        for (d = 0; d < D; d++) y[t * D + d] = xr[d] * r * w[d];
-    }
-}
-
-/* exp(x) for x <= 0, as the decode-attention kernel computes it (its file
- * says why: branch-free, so that it vectorises; relative error < 2e-7). */
-static inline float exp_neg(float x) {
-    const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f, shifter = 12582912.0f;
-    float under = x < -87.0f ? 0.0f : 1.0f;
-    x = x < -87.0f ? -87.0f : x;
-    float n = (x * log2e + shifter) - shifter;
-    float r = x - n * ln2;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    union { float f; int32_t i; } scale2 = { .i = ((int32_t)n + 127) << 23 };
-    return p * scale2.f * under;
-}
-
-/* act[t, i] = silu(gate) * up, gate_up [T, 2 I] holding gate then up. */
-static void silu_mul(const float *gate_up, float *act, int64_t T, int64_t I) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gate_up + t * 2 * I, *u = g + I;
-        float *a = act + t * I;
-        for (int64_t i = 0; i < I; i++) {
-            float x = g[i];
-            float e = exp_neg(x != x ? 0.0f : -fabsf(x));  /* exp(-|x|): no overflow; NaN kept out of the cast */
-            float sigmoid = x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
-            if (x != x) sigmoid = x;      /* NaN stays NaN */
-            a[i] = x * sigmoid * u[i];
-        }
-    }
-}
-
-/* out = x * cos + rotate_half(x) * sin for `heads` heads of one row. */
-static void rope(const float *x, float *out, int64_t heads, int64_t hd, const float *cos, const float *sin) {
-    int64_t half = hd / 2;
-    for (int64_t h = 0; h < heads; h++) {
-        const float *xh = x + h * hd;
-        float *oh = out + h * hd;
-        for (int64_t d = 0; d < half; d++) oh[d] = xh[d] * cos[d] + (-xh[d + half]) * sin[d];
-        for (int64_t d = half; d < hd; d++) oh[d] = xh[d] * cos[d] + xh[d - half] * sin[d];
-    }
-}
 
 /* One row's K (already rotated) and V into its pool slot. */
 static void store_kv(const Model *m, const Layer *layer, int64_t page, int64_t off, const float *k, const float *v) {
@@ -184,7 +130,7 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
 
     for (int64_t l = 0; l < m->num_layers && rc == 0; l++) {
         const Layer *layer = &m->layers[l];
-        rms_norm(x, layer->input_norm, h, T, D, m->eps);
+        for (int64_t t = 0; t < T; t++) rms_norm_row(x + t * D, layer->input_norm, h + t * D, D, m->eps);
         if (m->linear(h, layer->qkv.qs, layer->qkv.dm, qkv, T, qkvd, D, nthreads)) { rc = LINEAR_REFUSED; break; }
         for (int64_t t = 0; t < T; t++) {
             float *row = qkv + t * qkvd;
@@ -205,12 +151,12 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
         }
         if (m->linear(attn, layer->o.qs, layer->o.dm, proj, T, D, qd, nthreads)) { rc = LINEAR_REFUSED; break; }
         for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
-        rms_norm(x, layer->post_norm, h, T, D, m->eps);
+        for (int64_t t = 0; t < T; t++) rms_norm_row(x + t * D, layer->post_norm, h + t * D, D, m->eps);
         if (m->linear(h, layer->gate_up.qs, layer->gate_up.dm, gate_up, T, 2 * I, D, nthreads)) {
             rc = LINEAR_REFUSED;
             break;
         }
-        silu_mul(gate_up, act, T, I);
+        for (int64_t t = 0; t < T; t++) silu_mul_row(gate_up + t * 2 * I, act + t * I, I);
         if (m->linear(act, layer->down.qs, layer->down.dm, proj, T, D, I, nthreads)) { rc = LINEAR_REFUSED; break; }
         for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
     }
