@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 KEY = b"bulkhead-simulated-cluster-key!!"
 WORKERS = ("prefill-0", "prefill-1", "decode-0", "decode-1")
-TICK_S = 0.05  # the links tick every 10 ms (zmq_links.TICK_S); every deadline here is 50 ms or longer
+TICK_S = 0.05  # as the links tick (zmq_links.TICK_S); every deadline here is 50 ms or longer
 STEP_S = (0.001, 0.004)  # one engine step
 TRANSFER_START_S = (0.0005, 0.005)  # the transfer thread picking the job up
 
