@@ -82,8 +82,9 @@ int block_outputs(void) { return NB; }
 int linear_bf16w(const float *x, const uint16_t *wp, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (N % NB || M < 1 || K < 1) return -1;
     int64_t blocks = N / NB;
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads > 0 ? nthreads : 1)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t m = 0; m < M; m += RMAX) {

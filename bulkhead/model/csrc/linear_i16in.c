@@ -249,8 +249,9 @@ int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y
     int16_t *xi;
     float *sc, *s;
     if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < M; r += RMAX) {
@@ -280,8 +281,9 @@ int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, 
     int16_t *xi;
     float *sc, *s;
     if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < M; r += RMAX) {

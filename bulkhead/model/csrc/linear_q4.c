@@ -90,8 +90,9 @@ int linear_q4(const float *x, const uint8_t *qs, const float *dm, float *y, int6
               int nthreads) {
     if (N % NB || K % G || M < 1 || K < 1) return -1;
     int64_t blocks = N / NB;
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads > 0 ? nthreads : 1)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < M; r += RMAX) {

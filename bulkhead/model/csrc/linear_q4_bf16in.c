@@ -236,8 +236,9 @@ int linear_q4_nibbles_bf16in(const float *x, const uint8_t *qs, const float *dm,
         return -1;
     }
     round_rows(x, xb, s, M, K, threads);
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < M; r += NMAX) {
@@ -264,8 +265,9 @@ int linear_q4_bf16in(const float *x, const uint16_t *qb, const float *dm, uint16
     int64_t groups = K / G, blocks = N / NB;
     int threads = nthreads > 0 ? nthreads : 1;
     round_rows(x, xb, s, M, K, threads);
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
 #endif
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < M; r += RMAX) {

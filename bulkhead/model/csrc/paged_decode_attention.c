@@ -78,6 +78,7 @@ typedef struct {
     int64_t num_pool_pages, table_len, pool_page_stride;
     int B, H, KVH, hd, page_size, threads;
     float scale;
+    int64_t next_item;  /* the next (request, KV head) item to take: the threads share it (run_share) */
 } Args;
 
 /* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), a degree-6
@@ -294,15 +295,20 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
 }
 
 /* Computes items t, t + nthreads, ... of one call; returns 0, or 1 when out of memory. */
-static int run_share(const Args *a, int t, int nthreads) {
+/* One thread's share of the items: each takes the next untaken item until
+ * none is left, so a thread taken off its core (another process's thread
+ * woke on this 2-core machine) leaves its items to the others instead of
+ * keeping them waiting at the end. Which thread computes an item never
+ * changes its numbers. */
+static int run_share(Args *a) {
     int64_t longest = 0;
     for (int b = 0; b < a->B; b++) longest = a->kv_len[b] > longest ? a->kv_len[b] : longest;
     int G = a->H / a->KVH;
     float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (longest + 1)));
     if (scores == NULL) return 1;
-    int items = a->B * a->KVH;
-    for (int item = t; item < items; item += nthreads)
-        one_item(a, item / a->KVH, item % a->KVH, scores);
+    int64_t items = (int64_t)a->B * a->KVH;
+    for (int64_t item; (item = __atomic_fetch_add(&a->next_item, 1, __ATOMIC_RELAXED)) < items;)
+        one_item(a, (int)(item / a->KVH), (int)(item % a->KVH), scores);
     free(scores);
     return 0;
 }
@@ -333,7 +339,7 @@ static void *helper(void *arg) {
         Args *a = current;
         if (t >= a->threads) continue;  /* not needed for this call */
         pthread_mutex_unlock(&pool_lock);
-        int failed = run_share(a, t, a->threads);
+        int failed = run_share(a);
         pthread_mutex_lock(&pool_lock);
         failures += failed;
         if (--pending == 0) pthread_cond_signal(&work_done);
@@ -374,7 +380,7 @@ int64_t paged_decode_attention(const float *q, const kv_t *k_pool, const kv_t *v
     }
     Args a = {q, k_pool, v_pool, pages, page_offset, kv_len, out, num_pool_pages, table_len, pool_page_stride,
               B, H, KVH, hd, page_size,
-              threads < 1 ? 1 : threads, scale};
+              threads < 1 ? 1 : threads, scale, 0};
     for (int b = 0; b < B; b++) {
         if (!check_pages(&a, b)) return (int64_t)b + 1;
     }
@@ -388,9 +394,9 @@ int64_t paged_decode_attention(const float *q, const kv_t *k_pool, const kv_t *v
     int failed = 0;
     if (a.threads > 1) {
 #pragma omp parallel num_threads(a.threads) reduction(|:failed)
-        failed |= run_share(&a, omp_get_thread_num(), omp_get_num_threads());
+        failed |= run_share(&a);
     } else {
-        failed = run_share(&a, 0, 1);
+        failed = run_share(&a);
     }
     return failed ? -1 : 0;
 #else
@@ -407,7 +413,7 @@ int64_t paged_decode_attention(const float *q, const kv_t *k_pool, const kv_t *v
         pthread_cond_broadcast(&work_ready);
         pthread_mutex_unlock(&pool_lock);
     }
-    failed |= run_share(&a, 0, a.threads);
+    failed |= run_share(&a);
     if (a.threads > 1) {
         pthread_mutex_lock(&pool_lock);
         while (pending > 0) pthread_cond_wait(&work_done, &pool_lock);
