@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # pages are reused anyway. Longer than any transfer's own timeout, so a
 # writer that never acked has given up writing by then (the fence).
 DRAIN_LEASE_S = 30.0
+# A grant that waits for pages is retried this often, at a tick (ticks come
+# every zmq_links.TICK_S): the pool frees pages per engine step, not per tick.
+GRANT_RETRY_S = 0.05
 
 
 @dataclass
@@ -314,7 +317,7 @@ class DecodeWorker(WorkerBase):
     def on_tick(self) -> None:
         super().on_tick()
         now = self.clock()
-        if self.pending and now - self._last_grant_try > 0.05:  # the pool frees pages per step, not per tick
+        if self.pending and now - self._last_grant_try >= GRANT_RETRY_S:
             self._last_grant_try = now
             self._grant_pending()
         with self.lock:

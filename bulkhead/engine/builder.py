@@ -164,7 +164,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                      cfg.page_size)
     prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
     model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue, prompt_attention,
-                       prefill_glue.choose(cfg.prefill_glue, kernel))
+                       prefill_glue.choose(cfg.prefill_glue, kernel, dtype))
     del weights  # the laid-out copies replace them
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)

@@ -10,7 +10,7 @@ matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
 4-bit grid (`--linear-kernel q4`, `q4-bf16in`, `q4-i16in` (the bundled
-model's default) or `q4-bf16in-all`) and decode
+model's default on a CPU with AVX-512 VNNI and BF16) or `q4-bf16in-all`) and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the
 torch path's up to the order of two sums (the C file says which). Batch
@@ -115,6 +115,8 @@ class DecodeLayers:
             return "the linear layers do not run the q4 kernel"
         if len({lin.decode_inputs for lin in linears}) > 1:  # the C layers call one kernel for every matmul
             return "the linear layers mix decode kernels (fp32, bf16 or 16-bit integer inputs)"
+        if linears[0].decode_fn() is None:
+            return f"the {linears[0].decode_inputs}-input 4-bit decode kernel cannot be loaded here"
         if load() is None:
             return "the C file could not be built here (see the log)"
         return None

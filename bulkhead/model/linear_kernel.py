@@ -15,7 +15,7 @@
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model), `bf16w`
 (bf16 weights, fp32 inputs, sums and logits: bulkhead.model.head_kernel) or,
-under `q4-i16in` for an lm_head that is exactly 8-bit (a GGUF Q8_0 tensor,
+instead of bf16w under `q4-i16in` for an lm_head that is exactly 8-bit (a GGUF Q8_0 tensor,
 as the bundled SmolLM2's tied embedding is), `q8-i16in` (those weights
 rebuilt exactly, inputs as 16-bit integers per group, fp32 logits:
 bulkhead.model.i16in_kernel).
@@ -215,27 +215,32 @@ class Q4Linear(Linear):
     inputs (bulkhead.model.i16in_kernel); other rows through `prefill` (a
     layer over the same weight)."""
 
-    _RUN = {"fp32": q4_kernel.linear_q4, "bf16": q4_bf16in_kernel.linear_q4_nibbles,
-            "i16": i16in_kernel.linear_q4_i16in}
+    # decode_inputs -> (the module that loads the C library, its function with linear_q4's signature)
+    _KERNEL = {"fp32": (q4_kernel, "linear_q4"), "bf16": (q4_bf16in_kernel, "linear_q4_nibbles_bf16in"),
+               "i16": (i16in_kernel, "linear_q4_i16in")}
 
     def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, decode_inputs: str = "fp32"):
-        if decode_inputs not in self._RUN:
-            raise ValueError(f"decode inputs must be one of {tuple(self._RUN)}, not {decode_inputs!r}")
+        if decode_inputs not in self._KERNEL:
+            raise ValueError(f"decode inputs must be one of {tuple(self._KERNEL)}, not {decode_inputs!r}")
         self.packed = packed
         self.prefill = prefill
         self.decode_inputs = decode_inputs
         self.out_features, self.in_features = prefill.out_features, prefill.in_features
 
     def decode_fn(self):
-        """The C function decode rows run (linear_q4's signature), for the C decode layers."""
-        return {"fp32": lambda: q4_kernel.load().linear_q4,
-                "bf16": lambda: q4_bf16in_kernel.load().linear_q4_nibbles_bf16in,
-                "i16": lambda: i16in_kernel.load().linear_q4_i16in}[self.decode_inputs]()
+        """The C function decode rows run (linear_q4's signature; the C decode
+        layers call it too), or None where its library cannot be loaded here."""
+        module, name = self._KERNEL[self.decode_inputs]
+        lib = module.load()
+        return None if lib is None else getattr(lib, name)
 
     def __call__(self, x, b=None, decode=False):
         if not decode:
             return self.prefill(x, b)
-        y = self._RUN[self.decode_inputs](x.float(), self.packed)
+        fn = self.decode_fn()
+        if fn is None:
+            raise RuntimeError(f"the {self.decode_inputs}-input 4-bit decode kernel is not available here")
+        y = q4_kernel.call_packed(fn, x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
 

@@ -50,29 +50,40 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def choose(choice: str, linear_kernel: str) -> str:
-    """Resolve "auto": "c" where it builds and the linear kernel is a
-    reduced-precision one (linear_kernel.REDUCED), "torch" beside the exact
-    kernels (aten, onednn), which keep the exact model's own ops; refuse "c"
-    where it cannot run."""
+def choose(choice: str, linear_kernel: str, dtype: torch.dtype = torch.float32) -> str:
+    """Resolve "auto": "c" where it builds, the model is float32 and the
+    linear kernel is a reduced-precision one (linear_kernel.REDUCED),
+    "torch" beside the exact kernels (aten, onednn), which keep the exact
+    model's own ops; refuse "c" where it cannot run."""
     if choice not in CHOICES:
         raise ValueError(f"prefill glue must be one of {CHOICES}, not {choice!r}")
-    if choice == "c" and load() is None:
-        raise RuntimeError("--prefill-glue c: its C file cannot be built here (no compiler, or torch not on libgomp)")
+    if choice == "c" and (load() is None or dtype != torch.float32):
+        raise RuntimeError("--prefill-glue c: its C file cannot be built here (no compiler, or torch not on "
+                           f"libgomp), or the model is {dtype}, not float32")
     if choice == "auto":
-        return "c" if load() is not None and linear_kernel in REDUCED else "torch"
+        return "c" if load() is not None and dtype == torch.float32 and linear_kernel in REDUCED else "torch"
     return choice
 
 
-def _check(*tensors: torch.Tensor) -> None:
+def _check(*tensors: torch.Tensor, dims: tuple[int, ...] = ()) -> None:
+    """Every tensor contiguous float32; the first len(dims) with those numbers of dimensions."""
     for t in tensors:
         if t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"the C prompt glue takes contiguous float32 tensors, not {t.dtype} {tuple(t.shape)}")
+    for t, n in zip(tensors, dims):
+        if t.dim() != n:
+            raise ValueError(f"the C prompt glue wants a {n}-D tensor here, not {tuple(t.shape)}")
+
+
+def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"norm weight {tuple(weight.shape)} does not match rows of {x.shape[1]}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(x) * weight, x [T, D]."""
-    _check(x, weight)
+    _check(x, weight, dims=(2, 1))
+    _check_weight(x, weight)
     h = torch.empty_like(x)
     load().rms_norm_rows(x.data_ptr(), weight.data_ptr(), h.data_ptr(), x.shape[0], x.shape[1], eps,
                          torch.get_num_threads())
@@ -81,7 +92,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x += delta in place (the residual), then rms_norm(x) * weight."""
-    _check(x, delta, weight)
+    _check(x, delta, weight, dims=(2, 2, 1))
+    _check_weight(x, weight)
     if delta.shape != x.shape:
         raise ValueError(f"residual {tuple(delta.shape)} does not match {tuple(x.shape)}")
     h = torch.empty_like(x)
@@ -92,8 +104,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2 I] holding gate then up: [T, I]."""
-    _check(gate_up)
+    _check(gate_up, dims=(2,))
     t, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} must hold gate and up, two halves")
     act = torch.empty(t, two_i // 2)
     load().silu_mul_rows(gate_up.data_ptr(), act.data_ptr(), t, two_i // 2, torch.get_num_threads())
     return act
@@ -104,9 +118,13 @@ def rope(qkv: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, 
     """Rotary of the first heads * head_dim columns of each row of qkv [T,
     C] at positions [T]: [T, heads, head_dim]. A position outside the tables
     is a ValueError, raised before anything is written."""
-    _check(qkv, cos, sin)
+    _check(qkv, cos, sin, dims=(2, 2, 2))
     positions = positions.to(torch.int64).contiguous()
     t = qkv.shape[0]
+    if heads * head_dim > qkv.shape[1] or head_dim % 2 or cos.shape != sin.shape or cos.shape[1] != head_dim \
+            or positions.shape != (t,):
+        raise ValueError(f"rotary of {heads} x {head_dim} over qkv {tuple(qkv.shape)}, tables {tuple(cos.shape)} / "
+                         f"{tuple(sin.shape)}, positions {tuple(positions.shape)}: shapes that do not fit")
     qk = torch.empty(t, heads, head_dim)
     if load().rope_rows(qkv.data_ptr(), qkv.shape[1], qk.data_ptr(), t, heads, head_dim, positions.data_ptr(),
                         cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()):

@@ -87,13 +87,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "SmolLM2) on a CPU with AVX-512 BF16 and VNNI: "
                         f"{linear_kernel.MATMUL_PRECISION['q4-i16in']}; with BF16 alone q4-bf16in: "
                         f"{linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
-                        f"without either q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
+                        f"without AVX-512 BF16 q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
                         "int4 for "
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
                         f"{linear_kernel.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
                         f"{linear_kernel.MATMUL_PRECISION['q4-bf16in-all']}. "
-                        "With q4, q4-bf16in(-all), q4-i16in, int4 or onednn-bf16 the lm_head takes "
+                        f"Under q4-i16in an lm_head exactly on an 8-bit grid (the bundled one) takes "
+                        f"{linear_kernel.HEAD_PRECISION['q8-i16in']}; otherwise with q4, q4-bf16in(-all), q4-i16in, "
+                        "int4 or onednn-bf16 the lm_head takes "
                         f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
                         "(docs/performance.md)")
     p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",

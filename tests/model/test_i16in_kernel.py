@@ -74,16 +74,21 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
 
 
 @needs_i16in
-def test_zero_and_non_finite_groups():
+def test_zero_tiny_and_non_finite_groups():
     w = gguf_q4_1(32, 64)
-    x = torch.randn(5, 64)
+    x = torch.randn(6, 64)
     x[0] = 0  # no largest |x| to scale by: zeros, not a division by zero
     x[1, 5], x[2, 40], x[3, 33] = float("nan"), float("inf"), -float("inf")
     x[4, :32] = 0  # one zero group beside a live one
+    x[5, :32] = 1e-36  # 32767 / 1e-36 is inf in fp32: quantized to zeros, not 0 * inf
+    x[5, 3] = 0
     y = run(x, w)
     assert torch.equal(y[0], torch.zeros(32))
-    assert torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any() and not torch.isfinite(y[3]).any()
-    torch.testing.assert_close(y[4].double(), F.linear(x[4:].double(), w.double())[0], rtol=1e-3, atol=1e-3)
+    # A non-finite input makes its whole row NaN (its group's scale is NaN), and no other row's.
+    assert torch.isnan(y[1:4]).all() and torch.isfinite(y[torch.tensor([0, 4, 5])]).all()
+    for row in (4, 5):
+        torch.testing.assert_close(y[row].double(), F.linear(x[row:row + 1].double(), w.double())[0], rtol=1e-3,
+                                   atol=1e-3)
 
 
 @needs_i16in
@@ -177,6 +182,7 @@ def test_the_8_bit_kernels_rows_do_not_depend_on_their_batch_mates_and_non_finit
     finally:
         torch.set_num_threads(threads)
     x[1, 5], x[2, 40], x[3] = float("nan"), float("inf"), 0
+    x[0, :32] = 1e-36  # a group below the quantization's range: zeros, the row's other groups as they are
     y = run8(x[:4])
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
     assert torch.equal(y[3], torch.zeros(64))

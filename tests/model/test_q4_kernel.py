@@ -74,8 +74,9 @@ def test_decode_rows_take_the_4_bit_kernel_and_prompt_rows_onednn():
         prepare_one(torch.randn(64, 96), "q4")
 
 
-# What auto takes for a 4-bit grid model: q4's decode rows either way, its
-# prompts through bf16 inputs where this CPU has AVX-512 BF16.
+# What auto takes for a 4-bit grid model: prompts through bf16 inputs where
+# this CPU has AVX-512 BF16, and then decode rows through 16-bit integer
+# inputs where it has AVX-512 VNNI too; else q4 (fp32 prompts and decode rows).
 AUTO_Q4 = ("q4-i16in" if i16in_kernel.load() is not None else "q4-bf16in") if q4_bf16in_kernel.load() is not None \
     else "q4"
 

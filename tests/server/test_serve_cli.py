@@ -33,7 +33,7 @@ def test_flags_say_what_they_do_and_show_their_default(serve_help, flag, default
 def test_linear_kernel_help_says_what_server_info_says_about_bf16(serve_help):
     # Issue 16: the help said int4 ran prompts in bf16; /server_info and the README say prompts stay fp32.
     for words in (MATMUL_PRECISION["int4"], MATMUL_PRECISION["q4-bf16in"], MATMUL_PRECISION["q4-bf16in-all"],
-                  MATMUL_PRECISION["q4-i16in"], HEAD_PRECISION["bf16w"]):
+                  MATMUL_PRECISION["q4-i16in"], HEAD_PRECISION["bf16w"], HEAD_PRECISION["q8-i16in"]):
         assert " ".join(words.split()) in serve_help
     assert "bf16 for prompts" not in serve_help
 

@@ -14,17 +14,17 @@
 #include <math.h>
 #include <stdint.h>
 
-#define LANES 16
+#define GLUE_LANES 16  /* RMSNorm sums its squares in this many lanes, then adds them in order */
 
 /* y = x * (1 / sqrt(mean(x^2) + eps)) * w for one row of D. */
 static inline void rms_norm_row(const float *x, const float *w, float *y, int64_t D, float eps) {
-    float acc[LANES] = {0};
+    float acc[GLUE_LANES] = {0};
     int64_t d = 0;
-    for (; d + LANES <= D; d += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += x[d + l] * x[d + l];
-    for (; d < D; d++) acc[d % LANES] += x[d] * x[d];
+    for (; d + GLUE_LANES <= D; d += GLUE_LANES)
+        for (int l = 0; l < GLUE_LANES; l++) acc[l] += x[d + l] * x[d + l];
+    for (; d < D; d++) acc[d % GLUE_LANES] += x[d] * x[d];
     float sum = 0;
-    for (int l = 0; l < LANES; l++) sum += acc[l];
+    for (int l = 0; l < GLUE_LANES; l++) sum += acc[l];
     float r = 1.0f / sqrtf(sum / (float)D + eps);
     for (d = 0; d < D; d++) y[d] = x[d] * r * w[d];
 }

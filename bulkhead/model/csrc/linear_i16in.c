@@ -77,7 +77,7 @@ static __attribute__((unused)) void quantize_group(const float *x, int16_t *xi, 
     float amax = 0.0f, s = 0.0f;
     for (int k = 0; k < G; k++) {
         float a = fabsf(x[k]);
-        amax = a > amax ? a : amax;  /* a NaN is never > amax: caught by S below */
+        amax = a > amax ? a : amax;
         s += x[k];
     }
     *sum = s;
@@ -86,12 +86,12 @@ static __attribute__((unused)) void quantize_group(const float *x, int16_t *xi, 
         *scale = NAN;
         return;
     }
-    if (!(amax > 0.0f)) {  /* all zeros: no step to divide by */
+    float inv = I16MAX / amax;
+    if (!(amax > 0.0f) || !isfinite(inv)) {  /* all zeros, or below ~1e-34: no step to divide by; adds < 1e-33 */
         memset(xi, 0, sizeof(int16_t) * G);
         *scale = 0.0f;
         return;
     }
-    float inv = I16MAX / amax;
     for (int k = 0; k < G; k++) {
         float v = rintf(x[k] * inv);  /* |v| <= 32767: x[k] * inv rounds to at most 32767 (1 + 2^-22) */
         xi[k] = (int16_t)(v > I16MAX ? I16MAX : v < -I16MAX ? -I16MAX : v);
@@ -133,9 +133,9 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
                 __m512i w0 = _mm512_and_si512(pair, low);                                              \
                 __m512i w1 = _mm512_and_si512(_mm512_srli_epi32(pair, 4), low);                        \
                 for (int r = 0; r < R; r++) {                                                          \
-                    int32_t two;                                                                       \
-                    memcpy(&two, xi + r * K + 2 * p, 4);                                               \
-                    __m512i xv = _mm512_set1_epi32(two);                                               \
+                    int32_t input_pair;                                                                \
+                    memcpy(&input_pair, xi + r * K + 2 * p, 4);                                        \
+                    __m512i xv = _mm512_set1_epi32(input_pair);                                        \
                     t[r][0] = _mm512_dpwssd_epi32(t[r][0], xv, w0);                                    \
                     t[r][1] = _mm512_dpwssd_epi32(t[r][1], xv, w1);                                    \
                 }                                                                                      \
@@ -184,9 +184,9 @@ static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, 
                 __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b));             \
                 __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + NB)));      \
                 for (int r = 0; r < R; r++) {                                                         \
-                    int32_t two;                                                                      \
-                    memcpy(&two, xi + r * K + 2 * p, 4);                                              \
-                    __m512i xv = _mm512_set1_epi32(two);                                              \
+                    int32_t input_pair;                                                               \
+                    memcpy(&input_pair, xi + r * K + 2 * p, 4);                                       \
+                    __m512i xv = _mm512_set1_epi32(input_pair);                                       \
                     t[r][0] = _mm512_dpwssd_epi32(t[r][0], xv, w0);                                   \
                     t[r][1] = _mm512_dpwssd_epi32(t[r][1], xv, w1);                                   \
                 }                                                                                     \

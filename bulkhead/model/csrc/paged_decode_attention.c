@@ -15,9 +15,11 @@
  *
  * Threads: built with -fopenmp (decode_kernel.py does so where torch runs
  * on libgomp), the items run in the calling thread's OpenMP team, which is
- * torch's: its workers spin between torch's ops, so they start at once and
- * no other thread competes with them for the core. Without OpenMP, a pool
- * of pthreads of our own.
+ * torch's: its workers spin between torch's ops, so they start at once.
+ * The threads take items as they free up (run_share): another thread that
+ * wakes on this 2-core machine takes a core from one of them, and the other
+ * goes on with the remaining items. Without OpenMP, a pool of pthreads of
+ * our own.
  *
  * Fail closed: a page id outside the pool, or a page list longer than the
  * table, stops the call (returns the request's index + 1, and the caller
@@ -294,12 +296,11 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
     }
 }
 
-/* Computes items t, t + nthreads, ... of one call; returns 0, or 1 when out of memory. */
 /* One thread's share of the items: each takes the next untaken item until
  * none is left, so a thread taken off its core (another process's thread
  * woke on this 2-core machine) leaves its items to the others instead of
  * keeping them waiting at the end. Which thread computes an item never
- * changes its numbers. */
+ * changes its numbers. Returns 0, or 1 when out of memory. */
 static int run_share(Args *a) {
     int64_t longest = 0;
     for (int b = 0; b < a->B; b++) longest = a->kv_len[b] > longest ? a->kv_len[b] : longest;

@@ -4,7 +4,7 @@
  * shared with decode_layers.c).
  *
  * Why: a 512-row prompt pass spent about 70 ms of ~420 in these torch ops
- * (about 15 a layer, several passes over [512, 1536] each); one pass a op,
+ * (about 15 a layer, several passes over [512, 1536] each); one pass an op,
  * rows split between the threads, does the same arithmetic with less memory
  * traffic and no dispatch.
  *
