@@ -60,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import report, systems  # noqa: E402
+from bench import report, stopping, systems  # noqa: E402
 from bench.memory import PeakMemory  # noqa: E402
 from bench.workload import ID_HIGH, ID_LOW, Prompt, closed_loop, make_prompts, run_level, summarise  # noqa: E402
 
@@ -326,6 +326,7 @@ class Harness:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    stopping.exit_on_sigterm()  # a killed run stops the servers it started
     args.out.mkdir(parents=True, exist_ok=True)
     handicaps = [f for f in args.vllm_args.split() if f in VLLM_HANDICAPS]
     if handicaps and not args.emit_json and any(s.startswith("vllm") for s in args.systems):

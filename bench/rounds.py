@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import stopping  # noqa: E402
 from bench.peers import commit_label  # noqa: E402
 
 OWN_FLAGS = ("--systems", "--concurrency", "--out")  # set per round here, never passed through
@@ -115,6 +115,7 @@ def table(agg: dict, base: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    stopping.exit_on_sigterm()
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     top = args.out or ROOT / "bench" / "results" / f"rounds-{commit_label()}"
     rounds, failed = [], False
@@ -122,12 +123,14 @@ def main(argv=None) -> int:
         out = top / f"round{i + 1}"
         order = round_order(args.systems, i)
         print(f"round {i + 1} of {args.rounds}: {', '.join(order)}", flush=True)
-        done = subprocess.run([sys.executable, str(ROOT / "bench" / "peers.py"), "--systems", ",".join(order),
-                               "--concurrency", args.concurrency, "--out", str(out), *args.peers_args])
-        failed |= done.returncode != 0
+        # Stopped meanwhile, the round's bench/peers.py is asked to stop its servers (stopping.run_child).
+        returncode = stopping.run_child([sys.executable, str(ROOT / "bench" / "peers.py"), "--systems",
+                                         ",".join(order), "--concurrency", args.concurrency, "--out", str(out),
+                                         *args.peers_args])
+        failed |= returncode != 0
         found = sorted(out.glob("peers-*.json"), key=lambda p: p.stat().st_mtime)
         if not found:
-            print(f"round {i + 1}: bench/peers.py wrote no results (exit {done.returncode})", flush=True)
+            print(f"round {i + 1}: bench/peers.py wrote no results (exit {returncode})", flush=True)
             return 1
         rounds.append(json.loads(found[-1].read_text())["levels"])
     agg = aggregate(rounds, args.systems, concurrency)

@@ -53,22 +53,22 @@ def test_a_comparison_needs_two_systems_and_passes_other_flags_on():
 
 def test_main_runs_the_rounds_in_alternating_order_and_keeps_each_rounds_results(tmp_path, monkeypatch, capsys):
     import json
-    import subprocess
 
     from bench import rounds
 
     orders = []
 
-    def fake_peers(cmd, **kwargs):
+    def fake_peers(cmd):
         systems = cmd[cmd.index("--systems") + 1].split(",")
         out = tmp_path / "out" / cmd[cmd.index("--out") + 1].rsplit("/", 1)[-1]
         orders.append(systems)
         out.mkdir(parents=True)
         levels = {s: {"16": level(100.0 if s == "a" else 80.0)} for s in systems}
         (out / "peers-x.json").write_text(json.dumps({"levels": levels}))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(rounds.subprocess, "run", fake_peers)
+    monkeypatch.setattr(rounds.stopping, "run_child", fake_peers)
+    monkeypatch.setattr(rounds.stopping, "exit_on_sigterm", lambda: None)  # not this test process's handler
     assert rounds.main(["--systems", "a,b", "--rounds", "3", "--out", str(tmp_path / "out")]) == 0
     assert orders == [["a", "b"], ["b", "a"], ["a", "b"]]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["round1", "round2", "round3", "rounds.json"]
