@@ -65,7 +65,11 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
+        log = self.log()
+        # Stopped here: a fixture whose setup raises never reaches the teardown that
+        # would stop it, and a server left running keeps its KV pool in /dev/shm.
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout}s:\n{log}")
 
     def log(self) -> str:
         self._log.flush()
