@@ -33,6 +33,7 @@ import functools
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from bulkhead.model import c_linear, q4_kernel
 
@@ -63,11 +64,24 @@ def linear_q4_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) 
     return q4_kernel.call_packed(lib.linear_q4_i16in, x, packed)
 
 
+# q8_grid()'s answer per weight tensor, while it lives: the engine asks once
+# to choose the lm_head's kernel and again to pack it (0.27 s a pass over
+# SmolLM2's lm_head), as q4_kernel.grid caches its own.
+_Q8_GRIDS = WeakIdKeyDictionary()
+
+
 def q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """w [N, K] as (q int8 [N, K/G, G] in -127..127, d fp32 [N, K/G, 1]) with
     q * d == w bit for bit in fp32, d of fp16 precision (as GGUF's Q8_0
     stores it, so q * d is one exact product), or None if some group is not
-    on such a grid or the shape is not the kernel's."""
+    on such a grid or the shape is not the kernel's. Weights are not changed
+    after loading."""
+    if w not in _Q8_GRIDS:
+        _Q8_GRIDS[w] = _solve_q8_grid(w)
+    return _Q8_GRIDS[w]
+
+
+def _solve_q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     if w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % q4_kernel.BLOCK or w.shape[1] % q4_kernel.GROUP \
             or w.numel() == 0 or not bool(torch.isfinite(w).all()):
         return None

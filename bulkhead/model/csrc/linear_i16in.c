@@ -235,6 +235,42 @@ static __attribute__((unused)) int quantized_rows(const float *x, int64_t M, int
     return 0;
 }
 
+/* Both entry points: x's rows quantized once, then the blocks of NB outputs
+ * handed out as threads free up (bulkhead/model/c_linear.py says why), each
+ * block's rows RMAX at a time through the 4-bit or the 8-bit block function.
+ * q and scales are the entry point's weights and scales. */
+static int run(const float *x, const void *q, const float *scales, float *y, int64_t M, int64_t N, int64_t K,
+               int nthreads, int eight_bit) {
+#ifdef __AVX512VNNI__
+    if (N % NB || K % G || M < 1 || K < 1) return -1;
+    int64_t groups = K / G, blocks = N / NB;
+    int threads = nthreads > 0 ? nthreads : 1;
+    int16_t *xi;
+    float *sc, *s;
+    if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+#endif
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t r = 0; r < M; r += RMAX) {
+            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
+            if (eight_bit)
+                Q8_BLOCK[rows](xi + r * K, sc + r * groups, K, (const int8_t *)q + b * K * NB, scales + b * groups * NB,
+                               y + r * N + b * NB, N);
+            else
+                BLOCK[rows](xi + r * K, sc + r * groups, s + r * groups, K, (const uint8_t *)q + b * K * HALF,
+                            scales + b * groups * 2 * NB, y + r * N + b * NB, N);
+        }
+    free(xi);
+    free(sc);
+    free(s);
+    return 0;
+#else
+    (void)x; (void)q; (void)scales; (void)y; (void)M; (void)N; (void)K; (void)nthreads; (void)eight_bit;
+    return -1;
+#endif
+}
+
 /* x [M, K] fp32 contiguous; qs [N / NB][K][HALF], dm [N / NB][K / G][2][NB]
  * (q4_kernel.pack, as linear_q4 takes them); y [M, N] fp32 contiguous.
  * Scratch is its own (malloc's, small beside a matmul). Returns 0, or -1 for a
@@ -242,31 +278,7 @@ static __attribute__((unused)) int quantized_rows(const float *x, int64_t M, int
  * VNNI. */
 int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
-#ifdef __AVX512VNNI__
-    if (N % NB || K % G || M < 1 || K < 1) return -1;
-    int64_t groups = K / G, blocks = N / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    int16_t *xi;
-    float *sc, *s;
-    if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += RMAX) {
-            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
-            BLOCK[rows](xi + r * K, sc + r * groups, s + r * groups, K, qs + b * K * HALF, dm + b * groups * 2 * NB,
-                        y + r * N + b * NB, N);
-        }
-    free(xi);
-    free(sc);
-    free(s);
-    return 0;
-#else
-    (void)x; (void)qs; (void)dm; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
-    return -1;
-#endif
+    return run(x, qs, dm, y, M, N, K, nthreads, 0);
 }
 
 /* x [M, K] fp32 contiguous; qb [N / NB][K / 2][2][HALF][2] int8, d [N / NB][K / G][NB]
@@ -274,28 +286,5 @@ int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y
  * shape it does not take, no memory for the scratch, or a CPU without AVX-512 VNNI. */
 int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
-#ifdef __AVX512VNNI__
-    if (N % NB || K % G || M < 1 || K < 1) return -1;
-    int64_t groups = K / G, blocks = N / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    int16_t *xi;
-    float *sc, *s;
-    if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += RMAX) {
-            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
-            Q8_BLOCK[rows](xi + r * K, sc + r * groups, K, qb + b * K * NB, d + b * groups * NB, y + r * N + b * NB, N);
-        }
-    free(xi);
-    free(sc);
-    free(s);
-    return 0;
-#else
-    (void)x; (void)qb; (void)d; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
-    return -1;
-#endif
+    return run(x, qb, d, y, M, N, K, nthreads, 1);
 }
