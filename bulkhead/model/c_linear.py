@@ -1,11 +1,11 @@
 """What the blocked C linear kernels share (csrc/linear_bf16w.c for the
-lm_head, csrc/linear_q4.c for 4-bit decode rows, csrc/linear_q4_bf16in.c
-for prompt rows and, under `q4-bf16in-all`, decode rows, csrc/linear_i16in.c
-for decode rows under `q4-i16in`): how each is
-built and loaded to run in torch's OpenMP team (the prompt-attention kernel
-loads the same way), and how a call checks its input and shapes. The
-kernels differ in how they read a weight, and the prompt kernel also takes
-scratch buffers, passed after the weights.
+lm_head, csrc/linear_bf16in.c for prompt rows, csrc/linear_q4.c for 4-bit
+decode rows, csrc/linear_q4_bf16in.c for them under `q4-bf16in-all` and
+csrc/linear_i16in.c under `q4-i16in`): how each is built and loaded to run
+in torch's OpenMP team (the prompt-attention kernel loads the same way), and
+how a call checks its input and shapes. The kernels differ in how they read
+a weight, and the prompt kernel also takes a scratch buffer, passed after
+the weight.
 
 Each splits its outputs into blocks of 32 and hands the blocks out to the
 team's threads as they free up (OpenMP's dynamic schedule), not in two fixed

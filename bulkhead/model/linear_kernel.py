@@ -7,9 +7,9 @@
 | `onednn-bf16` | oneDNN, bf16 inputs and weights, fp32 accumulation | same | bf16 |
 | `int4` | as `onednn` | 4-bit weights, groups of 32 along the input, bf16 scale and zero per group; bf16 inputs | fp32 and int4 |
 | `q4` | as `onednn` | the 4-bit grid weights rebuilt exactly, fp32 inputs and sums (bulkhead.model.q4_kernel) | fp32 and 4-bit |
-| `q4-bf16in` | the 4-bit grid weights rebuilt exactly, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | as `q4` | 4-bit (and q in bf16) |
-| `q4-bf16in-all` | as `q4-bf16in` | the same product over the 4-bit nibbles: bf16 inputs, fp32 sums | 4-bit (and q in bf16) |
-| `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.i16in_kernel) | 4-bit (and q in bf16) |
+| `q4-bf16in` | the 4-bit grid weights rounded to bf16, bf16 inputs, fp32 sums (bulkhead.model.bf16in_kernel) | as `q4` | 4-bit and bf16 |
+| `q4-bf16in-all` | as `q4-bf16in` | the 4-bit grid weights rebuilt exactly from the nibbles, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | 4-bit and bf16 |
+| `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.i16in_kernel) | 4-bit and bf16 |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
@@ -30,10 +30,11 @@ from a 4-bit q and its group's scale and offset) on a CPU with AVX-512 BF16
 and VNNI, and `q4-bf16in` on one with AVX-512 BF16 alone. Its prompts are
 `q4-bf16in`'s:
 a third to a half of a 16-client run is prefill, bound by arithmetic, and
-bf16 dot products do twice fp32's multiply-adds. Only the prompt rows'
-inputs are rounded to bf16 (the 4-bit q is exact in bf16; sums, scales and
-outputs stay fp32); its measured distance from the exact model is in
-docs/performance.md "Quality". Beside it the engine runs prompts' attention
+bf16 dot products do twice fp32's multiply-adds. The prompt rows' inputs
+are rounded to bf16 and so are the weights, once at load (sums and outputs
+stay fp32); its measured distance from the exact model is in
+docs/performance.md "Quality". (The exact 4-bit weights, q in bf16 with each
+group's sum scaled in fp32, measured the same distance and ran 1.2x slower.) Beside it the engine runs prompts' attention
 on bf16 dot products too (bulkhead.model.prefill_attention). Without AVX-512
 BF16, or where its C kernel does not build, `auto` is `q4`, whose prompts
 are oneDNN fp32.
@@ -43,8 +44,9 @@ per instruction. `q4-i16in`'s decode rows quantize each group of 32 inputs
 to 16-bit integers (each within 2^-16 of the group's largest |x|) against
 the exact 4-bit q, so a group's products sum exactly in int32; its measured
 distance from the exact model is in docs/performance.md "Quality".
-`q4-bf16in-all` rounds decode rows' inputs to bf16 instead, at the same
-speed and about twenty times the error per matmul: opt-in, never `auto`.
+`q4-bf16in-all` rounds decode rows' inputs to bf16 instead (against the
+exact 4-bit weights), at the same speed and about twenty times the error per
+matmul: opt-in, never `auto`.
 `q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
 weights and each output to bf16) is opt-in, never `auto`: it answered the
 README's question in French (0.08 nats from a tie in fp32).
@@ -89,13 +91,13 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import head_kernel, i16in_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, q4_bf16in_kernel, q4_kernel
 
 log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
            "q4-bf16-prefill")
-# The kernels whose prompts round their inputs to bf16 (q4_bf16in_kernel), and
+# The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
 BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in")
@@ -110,10 +112,12 @@ HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
-                    "q4-bf16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows as q4",
-                    "q4-bf16in-all": "prompts and decode rows bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums",
-                    "q4-i16in": "prompts bf16 inputs, 4-bit weights rebuilt exactly, fp32 sums; decode rows "
-                                "inputs as 16-bit integers per group of 32, exact int32 sums, fp32 scales",
+                    "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums; "
+                                 "decode rows as q4",
+                    "q4-bf16in-all": "prompts as q4-bf16in; decode rows bf16 inputs, 4-bit weights rebuilt exactly, "
+                                     "fp32 sums",
+                    "q4-i16in": "prompts as q4-bf16in; decode rows inputs as 16-bit integers per group of 32, "
+                                "4-bit weights rebuilt exactly, exact int32 sums, fp32 scales",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums; decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
@@ -244,17 +248,16 @@ class Q4Linear(Linear):
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
-class Q4BF16InLinear(Linear):
-    """Prompt rows through the 4-bit grid weights with bf16 inputs and fp32
-    sums and outputs (bulkhead.model.q4_bf16in_kernel); `qb` its packed q,
-    `dm` the q4 decode kernel's scales and offsets, shared."""
+class BF16InLinear(Linear):
+    """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
+    outputs (bulkhead.model.bf16in_kernel); `wb` the packed weight."""
 
-    def __init__(self, qb: torch.Tensor, dm: torch.Tensor):
-        self.qb, self.dm = qb, dm
-        self.out_features, self.in_features = qb.shape[0] * q4_bf16in_kernel.BLOCK, qb.shape[1] * 2
+    def __init__(self, wb: torch.Tensor):
+        self.wb = wb
+        self.out_features, self.in_features = wb.shape[0] * bf16in_kernel.BLOCK, wb.shape[1] * 2
 
     def __call__(self, x, b=None, decode=False):
-        y = q4_bf16in_kernel.linear_q4_bf16in(x.float(), self.qb, self.dm)
+        y = bf16in_kernel.linear_bf16in(x.float(), self.wb)
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
@@ -312,11 +315,11 @@ def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
-    def bf16in_usable() -> bool:  # q4-bf16in(-all); oneDNN for an fp32 lm_head where bf16w cannot run
-        return dtype == torch.float32 and q4_bf16in_kernel.load() is not None and onednn_usable(dtype) \
+    def bf16in_usable() -> bool:  # bf16-input prompts; oneDNN for an fp32 lm_head where bf16w cannot run
+        return dtype == torch.float32 and bf16in_kernel.load() is not None and onednn_usable(dtype) \
             and q4_usable(weights)
 
-    if kernel == "q4-bf16in-all" and bf16in_usable():
+    if kernel == "q4-bf16in-all" and bf16in_usable() and q4_bf16in_kernel.load() is not None:
         return kernel
     if kernel in ("auto", "q4-i16in") and bf16in_usable() and i16in_kernel.load() is not None:
         log.info("linear weights lie exactly on a 4-bit grid: 16-bit-input decode kernel, bf16-input prompt kernel")
@@ -436,8 +439,8 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
         packed = q4_kernel.pack(w)
         if packed is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
-        if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read q in bf16
-            return Q4Linear(packed, Q4BF16InLinear(q4_bf16in_kernel.pack_q(w), packed[1]),
+        if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read it in bf16
+            return Q4Linear(packed, BF16InLinear(bf16in_kernel.pack(w)),
                             DECODE_INPUTS.get(kernel, "fp32"))
         return Q4Linear(packed, OneDNNLinear(w, w.dtype if kernel == "q4" else torch.bfloat16))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import i16in_kernel, q4_bf16in_kernel, q4_kernel
-from bulkhead.model.linear_kernel import Q4BF16InLinear, Q4Linear, Q8I16InLinear, choose, choose_head, prepare, \
+from bulkhead.model import bf16in_kernel, i16in_kernel, q4_kernel
+from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, Q8I16InLinear, choose, choose_head, prepare, \
     prepare_one
 from tests.model.grid_weights import gguf_q4_1, gguf_q8_0, one_layer_model
 
@@ -102,11 +102,11 @@ def test_shapes_it_does_not_take_are_refused():
 
 
 @needs_i16in
-@pytest.mark.skipif(q4_bf16in_kernel.load() is None, reason="no AVX-512 BF16 here")
+@pytest.mark.skipif(bf16in_kernel.load() is None, reason="no AVX-512 BF16 here")
 def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_q4_bf16ins():
     w = gguf_q4_1(64, 96)
     ours, bf16in = prepare_one(w, "q4-i16in"), prepare_one(w, "q4-bf16in")
-    assert isinstance(ours, Q4Linear) and isinstance(ours.prefill, Q4BF16InLinear) and ours.decode_inputs == "i16"
+    assert isinstance(ours, Q4Linear) and isinstance(ours.prefill, BF16InLinear) and ours.decode_inputs == "i16"
     x, b = torch.randn(9, 96), torch.randn(64)
     torch.testing.assert_close(ours(x, b, decode=True), run(x, w) + b, rtol=0, atol=0)
     assert torch.equal(ours(x, b, decode=False), bf16in(x, b, decode=False))
@@ -115,7 +115,7 @@ def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_q4_bf16ins():
 
 def test_without_vnni_auto_keeps_q4_bf16in_and_asking_for_it_is_an_error(monkeypatch):
     monkeypatch.setattr(i16in_kernel, "load", lambda: None)
-    if q4_bf16in_kernel.load() is not None and q4_kernel.load() is not None:
+    if bf16in_kernel.load() is not None and q4_kernel.load() is not None:
         assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"
     with pytest.raises(RuntimeError, match="q4-i16in: .*VNNI"):
         choose("q4-i16in", torch.float32, one_layer_model(gguf_q4_1))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import i16in_kernel, linear_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, i16in_kernel, linear_kernel, q4_kernel
 from bulkhead.model.linear_kernel import Q4Linear, choose, onednn_usable, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
@@ -77,7 +77,7 @@ def test_decode_rows_take_the_4_bit_kernel_and_prompt_rows_onednn():
 # What auto takes for a 4-bit grid model: prompts through bf16 inputs where
 # this CPU has AVX-512 BF16, and then decode rows through 16-bit integer
 # inputs where it has AVX-512 VNNI too; else q4 (fp32 prompts and decode rows).
-AUTO_Q4 = ("q4-i16in" if i16in_kernel.load() is not None else "q4-bf16in") if q4_bf16in_kernel.load() is not None \
+AUTO_Q4 = ("q4-i16in" if i16in_kernel.load() is not None else "q4-bf16in") if bf16in_kernel.load() is not None \
     else "q4"
 
 

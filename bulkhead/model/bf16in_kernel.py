@@ -1,0 +1,74 @@
+"""Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
+outputs (csrc/linear_bf16in.c), compiled and loaded as the decode kernel is
+(bulkhead.model.q4_kernel).
+
+Why: a prompt's pass is bound by arithmetic, and oneDNN's fp32 GEMM already
+runs at the two cores' fp32 peak; AVX-512 BF16's dot product does twice the
+multiply-adds per instruction. Each weight is rounded to bf16 once, at load,
+and each input once a call; every sum and every output stays fp32. oneDNN's
+bf16 GEMM also rounds its output to bf16: measured on the quality prompts
+(docs/performance.md "Quality") it lands further from the exact model and
+answered the README's question in French.
+
+The first form of this kernel kept the 4-bit weights exact (q in bf16, each
+group's sum scaled in fp32); rounding the weight instead frees the per-group
+scaling and runs 1.2-1.3x faster, at a distance from the exact model that
+measured the same (docs/performance.md, Figures of 2026-12-06 at stop 23).
+
+Where the CPU has no AVX-512 BF16 (the C file builds without it and says so
+in `available()`), `load()` is None and prompts stay on oneDNN fp32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import c_linear
+
+SOURCE = Path(__file__).parent / "csrc" / "linear_bf16in.c"
+BLOCK = 32  # the C file's NB: outputs per packed block; N must be a multiple of it
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None
+    where it cannot be built or this CPU has no AVX-512 BF16."""
+    lib = c_linear.load_for_isa_in_torch_team(
+        SOURCE, "the bf16-input prompt kernel: prompts stay fp32", "AVX-512 BF16")
+    if lib is None:
+        return None
+    lib.linear_bf16in.restype = ctypes.c_int
+    lib.linear_bf16in.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    assert lib.block_outputs() == BLOCK
+    return lib
+
+
+def fits(w: torch.Tensor) -> bool:
+    return w.dim() == 2 and w.shape[0] % BLOCK == 0 and w.shape[1] % 2 == 0 and w.numel() > 0
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] rounded to bf16 and laid out as the kernel reads it:
+    [N / BLOCK, K / 2, BLOCK, 2] (pairs along the input, one output per fp32 lane)."""
+    if not fits(w):
+        raise ValueError(f"the bf16-input prompt kernel takes [N, K] with N a multiple of {BLOCK} and K even, "
+                         f"not {tuple(w.shape)}")
+    n, k = w.shape
+    return w.to(torch.bfloat16).reshape(n // BLOCK, BLOCK, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32, wb = pack(w); x is rounded
+    to bf16 inside the call."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the bf16-input prompt kernel is not available")
+    blocks, pairs = wb.shape[:2]
+    k = 2 * pairs
+    rows = x.shape[0] if x.dim() == 2 else 0  # a wrong shape is refused by c_linear.call, below
+    scratch = torch.empty(rows, k, dtype=torch.bfloat16)  # x rounded to bf16, once for every block
+    return c_linear.call(lib.linear_bf16in, x, k, blocks * BLOCK, wb, scratch)

@@ -1,0 +1,128 @@
+/* y = x @ w.T for a prompt's rows: x rounded to bf16, w in bf16 (the 4-bit
+ * grid weight rounded once, at load), every product exact and every sum and
+ * the output fp32. The prompt kernel of `--linear-kernel q4-bf16in`,
+ * `q4-bf16in-all` and `q4-i16in` (bulkhead/model/bf16in_kernel.py).
+ *
+ * Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot
+ * product does twice the multiply-adds of an fp32 FMA. Its first form kept
+ * the weights exact (the 4-bit q in bf16, each group's sum scaled by its fp32
+ * scale and offset): that scaling took a multiply-add per output vector and
+ * group beside 16 dot products, and the group's partial sums held registers
+ * that a row of the tile now uses. With the weight itself in bf16 a row's sum
+ * runs over all of K in one register, and the kernel does 1.2-1.3x the
+ * multiply-adds a second (docs/performance.md). The output is never rounded
+ * to bf16 (oneDNN's bf16 GEMM does that); the distance from the exact model
+ * is measured in docs/performance.md "Quality".
+ *
+ * vdpbf16ps adds the products of a pair of bf16 inputs and weights into one
+ * fp32 lane (one output per lane); each product is exact (8 bits times 8).
+ * It treats bf16 denormals as zero (they are below 1e-38).
+ *
+ * Batch invariance by construction: every (row, output) is the same sequence
+ * of operations whichever rows share the call and whichever thread runs it.
+ * Threads split the outputs, never a sum. NaN and inf in x reach y.
+ *
+ * Packing (bf16in_kernel.pack): outputs in blocks of NB; for block b and
+ * input pair p, NB pairs of bf16 weights, (w[2p], w[2p + 1]) of output j at
+ * [j][0..1].
+ *
+ * Built with -march=native: without AVX-512 BF16 (__AVX512BF16__) every call
+ * returns -1 and `available()` says 0, and the Python side keeps the fp32
+ * prompt kernel.
+ */
+#include <stdint.h>
+#include <string.h>
+#include "bf16.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+#define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
+#define RMAX 6  /* rows per pass over a block: measured best of 6-14 (12 x 2 sums fit the registers, but ran slower) */
+
+int uses_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int available(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int block_outputs(void) { return NB; }
+
+#ifdef __AVX512BF16__
+/* Rows [0, R) against one block: xb [R][K] bf16, wb [K / 2][NB][2] bf16. */
+#define DEFINE_BLOCK(R)                                                                               \
+    static void block_##R(const uint16_t *restrict xb, int64_t K, const uint16_t *restrict wb,       \
+                          float *restrict y, int64_t ldy) {                                           \
+        __m512 acc[R][2];                                                                             \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                      \
+        for (int64_t p = 0; p < K / 2; p++) {                                                         \
+            const uint16_t *w = wb + p * 2 * NB;                                                      \
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + NB); \
+            for (int r = 0; r < R; r++) {                                                             \
+                int32_t pair;                                                                         \
+                memcpy(&pair, xb + r * K + 2 * p, 4);                                                 \
+                __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);                                      \
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);                                      \
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);                                      \
+            }                                                                                         \
+        }                                                                                             \
+        for (int r = 0; r < R; r++) {                                                                 \
+            _mm512_storeu_ps(y + r * ldy, acc[r][0]);                                                 \
+            _mm512_storeu_ps(y + r * ldy + 16, acc[r][1]);                                            \
+        }                                                                                             \
+    }
+
+DEFINE_BLOCK(1)
+DEFINE_BLOCK(2)
+DEFINE_BLOCK(3)
+DEFINE_BLOCK(4)
+DEFINE_BLOCK(5)
+DEFINE_BLOCK(6)
+
+typedef void (*block_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t);
+static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6};
+#endif
+
+/* x [M, K] fp32 contiguous; wb [N / NB][K / 2][NB][2] bf16; scratch xb [M, K]
+ * bf16 (x rounded once, not once per block); y [M, N] fp32 contiguous.
+ * Returns 0, or -1 for a shape it does not take (or a CPU without AVX-512 BF16). */
+int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, int64_t M, int64_t N, int64_t K,
+                  int nthreads) {
+#ifdef __AVX512BF16__
+    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
+    int64_t blocks = N / NB;
+    int threads = nthreads > 0 ? nthreads : 1;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(x[r * K + k]);
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+#endif
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t r = 0; r < M; r += RMAX) {
+            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
+            BLOCK[rows](xb + r * K, K, wb + b * K * NB, y + r * N + b * NB, N);
+        }
+    return 0;
+#else
+    (void)x; (void)wb; (void)xb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -1;
+#endif
+}

@@ -1,0 +1,116 @@
+"""The prompt kernel: bf16 weights and inputs, fp32 sums and outputs
+(bulkhead.model.bf16in_kernel)."""
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bulkhead.model import bf16in_kernel, q4_kernel
+from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, choose, prepare_one
+from tests.model.grid_weights import gguf_q4_1, one_layer_model
+
+needs_bf16in = pytest.mark.skipif(bf16in_kernel.load() is None,
+                                  reason="no AVX-512 BF16 here, or the kernel cannot be built")
+
+
+def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w))
+
+
+def both_rounded(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: x and w rounded to bf16, nothing else."""
+    return F.linear(x.bfloat16().double(), w.bfloat16().double()).float()
+
+
+@needs_bf16in
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 16, 17, 64])
+def test_it_rounds_inputs_and_weights_to_bf16_and_nothing_else(rows):
+    w = gguf_q4_1(96, 128)
+    x = torch.randn(rows, 128)
+    y = run(x, w)
+    assert y.dtype == torch.float32
+    # fp32 sums of exact products: within fp32 rounding of the answer with both operands rounded ...
+    torch.testing.assert_close(y, both_rounded(x, w), rtol=1e-5, atol=1e-5)
+    # ... which is neither the answer with only the inputs rounded (the weights are rounded too) ...
+    assert not torch.allclose(y, F.linear(x.bfloat16().double(), w.double()).float(), rtol=1e-5, atol=1e-5)
+    # ... nor the fp32 answer, but near it, and nearer than a bf16 output could be.
+    assert not torch.allclose(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
+    assert not torch.equal(y, y.bfloat16().float())
+
+
+@needs_bf16in
+def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
+    wb = bf16in_kernel.pack(gguf_q4_1(64, 96))
+    x = torch.randn(20, 96)
+    alone = torch.cat([bf16in_kernel.linear_bf16in(x[i : i + 1], wb) for i in range(20)])
+    for m in range(1, 21):
+        assert torch.equal(bf16in_kernel.linear_bf16in(x[:m], wb), alone[:m])
+    assert torch.equal(bf16in_kernel.linear_bf16in(x.roll(5, 0), wb), alone.roll(5, 0))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(bf16in_kernel.linear_bf16in(x, wb), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_on_a_cpu_with_avx512_bf16_it_is_built():
+    # Otherwise every needs_bf16in test would skip, and the default fall back to fp32 prompts unseen.
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "avx512_bf16" not in flags or q4_kernel.load() is None:
+        pytest.skip("no AVX-512 BF16 here, or no C build of the kernels at all")
+    assert bf16in_kernel.load() is not None
+
+
+@needs_bf16in
+def test_non_finite_input_reaches_the_output():
+    w = gguf_q4_1(32, 64)
+    x = torch.zeros(4, 64)
+    x[1, 5], x[2, 40] = float("nan"), float("inf")
+    # A NaN whose low mantissa bits alone are set rounds to inf unless the
+    # rounding keeps NaN apart; input 1 of each group has q = 15 for every
+    # output, so an inf there would give some outputs inf, not NaN.
+    x[3, 1] = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    y = run(x, w)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+    assert torch.isnan(y[3]).all()
+
+
+@needs_bf16in
+def test_shapes_it_does_not_take_are_refused():
+    w = gguf_q4_1(64, 96)
+    with pytest.raises(ValueError, match="float32"):
+        run(torch.randn(2, 64), w)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        bf16in_kernel.pack(torch.randn(48, 64))
+    with pytest.raises(ValueError, match="K even"):
+        bf16in_kernel.pack(torch.randn(64, 63))
+    # The C side's own check: outputs not a whole number of blocks.
+    x, wb, xb, y = torch.randn(2, 64), torch.zeros(48 * 64, dtype=torch.bfloat16), torch.empty(2, 64,
+                                                                                              dtype=torch.bfloat16), \
+        torch.empty(2, 48)
+    assert bf16in_kernel.load().linear_bf16in(*(ctypes.c_void_p(t.data_ptr()) for t in (x, wb, xb, y)), 2, 48, 64,
+                                              1) == -1
+
+
+@needs_bf16in
+def test_prompt_rows_take_it_and_decode_rows_stay_q4():
+    w = gguf_q4_1(64, 96)
+    fast, exact = prepare_one(w, "q4-bf16in"), prepare_one(w, "q4")
+    assert isinstance(fast, Q4Linear) and isinstance(fast.prefill, BF16InLinear)
+    x, b = torch.randn(9, 96), torch.randn(64)
+    assert torch.equal(fast(x, b, decode=True), exact(x, b, decode=True))
+    torch.testing.assert_close(fast(x, b, decode=False), both_rounded(x, w) + b, rtol=1e-5, atol=1e-5)
+
+
+def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_error(monkeypatch):
+    monkeypatch.setattr(bf16in_kernel, "load", lambda: None)
+    if q4_kernel.load() is not None:
+        assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4"
+    for kernel in ("q4-bf16in", "q4-bf16in-all", "q4-i16in"):
+        with pytest.raises(RuntimeError, match=f"{kernel}: .*AVX-512 BF16"):
+            choose(kernel, torch.float32, one_layer_model(gguf_q4_1))
