@@ -19,6 +19,19 @@ def test_a_q4_1_weight_is_rebuilt_bit_for_bit():
     assert torch.equal((q.float() * d + m).reshape(w.shape), w)
 
 
+def test_groups_of_different_scale_kinds_in_one_weight_are_each_rebuilt():
+    # Most groups take an fp16 scale (GGUF's), one takes an fp32 one (a
+    # mantissa of 16 bits: q * d stays exact in fp32): the scales are tried in
+    # turn, each on the groups no earlier one rebuilt (it once raised here).
+    w = gguf_q4_1(64, 96)
+    q = torch.randint(0, 16, (32,)).float()
+    q[0], q[1] = 0, 15
+    w[5, 32:64] = q * (0.125 * (1 + 2 ** -15)) - 0.25
+    q_, d, m = q4_kernel.grid(w)
+    assert torch.equal((q_.float() * d + m).reshape(w.shape), w)
+    assert float(d[5, 1]) == 0.125 * (1 + 2 ** -15) != float(d[5, 1].half())
+
+
 def test_weights_it_cannot_rebuild_exactly_are_refused():
     w = gguf_q4_1(64, 96)
     assert q4_kernel.grid(w + 1e-4 * torch.randn(w.shape)) is None  # off the grid
