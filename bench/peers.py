@@ -122,6 +122,14 @@ def commit_label() -> str:
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def run_in_fresh_netns(cmd: list[str], env: dict) -> int:
+    """Run cmd to its end in a new network namespace with only loopback up;
+    its exit status. A stop meanwhile reaches cmd itself (unshare and sh exec
+    it), which stops its servers (bench/stopping.py): vLLM's engine processes
+    outlived a run stopped while subprocess.run SIGKILLed this child."""
+    return stopping.run_child([*unshare_net(), "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd], env=env)
+
+
 def unshare_net() -> list[str]:
     """`unshare -n` as root; `unshare -rn` (a user namespace too) otherwise."""
     for cmd in (["unshare", "-n"], ["unshare", "-rn"]):
@@ -259,11 +267,9 @@ class Harness:
                    "--out", str(a.out), "--emit-json", str(out), *override]
             if a.prefill_4096:
                 cmd.append("--prefill-4096")  # the same context length as every other system
-            script = 'ip link set lo up && exec "$@"'
-            env = {**os.environ, IN_NETNS: "1"}
-            done = subprocess.run([*unshare_net(), "sh", "-c", script, "sh", *cmd], env=env)
+            status = run_in_fresh_netns(cmd, {**os.environ, IN_NETNS: "1"})
             if not out.exists():
-                raise RuntimeError(f"the run inside `unshare -n` produced no results (exit {done.returncode})")
+                raise RuntimeError(f"the run inside `unshare -n` produced no results (exit {status})")
             return json.loads(out.read_text())
 
     # -- the whole run -----------------------------------------------------------------

@@ -26,11 +26,11 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def run_child(cmd: list[str]) -> int:
+def run_child(cmd: list[str], env: dict | None = None) -> int:
     """Run cmd to its end and return its exit status. Stopped meanwhile (SIGTERM,
     SIGINT), this passes SIGTERM on and waits for the child to stop on its own
     (it stops its servers), instead of killing it outright."""
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, env=env)
     try:
         return child.wait()
     except BaseException:

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in for bench/peers.py: it holds a "server" (a file) that only its
@@ -36,6 +38,16 @@ PARENT = textwrap.dedent("""
     from bench import stopping
     stopping.exit_on_sigterm()
     stopping.run_child([sys.executable, sys.argv[1], sys.argv[2]])
+""")
+
+
+# A stand-in for bench/peers.py running its vLLM half in a network namespace.
+NETNS_PARENT = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from bench import peers, stopping
+    stopping.exit_on_sigterm()
+    peers.run_in_fresh_netns([sys.executable, sys.argv[1], sys.argv[2]], dict(os.environ))
 """)
 
 
@@ -69,3 +81,21 @@ def test_a_stopped_parent_passes_the_stop_to_its_child_run(tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
     assert wait_for(held, present=False)  # the child stopped its "server": subprocess.run would SIGKILL it
+
+
+def test_a_stopped_run_passes_the_stop_into_its_network_namespace(tmp_path):
+    from bench import peers
+
+    try:
+        peers.unshare_net()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    holder, parent = tmp_path / "holder.py", tmp_path / "parent.py"
+    holder.write_text(HOLDER.format(root=str(ROOT)))
+    parent.write_text(NETNS_PARENT.format(root=str(ROOT)))
+    held = tmp_path / "server"
+    proc = subprocess.Popen([sys.executable, str(parent), str(holder), str(held)])
+    assert wait_for(held, present=True)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert wait_for(held, present=False)  # vLLM's engine processes outlived such a stop under subprocess.run
