@@ -66,8 +66,8 @@ VARIANTS = {
     # The q4 rows above run a decode step's layers in one C call (the
     # default, bulkhead.model.decode_layers); this one through torch ops.
     "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
-    # Where the CPU has AVX-512 BF16: prompts' inputs rounded to bf16 against
-    # the exact 4-bit weights, fp32 sums (q4-bf16in), and their attention on
+    # Where the CPU has AVX-512 BF16: prompts' inputs and the 4-bit weights
+    # rounded to bf16, fp32 sums (q4-bf16in's prompt kernel), and their attention on
     # bf16 dot products (the default) or fp32 SDPA.
     "bf16-input prompts, fp32 prompt attention, q4 decode, bf16w lm_head, bf16 KV":
         ("q4-bf16in", "bf16w", "bfloat16", "auto", "torch"),

@@ -81,15 +81,15 @@ def _solve_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     todo = (hi != lo).squeeze(-1).nonzero().squeeze(-1)  # a constant group keeps d = 0, q = 0
     left = torch.arange(todo.numel())  # which of todo's groups no candidate has rebuilt yet
     for cands in _candidates(lo[todo], hi[todo]):
-        rows, cand = todo[left], cands[left]
-        g, m = groups[rows], lo[rows]
+        group_ids, cand = todo[left], cands[left]
+        g, m = groups[group_ids], lo[group_ids]
         cq = torch.round((g - m) / cand.clamp_min(torch.finfo(torch.float32).tiny)).clamp_(0, 15)
         # The kernel rebuilds a weight as fma(q, d, m): one rounding. So q * d
         # must be exact in fp32 (true of an fp16 d), and then q * d + m here,
         # two roundings of which the first is none, is the kernel's weight.
         exact_product = (cq.double() * cand.double()) == (cq * cand).double()
         exact = ((cq * cand + m) == g).all(-1) & exact_product.all(-1) & (cand.squeeze(-1) > 0)
-        d[rows[exact]], q[rows[exact]] = cand[exact], cq[exact]
+        d[group_ids[exact]], q[group_ids[exact]] = cand[exact], cq[exact]
         left = left[~exact]
         if left.numel() == 0:
             break

@@ -43,6 +43,16 @@ def test_it_rounds_inputs_and_weights_to_bf16_and_nothing_else(rows):
 
 
 @needs_bf16in
+@pytest.mark.parametrize("k", [2, 66, 2048])
+def test_any_even_number_of_inputs_is_taken(k):
+    # Not only whole groups of 32: the weight is bf16, no group scales; and a
+    # long row sums in one register over all of K.
+    w, x = torch.randn(64, k), torch.randn(7, k)
+    torch.testing.assert_close(bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w)), both_rounded(x, w),
+                               rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_bf16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
     wb = bf16in_kernel.pack(gguf_q4_1(64, 96))
     x = torch.randn(20, 96)
@@ -89,12 +99,15 @@ def test_shapes_it_does_not_take_are_refused():
         bf16in_kernel.pack(torch.randn(48, 64))
     with pytest.raises(ValueError, match="K even"):
         bf16in_kernel.pack(torch.randn(64, 63))
-    # The C side's own check: outputs not a whole number of blocks.
-    x, wb, xb, y = torch.randn(2, 64), torch.zeros(48 * 64, dtype=torch.bfloat16), torch.empty(2, 64,
-                                                                                              dtype=torch.bfloat16), \
-        torch.empty(2, 48)
-    assert bf16in_kernel.load().linear_bf16in(*(ctypes.c_void_p(t.data_ptr()) for t in (x, wb, xb, y)), 2, 48, 64,
-                                              1) == -1
+    # The C side's own checks: outputs not a whole number of blocks, an odd K, no rows.
+    lib = bf16in_kernel.load()
+    x, wb = torch.randn(2, 65), torch.zeros(64 * 65, dtype=torch.bfloat16)
+    xb, y = torch.empty(2, 65, dtype=torch.bfloat16), torch.empty(2, 64)
+    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (x, wb, xb, y)]
+    assert lib.linear_bf16in(*pointers, 2, 48, 64, 1) == -1
+    assert lib.linear_bf16in(*pointers, 2, 64, 65, 1) == -1
+    assert lib.linear_bf16in(*pointers, 0, 64, 64, 1) == -1
+    assert lib.linear_bf16in(*pointers, 2, 64, 64, 1) == 0
 
 
 @needs_bf16in

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import q4_bf16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import choose, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
-needs_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
+needs_q4_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
                                   reason="no AVX-512 BF16 here, or the kernel cannot be built")
 
 
@@ -25,7 +25,7 @@ def decode_rows_kernel(w):
     return lambda x: q4_bf16in_kernel.linear_q4_nibbles(x, packed)
 
 
-@needs_bf16in
+@needs_q4_bf16in
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 8, 9, 13, 16, 17, 64])
 def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
     w = gguf_q4_1(96, 128)
@@ -41,7 +41,7 @@ def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
     torch.testing.assert_close(y, F.linear(x, w), rtol=2e-2, atol=2e-2)
 
 
-@needs_bf16in
+@needs_q4_bf16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
     run_rows = decode_rows_kernel(gguf_q4_1(64, 96))
     x = torch.randn(20, 96)
@@ -58,7 +58,7 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
 
 
 def test_on_a_cpu_with_avx512_bf16_it_is_built():
-    # Otherwise every needs_bf16in test would skip unseen.
+    # Otherwise every needs_q4_bf16in test would skip unseen.
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     if "avx512_bf16" not in flags or q4_kernel.load() is None:
         pytest.skip("no AVX-512 BF16 here, or no C build of the 4-bit kernels at all")
@@ -73,7 +73,7 @@ def test_without_its_build_q4_bf16in_all_is_an_error_and_auto_does_not_need_it(m
         choose("q4-bf16in-all", torch.float32, one_layer_model(gguf_q4_1))
 
 
-@needs_bf16in
+@needs_q4_bf16in
 def test_the_decode_rows_kernel_passes_non_finite_input_and_refuses_shapes():
     w = gguf_q4_1(32, 64)
     x = torch.zeros(3, 64)
@@ -85,7 +85,8 @@ def test_the_decode_rows_kernel_passes_non_finite_input_and_refuses_shapes():
         q4_bf16in_kernel.linear_q4_nibbles(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_bf16in_kernel.BLOCK)))
 
 
-@needs_bf16in
+@needs_q4_bf16in
+@pytest.mark.skipif(bf16in_kernel.load() is None, reason="no prompt kernel here")
 def test_under_q4_bf16in_all_decode_rows_round_their_inputs_and_prompt_rows_are_q4_bf16ins():
     w = gguf_q4_1(64, 96)
     every, prompts_only = prepare_one(w, "q4-bf16in-all"), prepare_one(w, "q4-bf16in")

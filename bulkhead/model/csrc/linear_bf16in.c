@@ -6,17 +6,18 @@
  * Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot
  * product does twice the multiply-adds of an fp32 FMA. Its first form kept
  * the weights exact (the 4-bit q in bf16, each group's sum scaled by its fp32
- * scale and offset): that scaling took a multiply-add per output vector and
- * group beside 16 dot products, and the group's partial sums held registers
- * that a row of the tile now uses. With the weight itself in bf16 a row's sum
- * runs over all of K in one register, and the kernel does 1.2-1.3x the
- * multiply-adds a second (docs/performance.md). The output is never rounded
+ * scale and offset): that scaling took two multiply-adds per output vector and
+ * group beside 16 dot products, on the same pipes, and each row's group sums
+ * needed a pass of their own over x. With the weight itself in bf16 a row's
+ * sum runs over all of K in one register, and the kernel does 1.2-1.3x the
+ * multiply-adds a second (docs/performance.md, "Prompts on bf16 weights"). The output is never rounded
  * to bf16 (oneDNN's bf16 GEMM does that); the distance from the exact model
  * is measured in docs/performance.md "Quality".
  *
  * vdpbf16ps adds the products of a pair of bf16 inputs and weights into one
  * fp32 lane (one output per lane); each product is exact (8 bits times 8).
- * It treats bf16 denormals as zero (they are below 1e-38).
+ * It treats bf16 denormals as zero and flushes denormal sums to zero (they
+ * are below 1e-38).
  *
  * Batch invariance by construction: every (row, output) is the same sequence
  * of operations whichever rows share the call and whichever thread runs it.
@@ -41,7 +42,7 @@
 #endif
 
 #define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
-#define RMAX 6  /* rows per pass over a block: measured best of 6-14 (12 x 2 sums fit the registers, but ran slower) */
+#define RMAX 6  /* rows per pass over a block: measured best of 6-14 (up to 14 x 2 sums fit the registers, but ran slower) */
 
 int uses_openmp(void) {
 #ifdef _OPENMP
@@ -105,7 +106,7 @@ int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, in
     if (N % NB || K % 2 || M < 1 || K < 1) return -1;
     int64_t blocks = N / NB;
     int threads = nthreads > 0 ? nthreads : 1;
-    (void)threads;
+    (void)threads; /* unused where OpenMP is not built in */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads)
 #endif
