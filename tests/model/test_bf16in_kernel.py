@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from bulkhead.model import bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, choose, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
+from tests.model.row_checks import assert_rows_independent
 
 needs_bf16in = pytest.mark.skipif(bf16in_kernel.load() is None,
                                   reason="no AVX-512 BF16 here, or the kernel cannot be built")
@@ -55,17 +56,7 @@ def test_any_even_number_of_inputs_is_taken(k):
 @needs_bf16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
     wb = bf16in_kernel.pack(gguf_q4_1(64, 96))
-    x = torch.randn(20, 96)
-    alone = torch.cat([bf16in_kernel.linear_bf16in(x[i : i + 1], wb) for i in range(20)])
-    for m in range(1, 21):
-        assert torch.equal(bf16in_kernel.linear_bf16in(x[:m], wb), alone[:m])
-    assert torch.equal(bf16in_kernel.linear_bf16in(x.roll(5, 0), wb), alone.roll(5, 0))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(bf16in_kernel.linear_bf16in(x, wb), alone)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(lambda x: bf16in_kernel.linear_bf16in(x, wb), torch.randn(20, 96))
 
 
 def test_on_a_cpu_with_avx512_bf16_it_is_built():

@@ -13,6 +13,7 @@ from bulkhead.model import bf16in_kernel, i16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, Q8I16InLinear, choose, choose_head, prepare, \
     prepare_one
 from tests.model.grid_weights import gguf_q4_1, gguf_q8_0, one_layer_model
+from tests.model.row_checks import assert_rows_independent
 
 needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None or q4_kernel.load() is None,
                                  reason="no AVX-512 VNNI here, or the kernels cannot be built")
@@ -58,19 +59,8 @@ def test_it_quantizes_the_inputs_per_group_and_nothing_else(rows):
 
 @needs_i16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    w = gguf_q4_1(64, 96)
-    packed = q4_kernel.pack(w)
-    x = torch.randn(20, 96)
-    alone = torch.cat([i16in_kernel.linear_q4_i16in(x[i : i + 1], packed) for i in range(20)])
-    for m in range(1, 21):
-        assert torch.equal(i16in_kernel.linear_q4_i16in(x[:m], packed), alone[:m])
-    assert torch.equal(i16in_kernel.linear_q4_i16in(x.roll(5, 0), packed), alone.roll(5, 0))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(i16in_kernel.linear_q4_i16in(x, packed), alone)
-    finally:
-        torch.set_num_threads(threads)
+    packed = q4_kernel.pack(gguf_q4_1(64, 96))
+    assert_rows_independent(lambda x: i16in_kernel.linear_q4_i16in(x, packed), torch.randn(20, 96))
 
 
 @needs_i16in
@@ -172,15 +162,7 @@ def test_the_8_bit_kernels_rows_do_not_depend_on_their_batch_mates_and_non_finit
     packed = i16in_kernel.pack_q8(gguf_q8_0(64, 96))
     run8 = lambda x: i16in_kernel.linear_q8_i16in(x, packed)  # noqa: E731
     x = torch.randn(20, 96)
-    alone = torch.cat([run8(x[i : i + 1]) for i in range(20)])
-    for m in (1, 2, 7, 8, 9, 16, 20):
-        assert torch.equal(run8(x[:m]), alone[:m])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(run8(x), alone)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(run8, x)
     x[1, 5], x[2, 40], x[3] = float("nan"), float("inf"), 0
     x[0, :32] = 1e-36  # a group below the quantization's range: zeros, the row's other groups as they are
     y = run8(x[:4])

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from bulkhead.model import bf16in_kernel, q4_bf16in_kernel, q4_kernel
 from bulkhead.model.linear_kernel import choose, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
+from tests.model.row_checks import assert_rows_independent
 
 needs_q4_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
                                   reason="no AVX-512 BF16 here, or the kernel cannot be built")
@@ -43,18 +44,7 @@ def test_it_rounds_the_inputs_to_bf16_and_nothing_else(rows):
 
 @needs_q4_bf16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    run_rows = decode_rows_kernel(gguf_q4_1(64, 96))
-    x = torch.randn(20, 96)
-    alone = torch.cat([run_rows(x[i : i + 1]) for i in range(20)])
-    for m in range(1, 21):
-        assert torch.equal(run_rows(x[:m]), alone[:m])
-    assert torch.equal(run_rows(x.roll(5, 0)), alone.roll(5, 0))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(run_rows(x), alone)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(decode_rows_kernel(gguf_q4_1(64, 96)), torch.randn(20, 96))
 
 
 def test_on_a_cpu_with_avx512_bf16_it_is_built():
