@@ -115,10 +115,11 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
                     "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums "
                                  "and outputs; decode rows as q4",
-                    "q4-bf16in-all": "prompts as q4-bf16in; decode rows bf16 inputs, 4-bit weights rebuilt exactly, "
-                                     "fp32 sums",
-                    "q4-i16in": "prompts as q4-bf16in; decode rows inputs as 16-bit integers per group of 32, "
-                                "4-bit weights rebuilt exactly, exact int32 sums, fp32 scales",
+                    "q4-bf16in-all": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows bf16 "
+                                     "inputs, 4-bit weights rebuilt exactly, fp32 sums",
+                    "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
+                                "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
+                                "fp32 scales",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums, outputs rounded to bf16; "
                                        "decode rows as q4"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",

@@ -234,6 +234,9 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if workers and not _wait_for_workers(backend, workers):
         backend.stop()
         return 1
+    from bulkhead.disagg.worker_watch import WorkerWatch
+
+    watch = WorkerWatch(workers, args.transfer).start() if workers else None
     # uvicorn handles SIGTERM/SIGINT itself (stop accepting, let in-flight
     # requests finish) and afterwards raises the signal again into whatever
     # handler was there before; the default one would kill this process
@@ -244,6 +247,8 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if watch is not None:
+            watch.stop()  # the workers' exits below are the expected ones
         # Workers drain on SIGTERM: while the router still listens they are
         # told at once that nothing more is coming, and exit.
         for proc in workers:

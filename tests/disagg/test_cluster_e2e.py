@@ -1,5 +1,6 @@
 """End to end through router -> prefill -> KV transfer -> decode, real processes."""
 
+import glob
 import json
 import os
 import signal
@@ -222,9 +223,12 @@ def test_kill_9_of_a_decode_worker_mid_decode(cluster, alpha):
                             if w["name"].startswith("decode") and w["owned_pages"]]
 
                 wait_for(busy_decodes)
-                os.kill(pid_of(cluster, busy_decodes()[0]), signal.SIGKILL)
+                victim = pid_of(cluster, busy_decodes()[0])
+                assert glob.glob(f"/dev/shm/bulkhead-kv-{victim}-*")  # its pool, with its tenants' KV
+                os.kill(victim, signal.SIGKILL)
                 killed = True
     assert killed and "error" in events[-1] and events[-1]["error"]["code"] == "worker_lost"
+    wait_for(lambda: not glob.glob(f"/dev/shm/bulkhead-kv-{victim}-*"))  # swept by the router's worker watch
     r = alpha.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert r.choices[0].text  # the surviving pair serves
 
