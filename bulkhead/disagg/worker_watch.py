@@ -44,7 +44,9 @@ class WorkerWatch:
             exited = [p for p in self._workers if p.pid not in seen and p.poll() is not None]
             for proc in exited:
                 seen.add(proc.pid)
-                log.error("worker pid %d exited with status %s", proc.pid, proc.returncode)
+                # 0: it drained and left (an operator's drain); else it died.
+                (log.info if proc.returncode == 0 else log.error)("worker pid %d exited with status %s", proc.pid,
+                                                                  proc.returncode)
             if exited and self._transfer == "shm":
                 from bulkhead.disagg.transfer.shm import SHM_DIR, sweep_stale_files
 
