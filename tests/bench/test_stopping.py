@@ -72,16 +72,24 @@ def test_sigterm_runs_the_finally_that_stops_the_servers(tmp_path):
     assert not held.exists()  # the finally ran: without exit_on_sigterm the file stays
 
 
-def test_a_stopped_parent_passes_the_stop_to_its_child_run(tmp_path):
+def stop_parent_and_see_the_child_stop(tmp_path, parent_source: str) -> bool:
+    """Start parent_source (a stand-in for rounds.py or peers.py) running the
+    holder, wait for the holder's "server", SIGTERM the parent: it exits with
+    143, and the result says whether the holder then removed its "server"."""
     holder, parent = tmp_path / "holder.py", tmp_path / "parent.py"
     holder.write_text(HOLDER.format(root=str(ROOT)))
-    parent.write_text(PARENT.format(root=str(ROOT)))
+    parent.write_text(parent_source.format(root=str(ROOT)))
     held = tmp_path / "server"
     proc = subprocess.Popen([sys.executable, str(parent), str(holder), str(held)])
     assert wait_for(held, present=True)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-    assert wait_for(held, present=False)  # the child stopped its "server": subprocess.run would SIGKILL it
+    return wait_for(held, present=False)
+
+
+def test_a_stopped_parent_passes_the_stop_to_its_child_run(tmp_path):
+    # The child stopped its "server": subprocess.run would SIGKILL it.
+    assert stop_parent_and_see_the_child_stop(tmp_path, PARENT)
 
 
 def test_a_stopped_run_passes_the_stop_into_its_network_namespace(tmp_path):
@@ -93,12 +101,5 @@ def test_a_stopped_run_passes_the_stop_into_its_network_namespace(tmp_path):
         pytest.skip(str(e))
     if shutil.which("ip") is None:
         pytest.skip("no `ip` to bring up the namespace's loopback")
-    holder, parent = tmp_path / "holder.py", tmp_path / "parent.py"
-    holder.write_text(HOLDER.format(root=str(ROOT)))
-    parent.write_text(NETNS_PARENT.format(root=str(ROOT)))
-    held = tmp_path / "server"
-    proc = subprocess.Popen([sys.executable, str(parent), str(holder), str(held)])
-    assert wait_for(held, present=True)
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-    assert wait_for(held, present=False)  # vLLM's engine processes outlived such a stop under subprocess.run
+    # vLLM's engine processes outlived such a stop under subprocess.run.
+    assert stop_parent_and_see_the_child_stop(tmp_path, NETNS_PARENT)

@@ -39,6 +39,7 @@
 #endif
 #ifdef __AVX512BF16__
 #include <immintrin.h>
+#include "dot_bf16.h"
 #endif
 
 #define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
@@ -72,13 +73,7 @@ int block_outputs(void) { return NB; }
         for (int64_t p = 0; p < K / 2; p++) {                                                         \
             const uint16_t *w = wb + p * 2 * NB;                                                      \
             __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + NB); \
-            for (int r = 0; r < R; r++) {                                                             \
-                int32_t pair;                                                                         \
-                memcpy(&pair, xb + r * K + 2 * p, 4);                                                 \
-                __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);                                      \
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);                                      \
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);                                      \
-            }                                                                                         \
+            dot_pair(acc, R, xb, K, p, w0, w1);                                                       \
         }                                                                                             \
         for (int r = 0; r < R; r++) {                                                                 \
             _mm512_storeu_ps(y + r * ldy, acc[r][0]);                                                 \

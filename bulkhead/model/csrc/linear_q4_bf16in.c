@@ -30,6 +30,7 @@
 #endif
 #ifdef __AVX512BF16__
 #include <immintrin.h>
+#include "dot_bf16.h"
 #endif
 
 #define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
@@ -55,20 +56,6 @@ int block_outputs(void) { return NB; }
 int group_inputs(void) { return G; }
 
 #ifdef __AVX512BF16__
-/* t[r] += row r's inputs 2p and 2p + 1 (one bf16 pair) times the weight
- * pairs of outputs 0-15 (w0) and 16-31 (w1): the kernel's inner step.
- * Inlined into each block function, where R is a constant. */
-static inline __attribute__((always_inline)) void dot_pair(__m512 (*t)[2], int R, const uint16_t *xb, int64_t K,
-                                                           int64_t p, __m512bh w0, __m512bh w1) {
-    for (int r = 0; r < R; r++) {
-        int32_t pair;
-        memcpy(&pair, xb + r * K + 2 * p, 4);
-        __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-        t[r][0] = _mm512_dpbf16_ps(t[r][0], xv, w0);
-        t[r][1] = _mm512_dpbf16_ps(t[r][1], xv, w1);
-    }
-}
-
 /* Group g's scales d and offsets m of a block's NB outputs, as two vectors each. */
 static inline __attribute__((always_inline)) void load_scales(const float *dm, int64_t g, __m512 *d0, __m512 *d1,
                                                               __m512 *m0, __m512 *m1) {
