@@ -19,11 +19,13 @@ def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
-def wait_gone(path, timeout: float = 10.0) -> bool:
+def wait_swept(watch: WorkerWatch, timeout: float = 10.0) -> list[str]:
+    """watch.swept once it names a file: the watch unlinks a file before it
+    records it, so waiting for the file to go and then reading swept races."""
     deadline = time.monotonic() + timeout
-    while path.exists() and time.monotonic() < deadline:
+    while not watch.swept and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not path.exists()
+    return watch.swept
 
 
 def test_a_killed_workers_pool_file_goes_and_a_live_ones_stays(tmp_path):
@@ -34,8 +36,8 @@ def test_a_killed_workers_pool_file_goes_and_a_live_ones_stays(tmp_path):
         time.sleep(0.6)  # a poll with both alive removes nothing
         assert dead_file.exists() and alive_file.exists()
         dead.send_signal(signal.SIGKILL)
-        assert wait_gone(dead_file)  # without the watch it stays until the next start's sweep
-        assert watch.swept == [str(dead_file)] and alive_file.exists()
+        assert wait_swept(watch) == [str(dead_file)]  # without the watch it stays until the next start's sweep
+        assert not dead_file.exists() and alive_file.exists()
     finally:
         watch.stop()
         for p in (dead, alive):
