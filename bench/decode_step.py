@@ -4,6 +4,7 @@
     python bench/decode_step.py --requests 1 --profile  # torch.profiler's op table too
     python bench/decode_step.py --linear-kernel onednn,auto --reps 30   # A/B, interleaved
     python bench/decode_step.py --decode-glue c,torch --kv-dtype bfloat16,bfloat16   # the C layers vs torch ops
+    python bench/decode_step.py --requests 16 --processes 12   # one median per fresh process
 
 Builds the model and runner as the engine does (kernel choice, measured row
 multiple, guards on), fills each request's KV with random values instead of
@@ -11,12 +12,21 @@ running its prompt (a decode step's cost does not depend on the values), and
 times `ModelRunner.run` on decode plans. Variants named together run
 interleaved, rep by rep, in this one process: on a shared machine only such
 A/B figures mean anything. Prints the median and quartiles per variant.
+
+--processes N runs the same measurement in N fresh processes, one after
+another, and prints each one's medians: a cost that a process settles into
+at start-up and keeps (a buffer's placement, say) shows as runs that differ
+from each other while each is steady. That is how a 16-request step of
+60-73 ms in about one process in four, against 25-35 ms in the rest, was
+told from noise and traced to output buffers off a cache line
+(csrc/decode_layers.c).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,7 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the step in this thread's CPU time, not wall time: with --threads 1, what a step "
                          "costs without the time a busy machine keeps it waiting")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run the measurement in this many fresh processes, one after another, and print each "
+                         "one's medians")
     args = ap.parse_args(argv)
+    if args.processes > 1:
+        return fresh_processes(args.processes, argv if argv is not None else sys.argv[1:])
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.cpu_time else time.perf_counter
@@ -117,6 +132,32 @@ def main(argv=None) -> int:
                         runner.run(plan(pages, n, args.context))
                 print(f"\n== {v}, {n} requests, 5 steps")
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    return 0
+
+
+def without_processes(argv: list[str]) -> list[str]:
+    """argv less its --processes option (as `--processes N` or `--processes=N`)."""
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--processes":
+            skip = True
+        elif not a.startswith("--processes="):
+            rest.append(a)
+    return rest
+
+
+def fresh_processes(count: int, argv: list[str]) -> int:
+    """Run this script without --processes `count` times; print every run's median lines."""
+    rest = without_processes(argv)
+    for i in range(count):
+        run = subprocess.run([sys.executable, __file__, *rest], capture_output=True, text=True)
+        if run.returncode:
+            print(run.stdout + run.stderr, file=sys.stderr)
+            return run.returncode
+        medians = [line.strip() for line in run.stdout.splitlines() if "median" in line]
+        print(f"process {i + 1:>2}: " + " | ".join(medians), flush=True)
     return 0
 
 
