@@ -16,10 +16,8 @@ A/B figures mean anything. Prints the median and quartiles per variant.
 --processes N runs the same measurement in N fresh processes, one after
 another, and prints each one's medians: a cost that a process settles into
 at start-up and keeps (a buffer's placement, say) shows as runs that differ
-from each other while each is steady. That is how a 16-request step of
-60-73 ms in about one process in four, against 25-35 ms in the rest, was
-told from noise and traced to output buffers off a cache line
-(csrc/decode_layers.c).
+from each other while each is steady (docs/performance.md, "The slow spell
+was false sharing").
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ def plan(pages, n: int, context: int) -> StepPlan:
     return StepPlan(None, tuple(DecodeWork(f"r{i}", "t", context, 1000 + i, pages[i]) for i in range(n)), ())
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", default="1,16", help="comma list of decode batch sizes")
     ap.add_argument("--context", type=int, default=320, help="KV positions per request")
@@ -87,9 +85,16 @@ def main(argv=None) -> int:
                          "costs without the time a busy machine keeps it waiting")
     ap.add_argument("--processes", type=int, default=1,
                     help="run the measurement in this many fresh processes, one after another, and print each "
-                         "one's medians")
+                         "one's medians (not with --profile)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.processes > 1:
+        if args.profile:
+            ap.error("--profile prints one process's tables: run it without --processes")
         return fresh_processes(args.processes, argv if argv is not None else sys.argv[1:])
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -135,24 +140,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def without_processes(argv: list[str]) -> list[str]:
-    """argv less its --processes option (as `--processes N` or `--processes=N`)."""
-    rest, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--processes":
-            skip = True
-        elif not a.startswith("--processes="):
-            rest.append(a)
-    return rest
+def child_argv(argv: list[str]) -> list[str]:
+    """A child's arguments: the parent's, with --processes 1 last (argparse
+    keeps an option's last value, however the parent spelled or abbreviated
+    it), so that a child never starts children of its own."""
+    return [*argv, "--processes", "1"]
 
 
 def fresh_processes(count: int, argv: list[str]) -> int:
-    """Run this script without --processes `count` times; print every run's median lines."""
-    rest = without_processes(argv)
+    """Run this script `count` times, one process each; print every run's median lines."""
     for i in range(count):
-        run = subprocess.run([sys.executable, __file__, *rest], capture_output=True, text=True)
+        run = subprocess.run([sys.executable, __file__, *child_argv(argv)], capture_output=True, text=True)
         if run.returncode:
             print(run.stdout + run.stderr, file=sys.stderr)
             return run.returncode

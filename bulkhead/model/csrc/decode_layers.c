@@ -74,7 +74,14 @@ typedef struct {
 
 enum { BAD_GEOMETRY = -1, BAD_SLOT = -2, BAD_POSITION = -3, NO_MEMORY = -4, LINEAR_REFUSED = -5 };
 
-#define LINE_FLOATS 16  /* one 64-byte cache line of floats */
+#define LINE_BYTES 64  /* a cache line */
+
+/* n floats rounded up to whole cache lines. */
+static size_t line_floats(int64_t n) {
+    const size_t per_line = LINE_BYTES / sizeof(float);
+    return ((size_t)n + per_line - 1) / per_line * per_line;
+}
+
 #define MAX_KV_ROW 2048  /* KV heads x head_dim of one row: the k_rot buffer below */
 
 int max_kv_row(void) { return MAX_KV_ROW; }
@@ -121,26 +128,21 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
     for (int64_t s = 0; s < S; s++)
         if (write_slots[s] < 0 || write_slots[s] / m->page_size >= m->num_pool_pages) return BAD_SLOT;
 
-    /* Every buffer starts on a cache line. The kernels' threads write
-     * neighbouring 32-float blocks of one output row, and the 4-bit kernels
-     * add into their outputs once per group of 32 inputs: where a buffer
-     * sat off a line (malloc aligns to 16 bytes), each block edge shared a
-     * line with the next block, which could bounce between the two cores
-     * on every group. About one process in four then took 60-73 ms a
-     * 16-request step instead of 25-35, for its whole life (the "slow
-     * spell" of docs/performance.md). */
-    const int64_t sizes[7] = {T * D, T * qkvd, T * qd, T * qd, T * D, T * 2 * I, T * I};
-    float *parts[7];
-    size_t offsets[7], total = 0;
-    for (int i = 0; i < 7; i++) {
-        offsets[i] = total;
-        total += ((size_t)sizes[i] + LINE_FLOATS - 1) / LINE_FLOATS * LINE_FLOATS;
-    }
-    float *buf = aligned_alloc(LINE_FLOATS * sizeof(float), total * sizeof(float));
+    /* Each buffer starts on a cache line of its own (line_floats rounds
+     * each one up to whole lines). The kernels' threads write neighbouring
+     * 32-float blocks of an output row, and the default 16-bit-integer and
+     * the bf16-input decode kernels add into their outputs once per group
+     * of 32 inputs; off a line, a block's edge shares a line with the next
+     * block's, which can then bounce between the cores on every group
+     * (docs/performance.md, "The slow spell was false sharing"). The
+     * kernels take only multiples of 32 outputs, so every row of a buffer
+     * starts on a line too. */
+    size_t total = line_floats(T * D) + line_floats(T * qkvd) + 2 * line_floats(T * qd) + line_floats(T * D) +
+                   line_floats(T * 2 * I) + line_floats(T * I);
+    float *buf = aligned_alloc(LINE_BYTES, total * sizeof(float));
     if (!buf) return NO_MEMORY;
-    for (int i = 0; i < 7; i++) parts[i] = buf + offsets[i];
-    float *h = parts[0], *qkv = parts[1], *q = parts[2], *attn = parts[3], *proj = parts[4], *gate_up = parts[5],
-          *act = parts[6];
+    float *h = buf, *qkv = h + line_floats(T * D), *q = qkv + line_floats(T * qkvd), *attn = q + line_floats(T * qd),
+          *proj = attn + line_floats(T * qd), *gate_up = proj + line_floats(T * D), *act = gate_up + line_floats(T * 2 * I);
     float k_rot[MAX_KV_ROW];  /* one row's rotated K: KVH * hd (checked above) */
     memset(attn, 0, sizeof(float) * (size_t)T * qd);  /* padding rows attend to nothing: 0 */
     int64_t rc = 0;
