@@ -141,8 +141,9 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
                    line_floats(T * 2 * I) + line_floats(T * I);
     float *buf = aligned_alloc(LINE_BYTES, total * sizeof(float));
     if (!buf) return NO_MEMORY;
-    float *h = buf, *qkv = h + line_floats(T * D), *q = qkv + line_floats(T * qkvd), *attn = q + line_floats(T * qd),
-          *proj = attn + line_floats(T * qd), *gate_up = proj + line_floats(T * D), *act = gate_up + line_floats(T * 2 * I);
+    float *h = buf, *qkv = h + line_floats(T * D), *q = qkv + line_floats(T * qkvd);
+    float *attn = q + line_floats(T * qd), *proj = attn + line_floats(T * qd), *gate_up = proj + line_floats(T * D);
+    float *act = gate_up + line_floats(T * 2 * I);
     float k_rot[MAX_KV_ROW];  /* one row's rotated K: KVH * hd (checked above) */
     memset(attn, 0, sizeof(float) * (size_t)T * qd);  /* padding rows attend to nothing: 0 */
     int64_t rc = 0;
