@@ -13,7 +13,7 @@ from tests.model.grid_weights import gguf_q4_1, one_layer_model
 from tests.model.row_checks import assert_rows_independent
 
 needs_q4_bf16in = pytest.mark.skipif(q4_bf16in_kernel.load() is None,
-                                  reason="no AVX-512 BF16 here, or the kernel cannot be built")
+                                     reason="no AVX-512 BF16 here, or the kernel cannot be built")
 
 
 def only_inputs_rounded(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

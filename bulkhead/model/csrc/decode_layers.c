@@ -137,13 +137,14 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
      * (docs/performance.md, "The slow spell was false sharing"). The
      * kernels take only multiples of 32 outputs, so every row of a buffer
      * starts on a line too. */
-    size_t total = line_floats(T * D) + line_floats(T * qkvd) + 2 * line_floats(T * qd) + line_floats(T * D) +
-                   line_floats(T * 2 * I) + line_floats(T * I);
+    const size_t at_qkv = line_floats(T * D), at_q = at_qkv + line_floats(T * qkvd),
+                 at_attn = at_q + line_floats(T * qd), at_proj = at_attn + line_floats(T * qd),
+                 at_gate_up = at_proj + line_floats(T * D), at_act = at_gate_up + line_floats(T * 2 * I),
+                 total = at_act + line_floats(T * I);
     float *buf = aligned_alloc(LINE_BYTES, total * sizeof(float));
     if (!buf) return NO_MEMORY;
-    float *h = buf, *qkv = h + line_floats(T * D), *q = qkv + line_floats(T * qkvd);
-    float *attn = q + line_floats(T * qd), *proj = attn + line_floats(T * qd), *gate_up = proj + line_floats(T * D);
-    float *act = gate_up + line_floats(T * 2 * I);
+    float *h = buf, *qkv = buf + at_qkv, *q = buf + at_q, *attn = buf + at_attn, *proj = buf + at_proj,
+          *gate_up = buf + at_gate_up, *act = buf + at_act;
     float k_rot[MAX_KV_ROW];  /* one row's rotated K: KVH * hd (checked above) */
     memset(attn, 0, sizeof(float) * (size_t)T * qd);  /* padding rows attend to nothing: 0 */
     int64_t rc = 0;

@@ -10,9 +10,10 @@
  * group beside 16 dot products, on the same pipes, and each row's group sums
  * needed a pass of their own over x. With the weight itself in bf16 a row's
  * sum runs over all of K in one register, and the kernel does 1.2-1.3x the
- * multiply-adds a second (docs/performance.md, "Prompts on bf16 weights"). The output is never rounded
- * to bf16 (oneDNN's bf16 GEMM does that); the distance from the exact model
- * is measured in docs/performance.md "Quality".
+ * multiply-adds a second (docs/performance.md, "Prompts on bf16 weights").
+ * The output is never rounded to bf16 (oneDNN's bf16 GEMM does that); the
+ * distance from the exact model is measured in docs/performance.md
+ * "Quality".
  *
  * vdpbf16ps adds the products of a pair of bf16 inputs and weights into one
  * fp32 lane (one output per lane); each product is exact (8 bits times 8).
@@ -43,7 +44,9 @@
 #endif
 
 #define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
-#define RMAX 6  /* rows per pass over a block: measured best of 6-14 (up to 14 x 2 sums fit the registers, but ran slower) */
+/* Rows per pass over a block: measured best of 6-14 (up to 14 x 2 sums fit
+ * the registers, but ran slower). */
+#define RMAX 6
 
 int uses_openmp(void) {
 #ifdef _OPENMP
