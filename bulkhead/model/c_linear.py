@@ -47,12 +47,12 @@ def load_in_torch_team(source: Path, what: str, flags: tuple[str, ...] = ()) -> 
         return None
 
 
-def load_for_isa_in_torch_team(source: Path, what: str, isa: str) -> ctypes.CDLL | None:
+def load_for_isa_in_torch_team(source: Path, what: str, isa: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """load_in_torch_team() for a kernel on instructions some CPUs lack
     (`isa` names them: "AVX-512 BF16", "AVX-512 VNNI"): None also where this
     CPU has none (the C file then builds without them and its available()
     says 0), which is logged once."""
-    lib = load_in_torch_team(source, what)
+    lib = load_in_torch_team(source, what, flags)
     if lib is not None and not lib.available():
         log.info("no %s on this CPU, so not %s", isa, what)
         return None

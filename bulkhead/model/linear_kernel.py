@@ -148,6 +148,13 @@ class Linear:
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None, decode: bool = False) -> torch.Tensor:
         raise NotImplementedError
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a fused gate_up layer [2 I, D] (gate's outputs, then up's):
+        silu(gate) * up of prompt rows x in one pass, where this layer's
+        prompt kernel has one; None where it has not (the caller runs the
+        layer, then the product)."""
+        return None
+
 
 class AtenLinear(Linear):
     def __init__(self, w: torch.Tensor):
@@ -250,6 +257,9 @@ class Q4Linear(Linear):
         y = q4_kernel.call_packed(fn, x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
+    def silu_mul(self, x):
+        return self.prefill.silu_mul(x)  # prompt rows: the prompt kernel's
+
 
 class BF16InLinear(Linear):
     """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
@@ -262,6 +272,11 @@ class BF16InLinear(Linear):
     def __call__(self, x, b=None, decode=False):
         y = bf16in_kernel.linear_bf16in(x.float(), self.wb)
         return (y if b is None else y + b.float()).to(x.dtype)
+
+    def silu_mul(self, x):
+        if not bf16in_kernel.silu_mul_fits(self.wb):
+            return None
+        return bf16in_kernel.linear_bf16in_silu_mul(x.float(), self.wb).to(x.dtype)
 
 
 def q4_usable(weights) -> bool:

@@ -137,7 +137,7 @@ class LlamaModel:
             attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots,
                                    self.prefill_attention == "bf16")
             x, h = glue.add_rms_norm(x, _linear(attn, layer.o, None, batch), layer.post_norm)
-            act = glue.silu_mul(_linear(h, layer.gate_up, None, batch))
+            act = glue.gate_up_silu_mul(h, layer.gate_up, batch)
             down = _linear(act, layer.down, None, batch)
             if layer is w.layers[-1]:
                 return x + down
@@ -167,8 +167,8 @@ class _TorchGlue:
         x = x + delta
         return x, _rms_norm(x, weight, self.eps)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
+    def gate_up_silu_mul(self, h: torch.Tensor, gate_up: Linear, batch: PagedBatch) -> torch.Tensor:
+        gate, up = _linear(h, gate_up, None, batch).chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
@@ -189,5 +189,8 @@ class _CGlue:
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor):
         return x, prefill_glue.add_rms_norm(x, delta.contiguous(), weight, self.eps)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return prefill_glue.silu_mul(gate_up.contiguous())
+    def gate_up_silu_mul(self, h: torch.Tensor, gate_up: Linear, batch: PagedBatch) -> torch.Tensor:
+        # The prompt kernel's one pass where it has one (Linear.silu_mul):
+        # the same numbers, without the [T, 2 I] matmul output.
+        act = gate_up.silu_mul(h) if not batch.row_tile else None
+        return act if act is not None else prefill_glue.silu_mul(_linear(h, gate_up, None, batch).contiguous())

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import bf16in_kernel, q4_kernel
-from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, choose, prepare_one
+from bulkhead.model import bf16in_kernel, prefill_glue, q4_kernel
+from bulkhead.model.linear_kernel import AtenLinear, BF16InLinear, Q4Linear, choose, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
 from tests.model.row_checks import assert_rows_independent
 
@@ -109,6 +109,45 @@ def test_prompt_rows_take_it_and_decode_rows_stay_q4():
     x, b = torch.randn(9, 96), torch.randn(64)
     assert torch.equal(fast(x, b, decode=True), exact(x, b, decode=True))
     torch.testing.assert_close(fast(x, b, decode=False), both_rounded(x, w) + b, rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16in
+@pytest.mark.skipif(prefill_glue.load() is None, reason="the C prompt glue cannot be built here")
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, 64])
+def test_gate_up_with_silu_in_one_pass_is_the_two_passes_bit_for_bit(rows):
+    wb = bf16in_kernel.pack(gguf_q4_1(128, 96))  # gate: outputs 0-63, up: 64-127
+    x = torch.randn(rows, 96) * 3
+    if rows > 2:
+        x[0, 7] = float("nan")  # stays in its row
+    act = bf16in_kernel.linear_bf16in_silu_mul(x, wb)
+    assert act.shape == (rows, 64)
+    separate = prefill_glue.silu_mul(bf16in_kernel.linear_bf16in(x, wb))
+    assert torch.equal(act.nan_to_num(), separate.nan_to_num()) and torch.equal(act.isnan(), separate.isnan())
+    if rows > 2:
+        assert act[0].isnan().all() and not act[1:].isnan().any()
+    gate, up = F.linear(x.bfloat16().double(), gguf_q4_1(128, 96).bfloat16().double()).float().chunk(2, dim=-1)
+    torch.testing.assert_close(act[1:], (F.silu(gate) * up)[1:], rtol=1e-4, atol=1e-4)
+
+
+@needs_bf16in
+def test_gate_up_with_silu_keeps_each_rows_numbers_its_own():
+    wb = bf16in_kernel.pack(gguf_q4_1(128, 96))
+    assert_rows_independent(lambda x: bf16in_kernel.linear_bf16in_silu_mul(x, wb), torch.randn(11, 96))
+
+
+@needs_bf16in
+def test_a_gate_up_whose_halves_are_not_whole_blocks_has_no_one_pass_form():
+    odd = prepare_one(gguf_q4_1(96, 64), "q4-i16in")  # three blocks of 32: gate and up would split one
+    assert odd.silu_mul(torch.randn(2, 64)) is None
+    with pytest.raises(ValueError, match="odd number"):
+        bf16in_kernel.linear_bf16in_silu_mul(torch.randn(2, 64), bf16in_kernel.pack(gguf_q4_1(96, 64)))
+    lib = bf16in_kernel.load()  # the C side's own check: I not a whole number of blocks
+    x, wb = torch.randn(2, 64), torch.zeros(96 * 64, dtype=torch.bfloat16)
+    xb, act = torch.empty(2, 64, dtype=torch.bfloat16), torch.empty(2, 48)
+    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (x, wb, xb, act)]
+    assert lib.linear_bf16in_silu_mul(*pointers, 2, 48, 64, 1) == -1
+    assert lib.linear_bf16in_silu_mul(*pointers, 2, 32, 64, 1) == 0
+    assert AtenLinear(torch.randn(64, 64)).silu_mul(torch.randn(2, 64)) is None  # kernels without one
 
 
 def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_error(monkeypatch):

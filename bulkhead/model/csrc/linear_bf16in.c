@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "bf16.h"
+#include "glue.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -93,6 +94,50 @@ DEFINE_BLOCK(6)
 
 typedef void (*block_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t);
 static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6};
+
+/* Rows [0, R) against gate block wg and the up block wu of the same outputs:
+ * act[r][0..NB) = silu(gate) * up, each sum the one block_R computes and
+ * then silu_mul_row's arithmetic (glue.h). */
+#define DEFINE_SILU_BLOCK(R)                                                                            \
+    static void silu_block_##R(const uint16_t *restrict xb, int64_t K, const uint16_t *restrict wg,    \
+                               const uint16_t *restrict wu, float *restrict act, int64_t ldact) {      \
+        __m512 g[R][2], u[R][2];                                                                        \
+        for (int r = 0; r < R; r++) g[r][0] = g[r][1] = u[r][0] = u[r][1] = _mm512_setzero_ps();        \
+        for (int64_t p = 0; p < K / 2; p++) {                                                           \
+            const uint16_t *a = wg + p * 2 * NB, *b = wu + p * 2 * NB;                                  \
+            __m512bh g0 = (__m512bh)_mm512_loadu_si512(a), g1 = (__m512bh)_mm512_loadu_si512(a + NB);   \
+            __m512bh u0 = (__m512bh)_mm512_loadu_si512(b), u1 = (__m512bh)_mm512_loadu_si512(b + NB);   \
+            dot_pair(g, R, xb, K, p, g0, g1);                                                           \
+            dot_pair(u, R, xb, K, p, u0, u1);                                                           \
+        }                                                                                               \
+        for (int r = 0; r < R; r++) {                                                                   \
+            float gu[2 * NB] __attribute__((aligned(64)));                                             \
+            _mm512_store_ps(gu, g[r][0]);                                                               \
+            _mm512_store_ps(gu + 16, g[r][1]);                                                          \
+            _mm512_store_ps(gu + NB, u[r][0]);                                                          \
+            _mm512_store_ps(gu + NB + 16, u[r][1]);                                                     \
+            silu_mul_row(gu, act + r * ldact, NB);                                                      \
+        }                                                                                               \
+    }
+
+DEFINE_SILU_BLOCK(1)
+DEFINE_SILU_BLOCK(2)
+DEFINE_SILU_BLOCK(3)
+DEFINE_SILU_BLOCK(4)
+
+#define SILU_RMAX 4 /* four rows' 16 sums and the four weight vectors fill most of the 32 registers */
+typedef void (*silu_block_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, float *, int64_t);
+static const silu_block_fn SILU_BLOCK[SILU_RMAX + 1] = {0, silu_block_1, silu_block_2, silu_block_3, silu_block_4};
+
+/* xb [M, K] = x rounded to bf16, rows split between the threads. */
+static void round_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int threads) {
+    (void)threads; /* unused where OpenMP is not built in */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(x[r * K + k]);
+}
 #endif
 
 /* x [M, K] fp32 contiguous; wb [N / NB][K / 2][NB][2] bf16; scratch xb [M, K]
@@ -104,12 +149,7 @@ int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, in
     if (N % NB || K % 2 || M < 1 || K < 1) return -1;
     int64_t blocks = N / NB;
     int threads = nthreads > 0 ? nthreads : 1;
-    (void)threads; /* unused where OpenMP is not built in */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
-#endif
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(x[r * K + k]);
+    round_rows(x, xb, M, K, threads);
     /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
@@ -122,6 +162,34 @@ int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, in
     return 0;
 #else
     (void)x; (void)wb; (void)xb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -1;
+#endif
+}
+
+/* act [M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for a gate_up weight packed
+ * as linear_bf16in takes it (wb, N = 2 I outputs: gate, then up): the same
+ * numbers as linear_bf16in followed by silu_mul_row, without writing the
+ * [M, 2 I] gate_up output and reading it back (a prompt's biggest tensor, 3
+ * MB a layer at 256 rows, which the threads had each half-written).
+ * Returns 0, or -1 for a shape it does not take (I a multiple of NB). */
+int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, float *act, int64_t M, int64_t I,
+                           int64_t K, int nthreads) {
+#ifdef __AVX512BF16__
+    if (I % NB || K % 2 || M < 1 || K < 1) return -1;
+    int64_t blocks = I / NB;
+    int threads = nthreads > 0 ? nthreads : 1;
+    round_rows(x, xb, M, K, threads);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+#endif
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t r = 0; r < M; r += SILU_RMAX) {
+            int rows = M - r < SILU_RMAX ? (int)(M - r) : SILU_RMAX;
+            SILU_BLOCK[rows](xb + r * K, K, wb + b * K * NB, wb + (blocks + b) * K * NB, act + r * I + b * NB, I);
+        }
+    return 0;
+#else
+    (void)x; (void)wb; (void)xb; (void)act; (void)M; (void)I; (void)K; (void)nthreads;
     return -1;
 #endif
 }
