@@ -84,7 +84,10 @@ def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch, bf16: 
             v_seq = gathered[1][start : start + seq.kv_len]
             mask, causal = None if bf16 else _chunk_mask(seq.num_queries, seq.kv_len, q.device), False
         if bf16:  # causal by construction: the queries are the last num_queries of kv_len positions
-            out[rows] = prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5).reshape(seq.num_queries, -1)
+            if out.dtype == torch.float32:  # into the pass's output rows, no copy
+                prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5, out=out[rows])
+            else:
+                out[rows] = prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5)
             continue
         o = F.scaled_dot_product_attention(
             q_seq,

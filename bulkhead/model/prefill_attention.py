@@ -42,7 +42,8 @@ def load() -> ctypes.CDLL | None:
         return None
     fn = lib.prefill_attention_bf16
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [ctypes.c_int64] * 4 \
+        + [ctypes.c_int]
     return lib
 
 
@@ -59,25 +60,39 @@ def choose(choice: str, linear_kernel: str, head_dim: int) -> str:
     return choice
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t [rows, heads, hd] as the kernel reads it: float32, each row's heads
+    contiguous; a view into wider rows (the pass's qkv) is taken as it is."""
+    t = t.float()
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [Tq, H, hd] over k, v [L, KVH, hd] (float32; the
-    queries are the last Tq of the L positions) -> [Tq, H, hd] float32."""
+    queries are the last Tq of the L positions) -> [Tq, H, hd] float32, or
+    written into `out` [Tq, H * hd] (float32, rows of contiguous heads) and
+    returned as that. Views into wider rows are read in place."""
     lib = load()
     if lib is None:
         raise RuntimeError("the bf16 prompt-attention kernel is not available")
-    q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"prefill attention takes q [Tq, H, hd] and k, v [L, KVH, hd], not q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    q, k, v = _rows(q), _rows(k), _rows(v)
     (tq, h, hd), (length, kvh, _) = q.shape, k.shape
+    given = out is not None
+    if not given:
+        out = torch.empty(tq, h * hd)
+    elif out.dtype != torch.float32 or out.shape != (tq, h * hd) or out.stride(1) != 1:
+        raise ValueError(f"prefill attention writes float32 [{tq}, {h * hd}] rows, not {out.dtype} {tuple(out.shape)}")
     padded = -(-length // lib.key_block()) * lib.key_block()
     # Scratch: K and V as the kernel reads them (bf16, keys padded to a whole
     # block with zeros), and q rounded.
     kb = torch.empty(kvh * padded * hd, dtype=torch.bfloat16)
     vb, qb = torch.empty_like(kb), torch.empty(tq * h * hd, dtype=torch.bfloat16)
-    out = torch.empty(tq, h, hd)
     if lib.prefill_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), kb.data_ptr(),
-                                  vb.data_ptr(), qb.data_ptr(), tq, length, h, kvh, hd, scale,
-                                  torch.get_num_threads()):
+                                  vb.data_ptr(), qb.data_ptr(), tq, length, h, kvh, hd, scale, q.stride(0),
+                                  k.stride(0), v.stride(0), out.stride(0), torch.get_num_threads()):
         raise ValueError(f"prefill attention refused q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return out
+    return out if given else out.view(tq, h, hd)

@@ -9,8 +9,10 @@
  * does twice an fp32 FMA's multiply-adds.
  *
  * Layout: q [Tq][H][D], k and v [L][KVH][D] fp32 (position-major, as the
- * runner gathers them); query i sits at position L - Tq + i and attends to
- * keys 0..that position. Out [Tq][H][D] fp32. Scratch (caller-allocated):
+ * runner gathers them), each row rs floats after the last (q_rs, k_rs,
+ * v_rs: views into the pass's qkv rows need no copy); query i sits at
+ * position L - Tq + i and attends to keys 0..that position. Out [Tq][H][D]
+ * fp32, rows out_rs apart. Scratch (caller-allocated):
  * kb [KVH][ceil(L / KB) * KB / 16][D / 2][16][2] bf16 (keys as lanes, pairs
  * along D), vb [KVH][ceil(L / KB) * KB / 2][D][2] bf16 (dims as lanes, pairs
  * along keys), qb [Tq][H][D] bf16.
@@ -73,8 +75,8 @@ static inline __m512 exp_neg16(__m512 x) {
 }
 
 /* Queries [i0, i0 + rows) of head h against keys [0, limit). */
-static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, float *out, int64_t H, int64_t h,
-                  int64_t i0, int rows, int64_t first, float scale) {
+static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, float *out, int64_t out_rs,
+                  int64_t H, int64_t h, int64_t i0, int rows, int64_t first, float scale) {
     float m[R], l[R];
     float o[R][D] __attribute__((aligned(64)));
     uint16_t p16[R][KB] __attribute__((aligned(64)));
@@ -99,19 +101,25 @@ static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, fl
                 for (int c = 0; c < KB / 16; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qv, kv[c]);
             }
         }
+        /* Only a block reaching past the row block's first query needs a mask. */
+        int diagonal = j0 + KB - 1 > first + i0;
         for (int r = 0; r < rows; r++) {
             int64_t pos = first + i0 + r;
-            float bmax = -INFINITY;
+            __m512 vmax = _mm512_set1_ps(-INFINITY);
             for (int c = 0; c < KB / 16; c++) {
-                __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + c * 16)),
-                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-                __mmask16 ok = _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32((int)pos));
-                s[r][c] = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(s[r][c], _mm512_set1_ps(scale)));
-                float cm = hmax(s[r][c]);
-                bmax = cm > bmax ? cm : bmax;
+                s[r][c] = _mm512_mul_ps(s[r][c], _mm512_set1_ps(scale));
+                if (diagonal) {
+                    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + c * 16)),
+                                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+                    __mmask16 ok = _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32((int)pos));
+                    s[r][c] = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), s[r][c]);
+                }
+                vmax = _mm512_max_ps(vmax, s[r][c]);
             }
+            float bmax = hmax(vmax); /* one reduction a block: max is exact in any order */
             float mnew = m[r] > bmax ? m[r] : bmax;
-            float alpha = expf(m[r] - mnew); /* 0 on the first block (m = -inf) */
+            /* 0 on the first block (m = -inf); exactly 1, so skipped, where the max stays */
+            float alpha = mnew == m[r] ? 1.0f : expf(m[r] - mnew);
             m[r] = mnew;
             __m512 vsum = _mm512_setzero_ps(), vm = _mm512_set1_ps(mnew);
             for (int c = 0; c < KB / 16; c++) {
@@ -122,7 +130,8 @@ static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, fl
             }
             float sum = _mm512_reduce_add_ps(vsum);
             l[r] = l[r] * alpha + sum;
-            for (int d = 0; d < D; d++) o[r][d] *= alpha;
+            if (alpha != 1.0f)
+                for (int d = 0; d < D; d++) o[r][d] *= alpha;
         }
         const uint16_t *vblk = vb + j0 * D;
         __m512 acc[R][D / 16];
@@ -142,16 +151,18 @@ static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, fl
             for (int c = 0; c < D / 16; c++) _mm512_store_ps(o[r] + c * 16, acc[r][c]);
     }
     for (int r = 0; r < rows; r++)
-        for (int d = 0; d < D; d++) out[((i0 + r) * H + h) * D + d] = o[r][d] / l[r];
+        for (int d = 0; d < D; d++) out[(i0 + r) * out_rs + h * D + d] = o[r][d] / l[r];
 }
 #endif
 
 /* Returns 0, or -1 for a shape it does not take (or no AVX-512 BF16). */
 int prefill_attention_bf16(const float *q, const float *k, const float *v, float *out, uint16_t *kb, uint16_t *vb,
                            uint16_t *qb, int64_t Tq, int64_t L, int64_t H, int64_t KVH, int64_t hd, float scale,
-                           int nthreads) {
+                           int64_t q_rs, int64_t k_rs, int64_t v_rs, int64_t out_rs, int nthreads) {
 #ifdef __AVX512BF16__
-    if (hd != D || Tq < 1 || L < Tq || KVH < 1 || H % KVH) return -1;
+    if (hd != D || Tq < 1 || L < Tq || KVH < 1 || H % KVH || q_rs < H * D || k_rs < KVH * D || v_rs < KVH * D
+        || out_rs < H * D)
+        return -1;
     int threads = nthreads > 0 ? nthreads : 1;
     (void)threads;
     int64_t Lp = (L + KB - 1) / KB * KB, group = H / KVH, first = L - Tq;
@@ -162,15 +173,16 @@ int prefill_attention_bf16(const float *q, const float *k, const float *v, float
     for (int64_t g = 0; g < KVH; g++)
         for (int64_t j = 0; j < Lp; j++)
             for (int64_t d = 0; d < D; d++) {
-                float kval = j < L ? k[(j * KVH + g) * D + d] : 0.0f;
-                float vval = j < L ? v[(j * KVH + g) * D + d] : 0.0f;
+                float kval = j < L ? k[j * k_rs + g * D + d] : 0.0f;
+                float vval = j < L ? v[j * v_rs + g * D + d] : 0.0f;
                 kb[g * Lp * D + ((j / 16) * (D / 2) + d / 2) * 32 + (j % 16) * 2 + d % 2] = to_bf16(kval);
                 vb[g * Lp * D + ((j / 2) * D + d) * 2 + j % 2] = to_bf16(vval);
             }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads)
 #endif
-    for (int64_t i = 0; i < Tq * H * D; i++) qb[i] = to_bf16(q[i]);
+    for (int64_t i = 0; i < Tq; i++)
+        for (int64_t e = 0; e < H * D; e++) qb[i * H * D + e] = to_bf16(q[i * q_rs + e]);
     int64_t qblocks = (Tq + R - 1) / R;
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(threads)
@@ -180,12 +192,12 @@ int prefill_attention_bf16(const float *q, const float *k, const float *v, float
             int64_t i0 = b * R;
             int rows = Tq - i0 < R ? (int)(Tq - i0) : R;
             int64_t g = h / group;
-            block(qb, kb + g * Lp * D, vb + g * Lp * D, out, H, h, i0, rows, first, scale);
+            block(qb, kb + g * Lp * D, vb + g * Lp * D, out, out_rs, H, h, i0, rows, first, scale);
         }
     return 0;
 #else
     (void)q; (void)k; (void)v; (void)out; (void)kb; (void)vb; (void)qb; (void)Tq; (void)L; (void)H; (void)KVH;
-    (void)hd; (void)scale; (void)nthreads;
+    (void)hd; (void)scale; (void)q_rs; (void)k_rs; (void)v_rs; (void)out_rs; (void)nthreads;
     return -1;
 #endif
 }
