@@ -44,8 +44,12 @@ def paged_attention(
     pages, offsets = slots if slots is not None else (batch.write_slots // page_size, batch.write_slots % page_size)
     # Into each row's (page, offset), [N, KVH, hd], rounded to the pool's dtype
     # (a 2-byte KV cache); the pool's pages are strided, not one flat row list.
-    k_pages[pages, :, :, offsets] = k[:num_real].to(k_pages.dtype)
-    v_pages[pages, offsets] = v[:num_real].to(v_pages.dtype)
+    # A prompt's rows beside the bf16 prompt kernel: its C write, the same bytes.
+    wrote = prefill_bf16 and not batch.decode and prefill_attention.write_kv(k[:num_real], v[:num_real], k_pages,
+                                                                            v_pages, pages, offsets)
+    if not wrote:
+        k_pages[pages, :, :, offsets] = k[:num_real].to(k_pages.dtype)
+        v_pages[pages, offsets] = v[:num_real].to(v_pages.dtype)
     if c_kernel and batch.decode:
         return _decode_attention(q, k_pages, v_pages, batch)
     return _per_sequence_attention(q, k, v, k_pages, v_pages, batch, prefill_bf16 and not batch.decode)

@@ -104,3 +104,60 @@ def test_auto_takes_it_only_beside_bf16_input_prompts():
         prefill_attention.choose("bf16", "q4", 128)
     with pytest.raises(ValueError):
         prefill_attention.choose("fast", "q4", 64)
+
+
+@needs_kernel
+def test_views_into_wider_rows_are_read_in_place_and_out_is_written_in_place():
+    q, k, v = qkv(9, 20)
+    wide = torch.randn(20, 9 + 3 + 3 + 1, 64)  # a qkv-like row: q's heads, k's, v's and one more
+    wide[-9:, :9], wide[:, 9:12], wide[:, 12:15] = q, k, v
+    out = torch.full((9, 9 * 64), 7.0)
+    got = prefill_attention.attention(wide[-9:, :9], wide[:, 9:12], wide[:, 12:15], 64 ** -0.5, out=out)
+    assert got is out and torch.equal(out.view(9, 9, 64), run(q, k, v))
+    with pytest.raises(ValueError, match="writes float32"):
+        prefill_attention.attention(q, k, v, 0.125, out=torch.empty(9, 9 * 64, dtype=torch.bfloat16))
+
+
+def pool_views(pages: int = 6, page_size: int = 16, kv_heads: int = 3, dtype: str = "bfloat16"):
+    from bulkhead.kv.layout import KVLayout
+    from bulkhead.kv.pool import KVPool
+    pool = KVPool(KVLayout(2, kv_heads, 64, page_size, dtype), pages)
+    return pool, pool.layer_views()[1]  # a layer past the first: pages strided past other layers
+
+
+@needs_kernel
+def test_the_kv_write_stores_what_torchs_indexed_write_stores():
+    pool, (k_pages, v_pages) = pool_views()
+    expected_pool, (ek, ev) = pool_views()
+    rows = torch.randn(21, 3 + 3 + 1, 64)  # k's heads, v's, one more: views with a wider row stride
+    rows[2, 0, 5], rows[3, 4, 1], rows[4, 1, 2] = float("nan"), float("inf"), 1.0 + 2 ** -9  # a tie rounds to even
+    k, v = rows[:, :3], rows[:, 3:6]
+    slots = torch.randperm(6 * 16)[:21]
+    pages, offsets = slots // 16, slots % 16
+    assert prefill_attention.write_kv(k, v, k_pages, v_pages, pages, offsets)
+    ek[pages, :, :, offsets] = k.to(torch.bfloat16)
+    ev[pages, offsets] = v.to(torch.bfloat16)
+    # The same values bit for bit; NaN as a NaN (torch's vectorised rounding
+    # writes 0xffff here, the C kernels torch's scalar 0x7fc0).
+    torch.testing.assert_close(pool.data, expected_pool.data, rtol=0, atol=0, equal_nan=True)
+    assert k_pages[pages[2], 0, 5, offsets[2]].isnan() and v_pages[pages[3], offsets[3], 1, 1].isinf()
+
+
+@needs_kernel
+@pytest.mark.parametrize("page,offset", [(6, 0), (-1, 0), (2, 16), (2, -1)])
+def test_a_kv_write_slot_outside_the_pool_is_refused_before_anything_is_written(page, offset):
+    pool, (k_pages, v_pages) = pool_views()
+    k = v = torch.ones(3, 3, 64)
+    with pytest.raises(IndexError, match="outside the pool"):
+        prefill_attention.write_kv(k, v, k_pages, v_pages, torch.tensor([0, 1, page]), torch.tensor([0, 0, offset]))
+    assert not pool.data.any()  # rows 0 and 1 were in the pool, and were not written either
+
+
+def test_the_kv_write_leaves_what_it_does_not_take_to_torch():
+    _, (k_pages, v_pages) = pool_views(dtype="float32")
+    assert not prefill_attention.write_kv(torch.ones(2, 3, 64), torch.ones(2, 3, 64), k_pages, v_pages,
+                                          torch.tensor([0, 1]), torch.tensor([0, 0]))
+    _, (k_pages, v_pages) = pool_views()
+    assert not prefill_attention.write_kv(torch.ones(2, 3, 64, dtype=torch.bfloat16),
+                                          torch.ones(2, 3, 64, dtype=torch.bfloat16), k_pages, v_pages,
+                                          torch.tensor([0, 1]), torch.tensor([0, 0]))
