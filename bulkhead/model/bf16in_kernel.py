@@ -18,9 +18,10 @@ exact model from 5.1e-5 to 6.0e-5 nats, every top-1 token the same
 
 `linear_bf16in_silu_mul` runs a gate_up layer and SiLU times up in one
 pass (the prompt glue's `silu_mul`, glue.h, applied to each block's sums
-as they leave the registers): bit for bit the two passes' numbers, without
-writing the [rows, 2 I] gate_up output and reading it back (a 256-token
-pass 3-4% faster, docs/performance.md).
+as they leave the registers), its output rounded to bf16 as the down
+projection would round it: the down projection's numbers are the two
+passes' bit for bit, without writing the [rows, 2 I] gate_up output,
+reading it back, or rounding act in a pass of its own (docs/performance.md).
 
 Where the CPU has no AVX-512 BF16 (the C file builds without it and says so
 in `available()`), `load()` is None and prompts stay on oneDNN fp32.
@@ -49,9 +50,10 @@ def load() -> ctypes.CDLL | None:
         SOURCE, "the bf16-input prompt kernel: prompts stay fp32", "AVX-512 BF16", ("-ffp-contract=off",))
     if lib is None:
         return None
-    for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul):
+    for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul, lib.linear_bf16in_rounded):
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.argtypes = [ctypes.c_void_p] * (3 if fn is lib.linear_bf16in_rounded else 4) + [ctypes.c_int64] * 3 \
+            + [ctypes.c_int]
     assert lib.block_outputs() == BLOCK
     return lib
 
@@ -72,12 +74,22 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ w.T -> [M, N] float32, wb = pack(w); x is rounded
-    to bf16 inside the call."""
+    to bf16 inside the call, or read as it is where it is bfloat16 already
+    (linear_bf16in_silu_mul's output): the same numbers either way."""
     lib = load()
     if lib is None:
         raise RuntimeError("the bf16-input prompt kernel is not available")
     blocks, pairs = wb.shape[:2]
     k = 2 * pairs
+    if x.dtype == torch.bfloat16:
+        x = x.contiguous()
+        if x.dim() != 2 or x.shape[1] != k:
+            raise ValueError(f"x must be [M, {k}], not {tuple(x.shape)}")
+        y = torch.empty(x.shape[0], blocks * BLOCK)
+        if x.shape[0] and lib.linear_bf16in_rounded(x.data_ptr(), wb.data_ptr(), y.data_ptr(), x.shape[0],
+                                                    blocks * BLOCK, k, torch.get_num_threads()):
+            raise ValueError(f"linear_bf16in_rounded refused x {tuple(x.shape)}, w [{blocks * BLOCK}, {k}]")
+        return y
     rows = x.shape[0] if x.dim() == 2 else 0  # a wrong shape is refused by c_linear.call, below
     scratch = torch.empty(rows, k, dtype=torch.bfloat16)  # x rounded to bf16, once for every block
     return c_linear.call(lib.linear_bf16in, x, k, blocks * BLOCK, wb, scratch)
@@ -90,9 +102,10 @@ def silu_mul_fits(wb: torch.Tensor) -> bool:
 
 def linear_bf16in_silu_mul(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x [M, K] float32 and wb = pack(gate_up) holding
-    gate's outputs then up's: [M, N / 2] float32, bit for bit what
-    prefill_glue.silu_mul(linear_bf16in(x, wb)) gives, in one pass that never
-    writes the [M, N] gate_up output."""
+    gate's outputs then up's: [M, N / 2] bfloat16, what
+    prefill_glue.silu_mul(linear_bf16in(x, wb)) gives rounded as the down
+    projection's call rounds its input (so linear_bf16in of either gives the
+    same numbers), in one pass that never writes the [M, N] gate_up output."""
     lib = load()
     if lib is None:
         raise RuntimeError("the bf16-input prompt kernel is not available")
@@ -102,4 +115,5 @@ def linear_bf16in_silu_mul(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     k = 2 * pairs
     rows = x.shape[0] if x.dim() == 2 else 0
     scratch = torch.empty(rows, k, dtype=torch.bfloat16)
-    return c_linear.call(lib.linear_bf16in_silu_mul, x, k, blocks * BLOCK // 2, wb, scratch)
+    return c_linear.call(lib.linear_bf16in_silu_mul, x, k, blocks * BLOCK // 2, wb, scratch,
+                         out_dtype=torch.bfloat16)

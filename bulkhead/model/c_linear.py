@@ -59,13 +59,15 @@ def load_for_isa_in_torch_team(source: Path, what: str, isa: str, flags: tuple[s
     return lib
 
 
-def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor) -> torch.Tensor:
+def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor,
+         out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """y = x @ w.T through `fn(x, *weights, y, M, N, K, threads)`: x [M, K]
-    float32, y [M, N] float32; a shape the kernel refuses is a ValueError."""
+    float32, y [M, N] float32 (or out_dtype, where fn writes another); a
+    shape the kernel refuses is a ValueError."""
     x = x.contiguous()
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
-    y = torch.empty(x.shape[0], n)
+    y = torch.empty(x.shape[0], n, dtype=out_dtype)
     if x.shape[0] == 0:
         return y
     if fn(x.data_ptr(), *(w.data_ptr() for w in weights), y.data_ptr(), x.shape[0], n, k, torch.get_num_threads()):

@@ -152,7 +152,9 @@ class Linear:
         """For a fused gate_up layer [2 I, D] (gate's outputs, then up's):
         silu(gate) * up of prompt rows x in one pass, where this layer's
         prompt kernel has one; None where it has not (the caller runs the
-        layer, then the product)."""
+        layer, then the product). Its dtype is the one the same kernel's
+        down projection reads without a further rounding (bf16 from the
+        bf16-input prompt kernel); every layer of a model shares a kernel."""
         return None
 
 
@@ -263,20 +265,25 @@ class Q4Linear(Linear):
 
 class BF16InLinear(Linear):
     """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
-    outputs (bulkhead.model.bf16in_kernel); `wb` the packed weight."""
+    outputs (bulkhead.model.bf16in_kernel); `wb` the packed weight. Rows
+    already bf16 (silu_mul's) are read as they are, with float32 out."""
 
     def __init__(self, wb: torch.Tensor):
         self.wb = wb
         self.out_features, self.in_features = wb.shape[0] * bf16in_kernel.BLOCK, wb.shape[1] * 2
 
     def __call__(self, x, b=None, decode=False):
-        y = bf16in_kernel.linear_bf16in(x.float(), self.wb)
-        return (y if b is None else y + b.float()).to(x.dtype)
+        rounded = x.dtype == torch.bfloat16
+        y = bf16in_kernel.linear_bf16in(x if rounded else x.float(), self.wb)
+        y = y if b is None else y + b.float()
+        return y if rounded else y.to(x.dtype)
 
     def silu_mul(self, x):
+        """bfloat16, rounded as this kernel rounds a layer's input: for the
+        down projection's prompt kernel, which reads it as it is."""
         if not bf16in_kernel.silu_mul_fits(self.wb):
             return None
-        return bf16in_kernel.linear_bf16in_silu_mul(x.float(), self.wb).to(x.dtype)
+        return bf16in_kernel.linear_bf16in_silu_mul(x.float(), self.wb)
 
 
 def q4_usable(weights) -> bool:

@@ -96,11 +96,12 @@ typedef void (*block_fn)(const uint16_t *, int64_t, const uint16_t *, float *, i
 static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6};
 
 /* Rows [0, R) against gate block wg and the up block wu of the same outputs:
- * act[r][0..NB) = silu(gate) * up, each sum the one block_R computes and
- * then silu_mul_row's arithmetic (glue.h). */
+ * act[r][0..NB) = silu(gate) * up rounded to bf16, each sum the one block_R
+ * computes, then silu_mul_row's arithmetic (glue.h), then the rounding the
+ * down projection's call would give it (round_rows). */
 #define DEFINE_SILU_BLOCK(R)                                                                            \
     static void silu_block_##R(const uint16_t *restrict xb, int64_t K, const uint16_t *restrict wg,    \
-                               const uint16_t *restrict wu, float *restrict act, int64_t ldact) {      \
+                               const uint16_t *restrict wu, uint16_t *restrict act, int64_t ldact) {   \
         __m512 g[R][2], u[R][2];                                                                        \
         for (int r = 0; r < R; r++) g[r][0] = g[r][1] = u[r][0] = u[r][1] = _mm512_setzero_ps();        \
         for (int64_t p = 0; p < K / 2; p++) {                                                           \
@@ -111,12 +112,13 @@ static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, 
             dot_pair(u, R, xb, K, p, u0, u1);                                                           \
         }                                                                                               \
         for (int r = 0; r < R; r++) {                                                                   \
-            float gu[2 * NB] __attribute__((aligned(64)));                                             \
+            float gu[2 * NB] __attribute__((aligned(64))), a[NB];                                       \
             _mm512_store_ps(gu, g[r][0]);                                                               \
             _mm512_store_ps(gu + 16, g[r][1]);                                                          \
             _mm512_store_ps(gu + NB, u[r][0]);                                                          \
             _mm512_store_ps(gu + NB + 16, u[r][1]);                                                     \
-            silu_mul_row(gu, act + r * ldact, NB);                                                      \
+            silu_mul_row(gu, a, NB);                                                                    \
+            for (int j = 0; j < NB; j++) act[r * ldact + j] = to_bf16(a[j]);                            \
         }                                                                                               \
     }
 
@@ -126,7 +128,7 @@ DEFINE_SILU_BLOCK(3)
 DEFINE_SILU_BLOCK(4)
 
 #define SILU_RMAX 4 /* four rows' 16 sums and the four weight vectors fill most of the 32 registers */
-typedef void (*silu_block_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, float *, int64_t);
+typedef void (*silu_block_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, uint16_t *, int64_t);
 static const silu_block_fn SILU_BLOCK[SILU_RMAX + 1] = {0, silu_block_1, silu_block_2, silu_block_3, silu_block_4};
 
 /* xb [M, K] = x rounded to bf16, rows split between the threads. */
@@ -140,16 +142,15 @@ static void round_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int t
 }
 #endif
 
-/* x [M, K] fp32 contiguous; wb [N / NB][K / 2][NB][2] bf16; scratch xb [M, K]
- * bf16 (x rounded once, not once per block); y [M, N] fp32 contiguous.
- * Returns 0, or -1 for a shape it does not take (or a CPU without AVX-512 BF16). */
-int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, int64_t M, int64_t N, int64_t K,
-                  int nthreads) {
+/* linear_bf16in of rows already rounded: xb [M, K] bf16 contiguous (what
+ * linear_bf16in_silu_mul writes), the rest as below. */
+int linear_bf16in_rounded(const uint16_t *xb, const uint16_t *wb, float *y, int64_t M, int64_t N, int64_t K,
+                          int nthreads) {
 #ifdef __AVX512BF16__
     if (N % NB || K % 2 || M < 1 || K < 1) return -1;
     int64_t blocks = N / NB;
     int threads = nthreads > 0 ? nthreads : 1;
-    round_rows(x, xb, M, K, threads);
+    (void)threads; /* unused where OpenMP is not built in */
     /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
@@ -161,18 +162,35 @@ int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, in
         }
     return 0;
 #else
+    (void)xb; (void)wb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -1;
+#endif
+}
+
+/* x [M, K] fp32 contiguous; wb [N / NB][K / 2][NB][2] bf16; scratch xb [M, K]
+ * bf16 (x rounded once, not once per block); y [M, N] fp32 contiguous.
+ * Returns 0, or -1 for a shape it does not take (or a CPU without AVX-512 BF16). */
+int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, int64_t M, int64_t N, int64_t K,
+                  int nthreads) {
+#ifdef __AVX512BF16__
+    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
+    round_rows(x, xb, M, K, nthreads > 0 ? nthreads : 1);
+    return linear_bf16in_rounded(xb, wb, y, M, N, K, nthreads);
+#else
     (void)x; (void)wb; (void)xb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -1;
 #endif
 }
 
-/* act [M, I] = silu(x @ w[:I].T) * (x @ w[I:].T) for a gate_up weight packed
- * as linear_bf16in takes it (wb, N = 2 I outputs: gate, then up): the same
- * numbers as linear_bf16in followed by silu_mul_row, without writing the
- * [M, 2 I] gate_up output and reading it back (a prompt's biggest tensor, 3
- * MB a layer at 256 rows, which the threads had each half-written).
+/* act [M, I] bf16 = silu(x @ w[:I].T) * (x @ w[I:].T) for a gate_up weight
+ * packed as linear_bf16in takes it (wb, N = 2 I outputs: gate, then up),
+ * rounded for the down projection (linear_bf16in_rounded): the same numbers
+ * as linear_bf16in, silu_mul_row and the down call's own rounding, without
+ * writing the [M, 2 I] gate_up output and reading it back (a prompt's
+ * biggest tensor, 3 MB a layer at 256 rows, which the threads had each
+ * half-written) or rounding act in a pass of its own.
  * Returns 0, or -1 for a shape it does not take (I a multiple of NB). */
-int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, float *act, int64_t M, int64_t I,
+int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, uint16_t *act, int64_t M, int64_t I,
                            int64_t K, int nthreads) {
 #ifdef __AVX512BF16__
     if (I % NB || K % 2 || M < 1 || K < 1) return -1;

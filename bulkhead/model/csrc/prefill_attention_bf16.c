@@ -166,18 +166,30 @@ int prefill_attention_bf16(const float *q, const float *k, const float *v, float
     int threads = nthreads > 0 ? nthreads : 1;
     (void)threads;
     int64_t Lp = (L + KB - 1) / KB * KB, group = H / KVH, first = L - Tq;
-    /* Pack: keys past L are zeros (masked to -inf scores, and p = 0 times a zero value). */
+    /* Pack, one key pair at a time: keys past L are zeros (masked to -inf
+     * scores, and p = 0 times a zero value). Each 32-bit store is a bf16
+     * pair: K's two dims of one key, V's one dim of two keys. */
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
 #endif
     for (int64_t g = 0; g < KVH; g++)
-        for (int64_t j = 0; j < Lp; j++)
-            for (int64_t d = 0; d < D; d++) {
-                float kval = j < L ? k[j * k_rs + g * D + d] : 0.0f;
-                float vval = j < L ? v[j * v_rs + g * D + d] : 0.0f;
-                kb[g * Lp * D + ((j / 16) * (D / 2) + d / 2) * 32 + (j % 16) * 2 + d % 2] = to_bf16(kval);
-                vb[g * Lp * D + ((j / 2) * D + d) * 2 + j % 2] = to_bf16(vval);
+        for (int64_t jp = 0; jp < Lp / 2; jp++) {
+            uint32_t *kdst = (uint32_t *)(kb + g * Lp * D), *vdst = (uint32_t *)(vb + g * Lp * D) + jp * D;
+            for (int64_t j = 2 * jp; j < 2 * jp + 2; j++) {
+                uint32_t *kd = kdst + (j / 16) * (D / 2) * 16 + j % 16; /* pair p of key j, at kd[p * 16] */
+                if (j >= L) {
+                    for (int64_t p = 0; p < D / 2; p++) kd[p * 16] = 0;
+                    continue;
+                }
+                const float *kr = k + j * k_rs + g * D;
+                for (int64_t p = 0; p < D / 2; p++)
+                    kd[p * 16] = (uint32_t)to_bf16(kr[2 * p]) | (uint32_t)to_bf16(kr[2 * p + 1]) << 16;
             }
+            uint16_t lo[D] = {0}, hi[D] = {0};
+            for (int64_t d = 0; 2 * jp < L && d < D; d++) lo[d] = to_bf16(v[2 * jp * v_rs + g * D + d]);
+            for (int64_t d = 0; 2 * jp + 1 < L && d < D; d++) hi[d] = to_bf16(v[(2 * jp + 1) * v_rs + g * D + d]);
+            for (int64_t d = 0; d < D; d++) vdst[d] = (uint32_t)lo[d] | (uint32_t)hi[d] << 16;
+        }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads)
 #endif
