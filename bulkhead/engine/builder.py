@@ -43,6 +43,17 @@ GUARDS_OFF_WARNING = (
 # aten's and the C prompt kernel's (q4-bf16in, q4-i16in) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
+# lm_head kernels that run each row alone, the same operations whatever its
+# batch mates (linear_kernel.Q8I16InLinear, BF16WeightLinear).
+ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
+
+
+def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bool:
+    """A step's prompt chunks may share one pass (RunnerConfig.batch_prompts):
+    every kernel a prompt row meets computes each row alone by construction
+    (the bf16-input prompt kernel, the C prompt glue, attention per
+    sequence, a row-by-row lm_head), so stacking rows changes none of them."""
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in ROW_BY_ROW_HEADS and prefill_glue_choice == "c"
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     row_multiple = _decode_row_multiple(model, cfg)
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
                                  prefill_row_bucket=0 if kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
+                                 batch_prompts=prompts_share_passes(kernel, head, model.prefill_glue),
                                  safe_mode=cfg.safe_mode and cfg.guards)
     lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
     runner = ModelRunner(model, pool, ledger, runner_config, lease)

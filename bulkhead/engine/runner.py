@@ -39,6 +39,16 @@ class RunnerConfig:
     # prompts of random length, flat with this); with buckets of 32 a
     # 512-token chunk has 16 row counts. The padding is at most 31 rows.
     prefill_row_bucket: int = 0
+    # When True, a step's prefill chunks share one pass, their rows stacked
+    # (chunks asking for every row's logits keep a pass each). Only where
+    # every kernel a prompt row meets computes each row alone, by
+    # construction (the builder decides: the bf16-input prompt kernel, the C
+    # prompt glue, attention per sequence, a row-by-row lm_head), so a row's
+    # numbers still do not depend on which chunks share its step; oneDNN's
+    # GEMM picks its order by row count, so the exact kernels keep a pass a
+    # chunk. Why: two 256-token chunks in one pass read the weights once, and
+    # pay the pass's fixed costs once.
+    batch_prompts: bool = False
     # Check on every step that each page in a plan is owned by the request
     # that will read it (invariant 5), and that logits are finite. Costs
     # microseconds per step.
@@ -69,12 +79,13 @@ class ModelRunner:
         engine's interjection point, bulkhead.engine.engine); it may
         run() another plan, which is why prompt_rows is built in a local.
 
-        Each prefill chunk is its own forward pass, then the decode rows are
-        one: a row's numbers then depend only on its own sequence (prefill
-        rows padded to a bucket, decode rows tiled or padded to a measured
-        multiple), never on which other chunks share the step. Mixing them
-        into one pass would put decode rows through prefill-shaped matmuls
-        whose reduction order changes with the row count."""
+        Each prefill chunk is its own forward pass (or, under batch_prompts,
+        the chunks share one), then the decode rows are one: a row's numbers
+        then depend only on its own sequence (prefill rows padded to a
+        bucket, decode rows tiled or padded to a measured multiple), never on
+        which other chunks share the step. Mixing decode rows into a prefill
+        pass would put them through prefill-shaped matmuls whose reduction
+        order changes with the row count."""
         with self.lease:
             return self._run(plan, between_layers)
 
@@ -84,7 +95,7 @@ class ModelRunner:
         ids: list[str] = []
         parts: list[torch.Tensor] = []
         prompt_rows: list[tuple[str, int, torch.Tensor]] = []
-        passes = [[w] for w in plan.prefills] + ([list(plan.decode)] if plan.decode else [])
+        passes = self._prefill_passes(plan.prefills) + ([list(plan.decode)] if plan.decode else [])
         for works in passes:
             batch, pass_ids = self._build_batch(works)
             prefill = isinstance(works[0], PrefillWork)
@@ -112,13 +123,22 @@ class ModelRunner:
             raise NonFiniteLogits(f"non-finite logits for {ids}")
         return ids, logits
 
+    def _prefill_passes(self, chunks: tuple[PrefillWork, ...]) -> list[list[PrefillWork]]:
+        """The step's prefill chunks as passes: one each, or (batch_prompts)
+        one for every chunk but those asking for every row's logits."""
+        if not self.config.batch_prompts:
+            return [[w] for w in chunks]
+        shared = [w for w in chunks if not w.all_logits]
+        return ([shared] if shared else []) + [[w] for w in chunks if w.all_logits]
+
     def check_ownership(self, plan: StepPlan) -> None:
         # Each page is the request's own, or a prefix-cache page of its tenant.
         for w in [*plan.prefills, *plan.decode]:
             self.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)
 
     def _build_batch(self, works: list[PrefillWork] | list[DecodeWork]) -> tuple[PagedBatch, list[str]]:
-        """One forward pass: a single prefill chunk, or decode rows."""
+        """One forward pass: prefill chunks (one, or several under
+        batch_prompts, rows stacked in order), or decode rows."""
         ps = self.page_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -147,11 +167,11 @@ class ModelRunner:
         multiple = 0
         decode = not isinstance(works[0], PrefillWork)
         if not decode:
-            if len(works) != 1:
-                raise ValueError(f"a prefill pass computes one chunk, not {len(works)}")
-            w = works[0]
-            add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
-            if w.all_logits:  # every row of the chunk, in order (the sampling row is the last)
+            if len(works) != 1 and (not self.config.batch_prompts or any(w.all_logits for w in works)):
+                raise ValueError(f"a prefill pass computes one chunk here, not {len(works)}")
+            for w in works:
+                add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
+            if works[0].all_logits:  # every row of the chunk, in order (the sampling row is the last)
                 logit_rows = list(range(len(tokens)))
             multiple = self.config.prefill_row_bucket
         else:

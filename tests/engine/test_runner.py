@@ -1,0 +1,74 @@
+"""The model runner's passes (bulkhead.engine.runner): a step's prompt chunks
+share one pass only where every prompt kernel computes each row alone, and
+then each row gets the numbers its own pass gave it."""
+
+import pytest
+import torch
+
+from bulkhead.engine.builder import prompts_share_passes
+from bulkhead.engine.runner import ModelRunner, RunnerConfig
+from bulkhead.engine.scheduler import PrefillWork, StepPlan
+from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.pool import KVPool
+from bulkhead.model import bf16in_kernel, i16in_kernel, prefill_glue
+from bulkhead.model.loader import load_model
+
+needs_kernels = pytest.mark.skipif(
+    bf16in_kernel.load() is None or i16in_kernel.load() is None or prefill_glue.load() is None,
+    reason="no AVX-512 BF16 / VNNI here, or the C kernels cannot be built")
+
+
+def run_step(model, batch_prompts: bool):
+    """Three chunks in one step: two whole prompts and the last chunk of a
+    third (its first chunk run before, alone). Returns (ids, logits, the
+    pool's bytes, the number of passes)."""
+    c = model.config
+    pool, ledger = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "bfloat16"), 40, "poison"), \
+        PageLedger(40)
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_row_multiple=1, batch_prompts=batch_prompts))
+    pages = [tuple(ledger.allocate(f"r{i}", "t", 8)) for i in range(3)]
+    third = list(range(3000, 3050))
+    runner.run(StepPlan((PrefillWork("r2", "t", 0, tuple(third[:30]), pages[2], False),), (), ()))
+    passes = []
+    forward = model.forward
+    model.forward = lambda batch, *a, **k: passes.append(len(batch.sequences)) or forward(batch, *a, **k)
+    try:
+        ids, logits = runner.run(StepPlan((PrefillWork("r0", "t", 0, tuple(range(100, 160)), pages[0], True),
+                                           PrefillWork("r1", "t", 0, tuple(range(2000, 2017)), pages[1], True),
+                                           PrefillWork("r2", "t", 30, tuple(third[30:]), pages[2], True)), (), ()))
+    finally:
+        model.forward = forward
+    return ids, logits, pool.data.clone(), passes
+
+
+@needs_kernels
+def test_prompt_chunks_sharing_a_pass_get_the_numbers_their_own_passes_give(smollm2_dir):
+    model = load_model(smollm2_dir, linear_kernel="q4-i16in", prefill_glue="c", prefill_attention="bf16")
+    ids, logits, kv, passes = run_step(model, batch_prompts=True)
+    alone_ids, alone_logits, alone_kv, alone_passes = run_step(model, batch_prompts=False)
+    assert passes == [3] and alone_passes == [1, 1, 1]
+    assert ids == alone_ids == ["r0", "r1", "r2"]
+    assert torch.equal(logits, alone_logits)  # bit for bit: no row's numbers moved
+    assert torch.equal(kv.isnan(), alone_kv.isnan()) and torch.equal(kv.nan_to_num(), alone_kv.nan_to_num())
+
+
+def test_a_chunk_asking_for_every_rows_logits_keeps_a_pass_of_its_own():
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.config, runner.page_size = RunnerConfig(batch_prompts=True), 16
+    a, b, c = (PrefillWork(f"r{i}", "t", 0, (1, 2), (i,), True, all_logits=(i == 1)) for i in range(3))
+    assert runner._prefill_passes((a, b, c)) == [[a, c], [b]]
+    runner.config = RunnerConfig()
+    assert runner._prefill_passes((a, b, c)) == [[a], [b], [c]]
+    with pytest.raises(ValueError, match="one chunk here"):
+        runner._build_batch([a, c])
+
+
+def test_prompts_share_passes_only_beside_kernels_that_compute_each_row_alone():
+    assert prompts_share_passes("q4-i16in", "q8-i16in", "c")
+    assert prompts_share_passes("q4-bf16in", "bf16w", "c")
+    # oneDNN's GEMM picks its reduction order by row count: a shared pass would move a row's numbers.
+    assert not prompts_share_passes("onednn", "fp32", "c")
+    assert not prompts_share_passes("q4", "bf16w", "c")  # q4's prompts run on oneDNN
+    assert not prompts_share_passes("q4-i16in", "fp32", "c")  # an fp32 lm_head is oneDNN's
+    assert not prompts_share_passes("q4-i16in", "q8-i16in", "torch")
