@@ -43,17 +43,17 @@ GUARDS_OFF_WARNING = (
 # aten's and the C prompt kernel's (q4-bf16in, q4-i16in) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
-# lm_head kernels that run each row alone, the same operations whatever its
-# batch mates (linear_kernel.Q8I16InLinear, BF16WeightLinear).
-ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
 
 
 def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bool:
     """A step's prompt chunks may share one pass (RunnerConfig.batch_prompts):
     every kernel a prompt row meets computes each row alone by construction
     (the bf16-input prompt kernel, the C prompt glue, attention per
-    sequence, a row-by-row lm_head), so stacking rows changes none of them."""
-    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in ROW_BY_ROW_HEADS and prefill_glue_choice == "c"
+    sequence, a row-by-row lm_head), so stacking rows changes none of them;
+    the embedding lookup and the final RMSNorm are torch's row ops, shown
+    bit for bit on SmolLM2 (tests/engine/test_runner.py)."""
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in linear_kernel.ROW_BY_ROW_HEADS \
+        and prefill_glue_choice == "c"
 
 
 @dataclass(frozen=True)

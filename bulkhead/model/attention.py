@@ -44,7 +44,7 @@ def paged_attention(
     pages, offsets = slots if slots is not None else (batch.write_slots // page_size, batch.write_slots % page_size)
     # Into each row's (page, offset), [N, KVH, hd], rounded to the pool's dtype
     # (a 2-byte KV cache); the pool's pages are strided, not one flat row list.
-    # A prompt's rows beside the bf16 prompt kernel: its C write, the same bytes.
+    # A prompt's rows beside the bf16 prompt kernel: its C write, the same values.
     wrote = prefill_bf16 and not batch.decode and prefill_attention.write_kv(k[:num_real], v[:num_real], k_pages,
                                                                             v_pages, pages, offsets)
     if not wrote:
@@ -91,7 +91,7 @@ def _per_sequence_attention(q, k, v, k_pages, v_pages, batch: PagedBatch, bf16: 
             if out.dtype == torch.float32:  # into the pass's output rows, no copy
                 prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5, out=out[rows])
             else:
-                out[rows] = prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5)
+                out[rows] = prefill_attention.attention(q[rows], k_seq, v_seq, hd ** -0.5).reshape(seq.num_queries, -1)
             continue
         o = F.scaled_dot_product_attention(
             q_seq,

@@ -109,6 +109,9 @@ REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in"
 # (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
 DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
 HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
+# lm_head kernels that run each row alone, the same operations whatever its
+# batch mates (Q8I16InLinear, BF16WeightLinear); fp32's oneDNN GEMM does not.
+ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                     "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",

@@ -192,5 +192,5 @@ class _CGlue:
     def gate_up_silu_mul(self, h: torch.Tensor, gate_up: Linear, batch: PagedBatch) -> torch.Tensor:
         # The prompt kernel's one pass where it has one (Linear.silu_mul):
         # the same numbers, without the [T, 2 I] matmul output.
-        act = gate_up.silu_mul(h) if not batch.row_tile else None
+        act = gate_up.silu_mul(h)  # prompt rows only: _CGlue never runs a decode pass
         return act if act is not None else prefill_glue.silu_mul(_linear(h, gate_up, None, batch).contiguous())

@@ -12,7 +12,8 @@ score, softmax sum and output stays fp32. Its distance from fp32 attention
 is measured in docs/performance.md ("Quality").
 
 Beside it, `write_kv` puts a prompt's K and V rows into a bf16 pool in C:
-the bytes torch's indexed write stores, ~3 ms less a 256-token pass.
+the values torch's indexed write stores (a NaN as a NaN), ~3 ms less a
+256-token pass (docs/performance.md).
 
 `choose` takes it ("bf16") where prompts already round their inputs to bf16
 (`--linear-kernel q4-bf16in`, `q4-i16in` or `q4-bf16in-all`) and it builds here;
@@ -113,7 +114,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor, v_pages: t
     does not take them (not loaded, not float32 rows into a bf16 pool, an
     inner layout it does not read), for the caller's torch write. A slot
     outside the pool is an IndexError, as torch's would be, raised before
-    anything is written."""
+    anything is written; so is a negative page, which torch's write would
+    wrap to the last."""
     lib = load()
     if lib is None or k_pages.dtype != torch.bfloat16 or v_pages.dtype != torch.bfloat16 \
             or k.dtype != torch.float32 or v.dtype != torch.float32 or k.shape != v.shape or k.dim() != 3:

@@ -62,6 +62,10 @@ def test_a_chunk_asking_for_every_rows_logits_keeps_a_pass_of_its_own():
     assert runner._prefill_passes((a, b, c)) == [[a], [b], [c]]
     with pytest.raises(ValueError, match="one chunk here"):
         runner._build_batch([a, c])
+    runner.config = RunnerConfig(batch_prompts=True)  # a chunk wanting every row's logits never shares
+    with pytest.raises(ValueError, match="one chunk here"):
+        runner._build_batch([a, b])
+    runner._build_batch([a, c])
 
 
 def test_prompts_share_passes_only_beside_kernels_that_compute_each_row_alone():

@@ -161,3 +161,34 @@ def test_the_kv_write_leaves_what_it_does_not_take_to_torch():
     assert not prefill_attention.write_kv(torch.ones(2, 3, 64, dtype=torch.bfloat16),
                                           torch.ones(2, 3, 64, dtype=torch.bfloat16), k_pages, v_pages,
                                           torch.tensor([0, 1]), torch.tensor([0, 0]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_pass_writes_its_kv_and_attends_in_the_models_dtype(dtype):
+    from bulkhead.model.attention import paged_attention
+    from bulkhead.model.batch import PagedBatch, SequenceSlice
+
+    _, (k_pages, v_pages) = pool_views()
+    q, k, v = (t.to(dtype) for t in qkv(20, 20))
+    slots = torch.arange(16, 36)  # pages 1 and 2
+    batch = PagedBatch(token_ids=torch.zeros(20, dtype=torch.long), positions=torch.arange(20), write_slots=slots,
+                       pages=torch.tensor([1, 2]), sequences=(SequenceSlice(0, 20, 20, 0, 2),),
+                       logit_rows=torch.tensor([19]))
+    out = paged_attention(q, k, v, k_pages, v_pages, batch, prefill_bf16=True)
+    assert out.shape == (20, 9 * 64) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), run(q.float(), k.float(), v.float()).reshape(20, -1).to(dtype).float())
+    assert torch.equal(v_pages[1:3].reshape(32, 3, 64)[:20], v.to(torch.bfloat16))
+
+
+@needs_kernel
+def test_the_kv_write_refuses_mismatched_slots_and_leaves_other_layouts_to_torch():
+    _, (k_pages, v_pages) = pool_views()
+    k = v = torch.ones(3, 3, 64)
+    with pytest.raises(ValueError, match="3 rows need 3 pages"):
+        prefill_attention.write_kv(k, v, k_pages, v_pages, torch.tensor([0, 1]), torch.tensor([0, 0]))
+    # A pool view whose inner layout is not the one the kernel writes: torch's write, nothing here.
+    assert not prefill_attention.write_kv(k, v, k_pages.transpose(2, 3), v_pages, torch.tensor([0, 1, 2]),
+                                          torch.tensor([0, 0, 0]))
+    assert not prefill_attention.write_kv(torch.ones(3, 6, 64)[:, ::2], v, k_pages, v_pages,
+                                          torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]))

@@ -11,8 +11,9 @@
  * needed a pass of their own over x. With the weight itself in bf16 a row's
  * sum runs over all of K in one register, and the kernel does 1.2-1.3x the
  * multiply-adds a second (docs/performance.md, "Prompts on bf16 weights").
- * The output is never rounded to bf16 (oneDNN's bf16 GEMM does that); the
- * distance from the exact model is measured in docs/performance.md
+ * The output is never rounded to bf16 (oneDNN's bf16 GEMM does that), but
+ * for linear_bf16in_silu_mul's, which is rounded only as the down
+ * projection would round its input anyway; the distance from the exact model is measured in docs/performance.md
  * "Quality".
  *
  * vdpbf16ps adds the products of a pair of bf16 inputs and weights into one
@@ -105,9 +106,9 @@ static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, 
         __m512 g[R][2], u[R][2];                                                                        \
         for (int r = 0; r < R; r++) g[r][0] = g[r][1] = u[r][0] = u[r][1] = _mm512_setzero_ps();        \
         for (int64_t p = 0; p < K / 2; p++) {                                                           \
-            const uint16_t *a = wg + p * 2 * NB, *b = wu + p * 2 * NB;                                  \
-            __m512bh g0 = (__m512bh)_mm512_loadu_si512(a), g1 = (__m512bh)_mm512_loadu_si512(a + NB);   \
-            __m512bh u0 = (__m512bh)_mm512_loadu_si512(b), u1 = (__m512bh)_mm512_loadu_si512(b + NB);   \
+            const uint16_t *gp = wg + p * 2 * NB, *up = wu + p * 2 * NB;                                \
+            __m512bh g0 = (__m512bh)_mm512_loadu_si512(gp), g1 = (__m512bh)_mm512_loadu_si512(gp + NB); \
+            __m512bh u0 = (__m512bh)_mm512_loadu_si512(up), u1 = (__m512bh)_mm512_loadu_si512(up + NB); \
             dot_pair(g, R, xb, K, p, g0, g1);                                                           \
             dot_pair(u, R, xb, K, p, u0, u1);                                                           \
         }                                                                                               \
