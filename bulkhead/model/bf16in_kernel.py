@@ -50,10 +50,11 @@ def load() -> ctypes.CDLL | None:
         SOURCE, "the bf16-input prompt kernel: prompts stay fp32", "AVX-512 BF16", ("-ffp-contract=off",))
     if lib is None:
         return None
-    for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul, lib.linear_bf16in_rounded):
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * (3 if fn is lib.linear_bf16in_rounded else 4) + [ctypes.c_int64] * 3 \
-            + [ctypes.c_int]
+    shapes = [ctypes.c_int64] * 3 + [ctypes.c_int]  # M, N, K, threads
+    for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul):  # x, weight, scratch, y
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + shapes
+    lib.linear_bf16in_rounded.restype = ctypes.c_int
+    lib.linear_bf16in_rounded.argtypes = [ctypes.c_void_p] * 3 + shapes  # rows already bf16: no scratch
     assert lib.block_outputs() == BLOCK
     return lib
 
@@ -82,14 +83,7 @@ def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     blocks, pairs = wb.shape[:2]
     k = 2 * pairs
     if x.dtype == torch.bfloat16:
-        x = x.contiguous()
-        if x.dim() != 2 or x.shape[1] != k:
-            raise ValueError(f"x must be [M, {k}], not {tuple(x.shape)}")
-        y = torch.empty(x.shape[0], blocks * BLOCK)
-        if x.shape[0] and lib.linear_bf16in_rounded(x.data_ptr(), wb.data_ptr(), y.data_ptr(), x.shape[0],
-                                                    blocks * BLOCK, k, torch.get_num_threads()):
-            raise ValueError(f"linear_bf16in_rounded refused x {tuple(x.shape)}, w [{blocks * BLOCK}, {k}]")
-        return y
+        return c_linear.call(lib.linear_bf16in_rounded, x, k, blocks * BLOCK, wb, in_dtype=torch.bfloat16)
     rows = x.shape[0] if x.dim() == 2 else 0  # a wrong shape is refused by c_linear.call, below
     scratch = torch.empty(rows, k, dtype=torch.bfloat16)  # x rounded to bf16, once for every block
     return c_linear.call(lib.linear_bf16in, x, k, blocks * BLOCK, wb, scratch)

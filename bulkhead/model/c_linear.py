@@ -59,14 +59,15 @@ def load_for_isa_in_torch_team(source: Path, what: str, isa: str, flags: tuple[s
     return lib
 
 
-def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor,
+def call(fn, x: torch.Tensor, k: int, n: int, *weights: torch.Tensor, in_dtype: torch.dtype = torch.float32,
          out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """y = x @ w.T through `fn(x, *weights, y, M, N, K, threads)`: x [M, K]
-    float32, y [M, N] float32 (or out_dtype, where fn writes another); a
-    shape the kernel refuses is a ValueError."""
+    float32, y [M, N] float32 (or in_dtype / out_dtype, where fn reads or
+    writes another); a shape the kernel refuses is a ValueError."""
     x = x.contiguous()
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"x must be float32 [M, {k}], not {x.dtype} {tuple(x.shape)}")
+    if x.dtype != in_dtype or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be {str(in_dtype).removeprefix('torch.')} [M, {k}], not {x.dtype} "
+                         f"{tuple(x.shape)}")
     y = torch.empty(x.shape[0], n, dtype=out_dtype)
     if x.shape[0] == 0:
         return y

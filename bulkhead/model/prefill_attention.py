@@ -46,11 +46,10 @@ def load() -> ctypes.CDLL | None:
         return None
     fn = lib.prefill_attention_bf16
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [ctypes.c_int64] * 4 \
-        + [ctypes.c_int]
-    i64 = ctypes.c_int64
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p] * 7 + [i64] * 5 + [ctypes.c_float] + [i64] * 4 + [ctypes.c_int]  # ..., scale, row strides
     lib.write_kv_bf16.restype = ctypes.c_int
-    lib.write_kv_bf16.argtypes = [ctypes.c_void_p] * 2 + [i64] * 2 + [ctypes.c_void_p] * 4 + [i64] * 7 + [ctypes.c_int]
+    lib.write_kv_bf16.argtypes = [p] * 2 + [i64] * 2 + [p] * 4 + [i64] * 7 + [ctypes.c_int]
     return lib
 
 
@@ -135,4 +134,3 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor, v_pages: t
                          k_pages.shape[0], page_size, kvh, hd, torch.get_num_threads()):
         raise IndexError(f"a KV write slot outside the pool ({k_pages.shape[0]} pages of {page_size})")
     return True
-

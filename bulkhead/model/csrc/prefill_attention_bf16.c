@@ -242,4 +242,3 @@ int write_kv_bf16(const float *k, const float *v, int64_t k_rs, int64_t v_rs, co
     }
     return 0;
 }
-
