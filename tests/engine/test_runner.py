@@ -76,3 +76,15 @@ def test_prompts_share_passes_only_beside_kernels_that_compute_each_row_alone():
     assert not prompts_share_passes("q4", "bf16w", "c")  # q4's prompts run on oneDNN
     assert not prompts_share_passes("q4-i16in", "fp32", "c")  # an fp32 lm_head is oneDNN's
     assert not prompts_share_passes("q4-i16in", "q8-i16in", "torch")
+
+
+@needs_kernels
+@pytest.mark.parametrize("kernel, shares", [("auto", True), ("onednn", False)])
+def test_the_builder_lets_prompts_share_a_pass_exactly_where_its_kernels_allow(smollm2_dir, kernel, shares):
+    from bulkhead.engine.builder import EngineConfig, build_engine
+
+    built = build_engine(EngineConfig(model_dir=smollm2_dir, model_id="m", kv_memory_bytes=16 * 2**20,
+                                      context_length=512, linear_kernel=kernel))
+    # auto is q4-i16in here (needs_kernels): its prompt rows never meet a kernel that mixes rows.
+    assert built.engine.runner.config.batch_prompts is shares
+    assert shares == prompts_share_passes(built.linear_kernel, built.lm_head_kernel, built.prefill_glue)

@@ -215,7 +215,6 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
     const int hd = a->hd, G = a->H / a->KVH, ps = a->page_size;
 #endif
     const int64_t len = a->kv_len[b], stride = len + 1;      /* a score row, and its 1 / sum */
-    const int64_t row_stride = (int64_t)a->KVH * hd;         /* V: floats per position */
     const int64_t page_stride = a->pool_page_stride;          /* elements from one page to the next */
     const float *q = a->q + ((int64_t)b * a->H + (int64_t)kvh * G) * hd;
     const int64_t *pages = a->pages + a->page_offset[b];
@@ -279,6 +278,7 @@ static void one_item(const Args *a, int b, int kvh, float *scores) {
 #ifdef VECTOR_LOOPS
     weighted_values(a, pages, len, kvh, stride, scores, acc);
 #else
+    const int64_t row_stride = (int64_t)a->KVH * hd; /* V: floats per position */
     memset(acc, 0, sizeof(float) * (size_t)(G * hd));
     for (int64_t l = 0; l < len; l++) {
         const kv_t *restrict v = a->v + pages[l / ps] * page_stride + (l % ps) * row_stride + (int64_t)kvh * hd;
