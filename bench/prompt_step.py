@@ -1,0 +1,119 @@
+"""Time one step of prompts in process, as the engine computes it.
+
+    python bench/prompt_step.py                              # two 256-token prompts, default kernels
+    python bench/prompt_step.py --prompts 1,2,4 --tokens 256
+    python bench/prompt_step.py --linear-kernel auto,q4 --reps 20   # A/B, interleaved
+    perf record -g python bench/prompt_step.py --reps 40     # a profile (docs/performance.md, Figures)
+
+Builds the engine as `bulkhead serve` does (`build_engine`: the kernel
+choice, the prompt attention and glue, whether a step's prompts share one
+pass, every guard on) and times `ModelRunner.run` on a step of N new
+prompts of T tokens each: random token ids from a fixed seed (a prompt
+pass's cost does not depend on which). Each step's pages are released and
+marked scrubbed afterwards, as the engine would scrub them. Variants named
+together run interleaved, rep by rep, in this one process: on a shared
+machine only such A/B figures mean anything. Prints the median and
+quartiles per variant and step size, and the median per 1,000 prompt tokens.
+
+A 16-client burst is eight steps of two 256-token prompts (the default
+step budget), so `--prompts 2 --tokens 256` is the step that sets the
+16-client level's p99 time to first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
+from bulkhead.engine.scheduler import PrefillWork, StepPlan  # noqa: E402
+from bulkhead.kv.layout import KVLayout  # noqa: E402
+from bulkhead.model.config import load_model_config  # noqa: E402
+from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
+
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default="2", help="comma list: prompts a step")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens a prompt")
+    ap.add_argument("--linear-kernel", default="auto", help="comma list: variants to run interleaved")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2)")
+    return ap
+
+
+def build(model_dir: Path, kernel: str, most_tokens: int):
+    """The engine's runner for `kernel`, with room for `most_tokens` of prompts."""
+    mc = load_model_config(model_dir)
+    # Room for the step's KV whatever the cache's dtype (fp32 is the largest), and a page per prompt spare.
+    fp32 = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, "float32")
+    built = build_engine(EngineConfig(model_dir=model_dir, model_id="bench", linear_kernel=kernel,
+                                      kv_memory_bytes=2 * most_tokens * fp32.bytes_per_token + 2**20,
+                                      clamp_context_length=True))
+    return built.engine.runner, built.linear_kernel
+
+
+def step(runner, prompts: list[tuple[int, ...]]) -> float:
+    """Seconds for one step computing every prompt whole; its pages go back afterwards."""
+    ledger, page_size = runner.ledger, runner.page_size
+    works = []
+    for i, ids in enumerate(prompts):
+        pages = tuple(ledger.allocate(f"p{i}", "bench", -(-len(ids) // page_size)))
+        works.append(PrefillWork(f"p{i}", "bench", 0, ids, pages, True))
+    try:
+        start = time.perf_counter()
+        runner.run(StepPlan(tuple(works), (), ()))
+        return time.perf_counter() - start
+    finally:
+        for w in works:
+            ledger.release(w.request_id)
+        ledger.mark_scrubbed(ledger.dirty_pages())
+
+
+def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_dir: Path) -> dict:
+    """{(variant, prompts a step): [milliseconds]}, variants interleaved rep by rep."""
+    variants = {}
+    for kernel in kernels:
+        runner, chosen = build(model_dir, kernel, max(sizes) * tokens)
+        name = f"{chosen}/shared={runner.config.batch_prompts}"
+        variants[name if name not in variants else f"{name}#{len(variants)}"] = runner
+    rng = random.Random(0)
+    vocab = next(iter(variants.values())).model.config.vocab_size
+    prompts = [tuple(rng.randrange(1000, min(vocab, 30000)) for _ in range(tokens)) for _ in range(max(sizes))]
+    times = {(v, n): [] for v in variants for n in sizes}
+    for n in sizes:
+        for runner in variants.values():
+            step(runner, prompts[:n])  # warm-up: first-call allocations and kernel builds
+        for _ in range(reps):
+            for v, runner in variants.items():
+                times[(v, n)].append(step(runner, prompts[:n]) * 1000)
+    return times
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    sizes = [int(x) for x in args.prompts.split(",")]
+    if min(sizes) < 1 or args.tokens < 1 or args.reps < 1:
+        parser().error("--prompts, --tokens and --reps must be positive")
+    times = measure(args.linear_kernel.split(","), sizes, args.tokens, args.reps, args.model or default_model_dir())
+    print(f"threads {torch.get_num_threads()}, {args.tokens}-token prompts, {args.reps} reps interleaved, wall time")
+    for (v, n), ts in times.items():
+        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
+        median = statistics.median(ts)
+        print(f"{v:<28} {n:>2} prompts: median {median:7.1f} ms (quartiles {q[0]:.1f}..{q[2]:.1f}), "
+              f"{median * 1000 / (n * args.tokens):.1f} ms per 1,000 prompt tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
