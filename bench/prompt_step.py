@@ -10,7 +10,8 @@ choice, the prompt attention and glue, whether a step's prompts share one
 pass, every guard on) and times `ModelRunner.run` on a step of N new
 prompts of T tokens each: random token ids from a fixed seed (a prompt
 pass's cost does not depend on which). Each step's pages are released and
-marked scrubbed afterwards, as the engine would scrub them. Variants named
+scrubbed afterwards, outside the timing, as the engine scrubs them between
+steps. Variants named
 together run interleaved, rep by rep, in this one process: on a shared
 machine only such A/B figures mean anything. Prints the median and
 quartiles per variant and step size, and the median per 1,000 prompt tokens.
@@ -37,9 +38,13 @@ import torch  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
 from bulkhead.engine.scheduler import PrefillWork, StepPlan  # noqa: E402
 from bulkhead.kv.layout import KVLayout  # noqa: E402
+from bulkhead.kv.pool import scrub_released  # noqa: E402
 from bulkhead.model.config import load_model_config  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 
+# Prompt ids are drawn from this range: ordinary tokens of the bundled
+# SmolLM2's vocabulary, clear of its special tokens at the start.
+FIRST_ID, LAST_ID = 1000, 30000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,13 +57,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def build(model_dir: Path, kernel: str, most_tokens: int):
-    """The engine's runner for `kernel`, with room for `most_tokens` of prompts."""
+def build(model_dir: Path, kernel: str, prompts: int, tokens: int):
+    """The engine's runner for `kernel`, with pages for `prompts` prompts of `tokens` tokens."""
     mc = load_model_config(model_dir)
-    # Room for the step's KV whatever the cache's dtype (fp32 is the largest), and a page per prompt spare.
-    fp32 = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, "float32")
+    page_size = EngineConfig.page_size  # the dataclass default, as `bulkhead serve` uses it
+    # Sized in fp32, the largest KV element, whatever dtype the cache takes.
+    fp32 = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, page_size, "float32")
     built = build_engine(EngineConfig(model_dir=model_dir, model_id="bench", linear_kernel=kernel,
-                                      kv_memory_bytes=2 * most_tokens * fp32.bytes_per_token + 2**20,
+                                      kv_memory_bytes=prompts * fp32.pages_for_tokens(tokens) * fp32.bytes_per_page,
                                       clamp_context_length=True))
     return built.engine.runner, built.linear_kernel
 
@@ -67,29 +73,29 @@ def step(runner, prompts: list[tuple[int, ...]]) -> float:
     """Seconds for one step computing every prompt whole; its pages go back afterwards."""
     ledger, page_size = runner.ledger, runner.page_size
     works = []
-    for i, ids in enumerate(prompts):
-        pages = tuple(ledger.allocate(f"p{i}", "bench", -(-len(ids) // page_size)))
-        works.append(PrefillWork(f"p{i}", "bench", 0, ids, pages, True))
     try:
+        for i, ids in enumerate(prompts):
+            pages = tuple(ledger.allocate(f"p{i}", "bench", -(-len(ids) // page_size)))
+            works.append(PrefillWork(f"p{i}", "bench", 0, ids, pages, True))
         start = time.perf_counter()
         runner.run(StepPlan(tuple(works), (), ()))
         return time.perf_counter() - start
     finally:
         for w in works:
             ledger.release(w.request_id)
-        ledger.mark_scrubbed(ledger.dirty_pages())
+        scrub_released(runner.pool, ledger)
 
 
 def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_dir: Path) -> dict:
     """{(variant, prompts a step): [milliseconds]}, variants interleaved rep by rep."""
     variants = {}
     for kernel in kernels:
-        runner, chosen = build(model_dir, kernel, max(sizes) * tokens)
+        runner, chosen = build(model_dir, kernel, max(sizes), tokens)
         name = f"{chosen}/shared={runner.config.batch_prompts}"
         variants[name if name not in variants else f"{name}#{len(variants)}"] = runner
     rng = random.Random(0)
     vocab = next(iter(variants.values())).model.config.vocab_size
-    prompts = [tuple(rng.randrange(1000, min(vocab, 30000)) for _ in range(tokens)) for _ in range(max(sizes))]
+    prompts = [tuple(rng.randrange(FIRST_ID, min(vocab, LAST_ID)) for _ in range(tokens)) for _ in range(max(sizes))]
     times = {(v, n): [] for v in variants for n in sizes}
     for n in sizes:
         for runner in variants.values():
