@@ -11,10 +11,10 @@ pass, every guard on) and times `ModelRunner.run` on a step of N new
 prompts of T tokens each: random token ids from a fixed seed (a prompt
 pass's cost does not depend on which). Each step's pages are released and
 scrubbed afterwards, outside the timing, as the engine scrubs them between
-steps. Variants named
-together run interleaved, rep by rep, in this one process: on a shared
-machine only such A/B figures mean anything. Prints the median and
-quartiles per variant and step size, and the median per 1,000 prompt tokens.
+steps. Variants named together run interleaved, rep by rep, in this one
+process: on a shared machine only such A/B figures mean anything. Prints
+the median and quartiles per variant and step size, and the median per
+1,000 prompt tokens.
 
 A 16-client burst is eight steps of two 256-token prompts (the default
 step budget), so `--prompts 2 --tokens 256` is the step that sets the

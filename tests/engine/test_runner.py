@@ -5,7 +5,7 @@ then each row gets the numbers its own pass gave it."""
 import pytest
 import torch
 
-from bulkhead.engine.builder import prompts_share_passes
+from bulkhead.engine.builder import EngineConfig, build_engine, prompts_share_passes
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.scheduler import PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
@@ -81,8 +81,6 @@ def test_prompts_share_passes_only_beside_kernels_that_compute_each_row_alone():
 @needs_kernels
 @pytest.mark.parametrize("kernel, shares", [("auto", True), ("onednn", False)])
 def test_the_builder_lets_prompts_share_a_pass_exactly_where_its_kernels_allow(smollm2_dir, kernel, shares):
-    from bulkhead.engine.builder import EngineConfig, build_engine
-
     built = build_engine(EngineConfig(model_dir=smollm2_dir, model_id="m", kv_memory_bytes=16 * 2**20,
                                       context_length=512, linear_kernel=kernel, measure_decode_rows=False))
     # auto is q4-i16in here (needs_kernels): its prompt rows never meet a kernel that mixes rows.
