@@ -2,8 +2,9 @@
  * row at a time: RMSNorm, SiLU times up, rotary. Shared by decode_layers.c
  * (a decode step's layers in one call), prefill_glue.c (a prompt pass's
  * rows, from torch) and linear_bf16in.c (SiLU in its one-pass gate_up), so
- * that all compute them the same way. All build with -ffp-contract=off: rotary and the products round as torch's separate ops
- * do. decode_kernel._build folds this file into each includer's cache key.
+ * that all compute them the same way. All build with -ffp-contract=off:
+ * rotary and the products round as torch's separate ops do.
+ * decode_kernel._build folds this file into each includer's cache key.
  *
  * Against torch's kernels: RMSNorm sums its squares in 16 lanes and SiLU's
  * exp is a polynomial (exp_neg), where torch's vectorised kernels have their

@@ -13,8 +13,8 @@
  * multiply-adds a second (docs/performance.md, "Prompts on bf16 weights").
  * The output is never rounded to bf16 (oneDNN's bf16 GEMM does that), but
  * for linear_bf16in_silu_mul's, which is rounded only as the down
- * projection would round its input anyway; the distance from the exact model is measured in docs/performance.md
- * "Quality".
+ * projection would round its input anyway; the distance from the exact
+ * model is measured in docs/performance.md "Quality".
  *
  * vdpbf16ps adds the products of a pair of bf16 inputs and weights into one
  * fp32 lane (one output per lane); each product is exact (8 bits times 8).

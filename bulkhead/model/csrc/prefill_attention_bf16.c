@@ -219,9 +219,9 @@ int prefill_attention_bf16(const float *q, const float *k, const float *v, float
  * pages[i], [KVH][D][page_size] at offsets[i]; its V to v_pool's
  * [page_size][KVH][D] there; pages k_ps / v_ps elements apart. The values
  * torch's indexed assignment of the same rows stores (a NaN as a NaN),
- * without its index machinery (~3 ms less a 256-token pass, measured). Fail closed: a page outside
- * [0, P) or an offset outside [0, page_size) returns -1 before anything is
- * written. */
+ * without its index machinery (~3 ms less a 256-token pass, measured).
+ * Fail closed: a page outside [0, P) or an offset outside [0, page_size)
+ * returns -1 before anything is written. */
 int write_kv_bf16(const float *k, const float *v, int64_t k_rs, int64_t v_rs, const int64_t *pages,
                   const int64_t *offsets, int64_t N, uint16_t *k_pool, uint16_t *v_pool, int64_t k_ps, int64_t v_ps,
                   int64_t P, int64_t page_size, int64_t KVH, int64_t hd, int nthreads) {
