@@ -76,6 +76,8 @@ class ServerState:
             body["table"] = {t: {k: v for k, v in vars(p).items() if v is not None} for t, p in keys.policies.items()}
             body["reload_error"] = keys.reload_error
             body["reload_failures"] = keys.reload_failures
+            # True: keys.toml on disk cannot be read, and keys removed from it still authorise.
+            body["keys_stale"] = keys.stale
         throttled: dict[str, dict[str, int]] = {}
         for (tenant, limit), n in sorted(self.limiter.throttled.items()):
             throttled.setdefault(tenant, {})[limit] = n
@@ -138,6 +140,9 @@ def create_app(state: ServerState) -> FastAPI:
         operator_only(request)
         body = backend.info()
         body["tenants"] = state.tenants_info()
+        if body["tenants"].get("keys_stale"):
+            body["warnings"] = ["keys file unreadable: revocations written in it are NOT in force ("
+                                + body["tenants"]["reload_error"] + ")"]
         if extra := state.seams.counters():  # a test harness's own counts (never in production)
             body["harness_counters"] = extra
         return body

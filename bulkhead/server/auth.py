@@ -4,10 +4,14 @@ Keys come from keys.toml (bulkhead.server.keys_file: `[keys]` key = tenant,
 `[operators]` key = name, `[tenants.NAME]` limits) and from the environment
 (BULKHEAD_API_KEYS="key1=tenant1,key2=tenant2", BULKHEAD_OPERATOR_KEYS="key=name").
 The file is re-read when it changes, so removing a key revokes it without a
-restart. A file with a mistake is refused at start-up. On a reload, a file
-with a mistake, or no file at all (an editor replacing it), keeps the last
-good keys and table in force: the error is logged once, shown in
-/server_info and counted in /metrics, never raised to a request.
+restart, whatever else the file holds. A file with a mistake is refused at
+start-up. On a reload the mistakes fail closed (bulkhead.server.keys_file):
+a bad entry authorises nothing and a tenant table with a mistake is refused
+while [keys] and [operators] still apply (the last good table stays). Only
+a file that cannot be read as a key file at all (not TOML, no [keys], no
+file) keeps the last good keys, and then `stale` is set: the log, /metrics
+(bulkhead_keys_stale) and /server_info say that revocations written in it
+are not in force. Errors are logged once, never raised to a request.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import time
 from pathlib import Path
 
 from bulkhead.errors import AuthenticationFailed, PermissionDenied
-from bulkhead.server.keys_file import parse_key_file
-from bulkhead.server.tenants import DEFAULT_POLICY, TenantPolicy
+from bulkhead.server.keys_file import KeyFileUnreadable, parse_key_file
+from bulkhead.server.tenants import DEFAULT_POLICY, TenantPolicy, TenantTableError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,11 @@ class KeyStore:
         self._policies: dict[str, TenantPolicy] = {}
         self._mtime = None  # of the last good file
         self._checked = 0.0
-        self.reload_error: str | None = None  # the last reload's mistake, while the last good file serves
+        self.reload_error: str | None = None  # the mistakes of the file on disk, if any
+        self._problems: str | None = None  # those of the file in force
+        # True while the file on disk cannot be read as a key file and the last good keys serve:
+        # a key removed from it still works, which the operator must be told (log, /metrics, /server_info).
+        self.stale = False
         self.reload_failures = 0  # distinct mistakes met on reload (bulkhead_keys_reload_failures_total)
         self._reload()
 
@@ -53,18 +61,41 @@ class KeyStore:
         return cls(path, env, os.environ.get(OPERATOR_ENV_VAR))
 
     def _reload(self) -> None:
+        """Raises KeyFileUnreadable or OSError when the file cannot be read as
+        a key file; applies everything else, closed (see the module doc)."""
         if self.path is None:
             return
         mtime = self.path.stat().st_mtime_ns
         if mtime == self._mtime:
-            self.reload_error = None  # the last good file is back (or never left)
+            self.reload_error, self.stale = self._problems, False  # the file in force is back (or never left)
             return
         parsed = parse_key_file(self.path.read_text(), str(self.path), self._env_keys)
-        self._file_keys, self._file_operators, self._policies = parsed.keys, parsed.operators, parsed.policies
+        if self._mtime is None and parsed.problems:
+            raise TenantTableError(parsed.problems[0])  # at start-up every mistake is refused
+        self._file_keys, self._file_operators = parsed.keys, parsed.operators
+        if parsed.policies is not None:
+            self._policies = parsed.policies
+        self._problems = self._describe(parsed)
         if self._mtime is not None:
             log.info("keys file reloaded: %d keys, %d operator keys", len(parsed.keys), len(parsed.operators))
+            if self._problems:
+                self._count(self._problems, "keys file reloaded with mistakes, each failing closed: %s")
         self._mtime = mtime
-        self.reload_error = None
+        self.reload_error, self.stale = self._problems, False
+
+    @staticmethod
+    def _describe(parsed) -> str | None:
+        if not parsed.problems:
+            return None
+        what = "; ".join(parsed.problems)
+        if parsed.policies is None:
+            return f"{what} (keys and operator keys applied; the last good tenant table stays in force)"
+        return f"{what} (the entries named authorise nothing; the rest applied)"
+
+    def _count(self, error: str, message: str) -> None:
+        if error != self.reload_error:
+            self.reload_failures += 1
+            log.error(message, error)
 
     def maybe_reload(self) -> None:
         """Re-read the file if it changed (at most once a RELOAD_CHECK_S)."""
@@ -74,12 +105,11 @@ class KeyStore:
         self._checked = now
         try:
             self._reload()
-        except (OSError, ValueError) as e:
+        except (OSError, KeyFileUnreadable) as e:
             error = str(e) if not isinstance(e, OSError) else f"{self.path}: {e.strerror or e}"
-            if error != self.reload_error:
-                self.reload_failures += 1
-                log.error("keys file not reloaded, the last good keys stay in force: %s", error)
-            self.reload_error = error
+            error += " -- REVOCATIONS IN THIS FILE ARE NOT IN FORCE: the last good keys still authorise"
+            self._count(error, "keys file not reloaded: %s")
+            self.reload_error, self.stale = error, True
 
     def policy(self, tenant: str) -> TenantPolicy:
         return self._policies.get(tenant, DEFAULT_POLICY)

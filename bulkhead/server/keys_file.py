@@ -9,10 +9,18 @@
     [tenants.alpha]               # optional (bulkhead.server.tenants)
     weight = 2
 
-Every mistake is a TenantTableError naming the file and the line. A file
-with no [keys] table at all is a mistake, not "no keys": an editor that
-truncates the file before writing it must not revoke everyone, so revoking
-every key takes an explicit, empty [keys].
+Two kinds of mistake, because a reload must never keep a removed key alive:
+
+- KeyFileUnreadable: the file is not TOML, or has no [keys] table at all.
+  Nothing in it can be trusted to be what the operator meant (an editor that
+  truncates the file before writing it must not revoke everyone), so a
+  reload keeps the last good keys and says loudly that revocations in the
+  file are not in force. Revoking every key takes an explicit, empty [keys].
+- Anything else (a bad entry, a key that is both a tenant's and an
+  operator's, a mistake in the tenant table) is a problem the parse records
+  and gets past *closed*: a bad entry authorises nothing, and the tenant
+  table is refused whole (policies None) while [keys] and [operators] still
+  apply. Start-up refuses every problem; a reload applies what it can.
 """
 
 from __future__ import annotations
@@ -23,38 +31,59 @@ from dataclasses import dataclass
 from bulkhead.server.tenants import TenantPolicy, TenantTableError, entry_line, parse_tenant_table
 
 
+class KeyFileUnreadable(TenantTableError):
+    """The file cannot be read as a key file at all: the last good keys stay."""
+
+
 @dataclass(frozen=True)
 class KeyFile:
-    keys: dict[str, str]  # API key -> tenant
-    operators: dict[str, str]  # operator key -> operator name
-    policies: dict[str, TenantPolicy]
+    keys: dict[str, str]  # API key -> tenant; entries with a mistake left out
+    operators: dict[str, str]  # operator key -> operator name; entries with a mistake left out
+    policies: dict[str, TenantPolicy] | None  # None: the tenant table has a mistake and is refused
+    problems: tuple[str, ...]  # every mistake, each naming the file and the line
 
 
 def parse_key_file(text: str, source: str, env_keys: dict[str, str] | None = None) -> KeyFile:
     """source: the file's name for messages. env_keys: BULKHEAD_API_KEYS's
     key -> tenant (tenants a [tenants] entry may name, keys an operator key
-    may not reuse)."""
+    may not reuse). Raises KeyFileUnreadable only; every other mistake is in
+    `problems`, with the entry it concerns left out."""
     env_keys = env_keys or {}
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:  # its message names the line and column
-        raise TenantTableError(f"{source}: not valid TOML: {e}") from None
+        raise KeyFileUnreadable(f"{source}: not valid TOML: {e}") from None
     if "keys" not in data:
-        raise TenantTableError(f"{source}: no [keys] table (an empty [keys] table revokes every key)")
-    keys = _key_table(data["keys"], "keys", "tenant", source, text)
-    operators = _key_table(data.get("operators", {}), "operators", "operator name", source, text)
-    for key in operators.keys() & (keys.keys() | env_keys.keys()):
+        raise KeyFileUnreadable(f"{source}: no [keys] table (an empty [keys] table revokes every key)")
+    if not isinstance(data["keys"], dict):
+        raise KeyFileUnreadable(f"{source}:{entry_line(text, 'keys')}: [keys] must be a table of \"key\" = \"tenant\"")
+    problems: list[str] = []
+    keys = _key_table(data["keys"], "keys", "tenant", source, text, problems)
+    operators = _key_table(data.get("operators", {}), "operators", "operator name", source, text, problems)
+    # A key in both tables is neither: which one the operator meant is a guess, and a guess must not grant.
+    for key in sorted(operators.keys() & (keys.keys() | env_keys.keys())):
         where = f"{source}:{entry_line(text, 'operators', key)}"
-        raise TenantTableError(f"{where}: [operators] a key is either a tenant's or an operator's, not both")
-    policies = parse_tenant_table(data.get("tenants"), set(keys.values()) | set(env_keys.values()), source, text)
-    return KeyFile(keys, operators, policies)
+        problems.append(f"{where}: [operators] a key is either a tenant's or an operator's, not both "
+                        "(it opens nothing until one entry goes)")
+        keys.pop(key, None)
+        del operators[key]
+    try:
+        policies = parse_tenant_table(data.get("tenants"), set(keys.values()) | set(env_keys.values()), source, text)
+    except TenantTableError as e:
+        problems.append(str(e))
+        policies = None
+    return KeyFile(keys, operators, policies, tuple(problems))
 
 
-def _key_table(table: object, name: str, what: str, source: str, text: str) -> dict[str, str]:
+def _key_table(table: object, name: str, what: str, source: str, text: str, problems: list[str]) -> dict[str, str]:
     if not isinstance(table, dict):
-        raise TenantTableError(f"{source}:{entry_line(text, name)}: [{name}] must be a table of \"key\" = \"{what}\"")
+        problems.append(f"{source}:{entry_line(text, name)}: [{name}] must be a table of \"key\" = \"{what}\"")
+        return {}
+    good = {}
     for key, value in table.items():
-        if not isinstance(value, str) or not value:
-            raise TenantTableError(f"{source}:{entry_line(text, name, key)}: [{name}] the {what} of a key must be "
-                                   f"a non-empty string, got {value!r}")
-    return dict(table)
+        if isinstance(value, str) and value:
+            good[key] = value
+        else:
+            problems.append(f"{source}:{entry_line(text, name, key)}: [{name}] the {what} of a key must be "
+                            f"a non-empty string, got {value!r}")
+    return good

@@ -50,16 +50,20 @@ class EngineCollector:
 
 
 class KeyStoreCollector:
-    """Whether keys.toml's last reload was refused (the last good keys then still serve)."""
+    """Whether keys.toml on disk has mistakes, and whether it is stale (unreadable: the last good keys serve)."""
 
     def __init__(self, keys):
         self.keys = keys  # bulkhead.server.auth.KeyStore
 
     def collect(self):
         yield GaugeMetricFamily("bulkhead_keys_file_valid",
-                                "1 while the keys file in force is the one on disk; 0 while a reload is refused",
+                                "1 while the keys file on disk has no mistake; 0 while it has one",
                                 0 if self.keys.reload_error else 1)
-        yield CounterMetricFamily("bulkhead_keys_reload_failures", "Keys file reloads refused (a mistake, or no file)",
+        yield GaugeMetricFamily("bulkhead_keys_stale",
+                                "1 while the keys file on disk cannot be read and the last good keys authorise: "
+                                "keys removed from it are NOT revoked", 1 if self.keys.stale else 0)
+        yield CounterMetricFamily("bulkhead_keys_reload_failures",
+                                  "Keys file reloads with a mistake (applied closed) or unreadable (not applied)",
                                   self.keys.reload_failures)
 
 

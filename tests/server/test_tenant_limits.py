@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_KEYS
-from tests.server.tiny_server import ALPHA, BETA, start_tiny_server, stop_checked
+from tests.server.tiny_server import ALPHA, BETA, REVOCABLE_KEY, start_tiny_server, stop_checked
 
 TABLE = "\n[tenants.alpha]\nweight = 2\n\n[tenants.beta]\nrequests_per_minute = 2\nmax_concurrent = 4\n"
 
@@ -80,7 +80,7 @@ def test_a_reload_with_a_mistake_keeps_the_last_good_table_and_shows_why(limited
     assert "weight: must be > 0, got 0" in info["reload_error"] and "keys.toml:6" in info["reload_error"]
     assert info["table"]["alpha"] == {"weight": 2.0}  # the last good table
     assert complete(s, ALPHA).status_code == 200  # never a 500
-    assert "not reloaded" in s.log()
+    assert "reloaded with mistakes" in s.log()
     keys.write_text(keys_text(TABLE))
     touch(keys, 6)
     for _ in range(100):
@@ -88,6 +88,41 @@ def test_a_reload_with_a_mistake_keeps_the_last_good_table_and_shows_why(limited
             break
         time.sleep(0.1)
     assert s.info()["tenants"]["reload_error"] is None
+
+
+def wait_for(check, tries=100):
+    for _ in range(tries):  # the key store stats the file at most once a second: poll, bounded
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_key_removed_beside_a_tenant_table_it_leaves_behind_is_revoked_over_http(limited_server):
+    """Issue 34's defect through the server: gamma's key goes, [tenants.gamma] stays."""
+    s = limited_server
+    keys = s.log_path.parent / "keys.toml"
+    gamma = {"Authorization": f"Bearer {REVOCABLE_KEY}"}
+    keys.write_text(keys_text(TABLE).replace("[keys]\n", f'[keys]\n"{REVOCABLE_KEY}" = "gamma"\n')
+                    + "\n[tenants.gamma]\nweight = 1\n")
+    touch(keys, 8)
+    assert wait_for(lambda: "gamma" in s.info()["tenants"]["table"])
+    assert httpx.get(s.url + "/v1/models", headers=gamma, timeout=60).status_code == 200
+    keys.write_text(keys_text(TABLE) + "\n[tenants.gamma]\nweight = 1\n")  # the key line deleted, not the table
+    touch(keys, 10)
+    assert wait_for(lambda: httpx.get(s.url + "/v1/models", headers=gamma, timeout=60).status_code == 401)
+    info = s.info()
+    assert "no API key names tenant 'gamma'" in info["tenants"]["reload_error"] and not info["tenants"]["keys_stale"]
+    assert complete(s, ALPHA).status_code == 200
+    keys.write_text("[keys\n")  # unreadable: the last good keys stay, and everyone is told
+    touch(keys, 12)
+    assert wait_for(lambda: s.info()["tenants"]["keys_stale"])
+    assert "NOT in force" in s.info()["warnings"][0] and s.metric("bulkhead_keys_stale") == 1
+    assert "REVOCATIONS IN THIS FILE ARE NOT IN FORCE" in s.log()
+    keys.write_text(keys_text(TABLE))
+    touch(keys, 14)
+    assert wait_for(lambda: s.info()["tenants"]["reload_error"] is None)
+    assert s.metric("bulkhead_keys_stale") == 0 and "warnings" not in s.info()
 
 
 def test_serve_refuses_to_start_on_a_mistake_in_the_tenant_table(tmp_path, long_tiny_model_dir):
