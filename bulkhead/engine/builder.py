@@ -115,9 +115,10 @@ class EngineConfig:
     # turns with all its cores (bulkhead.engine.core_lease; `--role local`
     # names one). None = steps never wait.
     core_lease: str | None = None
-    # Fair order only: a less-served tenant's chunk and decode rows may run
-    # between the layers of a long prefill pass (bulkhead.engine.engine).
-    interject: bool = True
+    # While another tenant has work, a prompt pass longer than this many
+    # tokens runs a slice of layers per step, each about this many tokens'
+    # worth (bulkhead.engine.pass_slices); 0 = whole passes (measurement only).
+    slice_tokens: int = 128
 
     def __post_init__(self):
         if self.kv_dtype != "auto" and self.kv_dtype not in DTYPE_BYTES:
@@ -205,7 +206,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     scheduler = seams.make_scheduler(
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
                         prefix_cache=cfg.prefix_cache, step_tokens=cfg.step_tokens, fair=cfg.fair,
-                        kv_quotas=cfg.kv_quotas),
+                        kv_quotas=cfg.kv_quotas, num_layers=mc.num_layers, slice_tokens=cfg.slice_tokens),
         ledger,
         reclaim=reclaim,
         cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere
@@ -219,7 +220,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     runner = ModelRunner(model, pool, ledger, runner_config, lease)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
     engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
-                                      prefill_only=prefill_only, interject=cfg.interject, lease=lease))
+                                      prefill_only=prefill_only, lease=lease))
     log.info(
         "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
         "lm_head %s; decode attention %s; decode glue %s; prefill attention %s; prefill glue %s", num_pages,

@@ -20,8 +20,8 @@ The lease is an flock(2) on a file the launcher names: the kernel releases
 it when its holder's process dies, so a crashed worker never leaves the
 other waiting. flock's lock belongs to the open file, so each worker opens
 the path itself (an inherited descriptor would share one lock between the
-two). It is reentrant within its process: a pass that another pass runs
-between its layers (bulkhead.engine.engine, interjection) already holds it.
+two). It is reentrant within its process: a step's model passes
+(ModelRunner.run) take it inside the step's turn, which already holds it.
 
 Turns alternate: flock wakes waiters in no order, and a worker that always
 has work would take the lock back before the woken waiter ran. So a waiter
@@ -55,7 +55,7 @@ class CoreLease:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self._want_fd = os.open(self.path.with_name(self.path.name + ".want"), os.O_RDWR | os.O_CREAT, 0o600)
-        self._depth = 0  # holds inside the lease: a turn, passes (interjection nests them)
+        self._depth = 0  # holds inside the lease: a turn, and the passes inside it
         self.acquired = 0  # times this process took the lease (the outermost hold)
         # The hand-over between the requester and the waiting thread, under _cond:
         self._cond = threading.Condition()

@@ -5,24 +5,13 @@ locks. Other threads talk to it through `submit` and `abort`, which only
 enqueue commands. A step is: take commands, schedule, run, sample, record,
 scrub what was freed.
 
-Interjection: a step that has started cannot be recalled, and one 512-token
-prefill chunk of SmolLM2 takes 0.7 s on two cores (1.4 s on one, a
-prefill worker's share with `--core-sharing split`). A light tenant's short
-prompt arriving just after a flood's chunk began used to wait all of it and then the step
-it joined. Now, between two layers of each prefill pass, the engine takes
-the commands that have arrived and, when another tenant's waiting prompt can
-finish there with less service than the pass's tenant (fair order only:
-Scheduler.plan_interjection), runs that prompt's last chunk there, sampled
-and emitted, then resumes the paused pass. The
-same tenant's next tokens do not wait out the pass either: a step's decode
-rows run before its prefill passes, and between layers, while such a tenant
-has requests decoding, their rows run again every DECODE_GAP times a decode
-pass's time (Scheduler.plan_decode_between; they get at most a third of
-the time, the pass the rest). Safe because the paused pass keeps its state
-in locals, what runs inside it never preempts nor touches a request or page
-the paused plan holds, a command that could free a page (abort, a test's
-call) is held until the step ends together with every command after it,
-and the paused plan's page ownership is checked again before it resumes.
+A step is flat: the scheduler plans it, the runner runs it, the engine
+samples and emits; nothing calls back into the engine while a pass runs.
+A light tenant's short prompt and everyone's next tokens do not wait out
+another tenant's long prompt pass because the scheduler hands such a pass
+out a slice of layers per step while another tenant has work
+(bulkhead.engine.pass_slices): they run in the next step, beside the pass's
+next slice. Commands are taken between steps only.
 """
 
 from __future__ import annotations
@@ -31,8 +20,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -44,7 +31,8 @@ from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
 from bulkhead.engine.sampler import Sampler, prompt_logprobs
-from bulkhead.engine.scheduler import QueueFull, Scheduler, StepPlan
+from bulkhead.engine.scheduler import QueueFull, Scheduler
+from bulkhead.engine.step_plan import StepPlan
 from bulkhead.engine.stops import OutputTracker
 from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
 from bulkhead.kv.digest import page_digests
@@ -53,13 +41,6 @@ from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-# Commands that may run while a pass is paused between two layers: none of
-# them frees or moves a page a scheduled request holds.
-MID_PASS_SAFE = (cmd.Add, cmd.StartPrefilled, cmd.Reserve, cmd.ReleaseReserved, cmd.ReadPages, cmd.Wake)
-# Inside a paused prefill pass, a less-served tenant's decode rows run again
-# once this many times their last decode pass's time has gone by.
-DECODE_GAP = 2.0
 
 
 Sink = Callable[[RequestOutput], None]
@@ -72,19 +53,14 @@ class EngineStats:
     decode_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     failures: int = 0
-    interjections: int = 0  # chunks run inside a paused prefill pass
-    decode_interjections: int = 0  # decode passes run inside a paused prefill pass
+    slices: int = 0  # slices of layers run of passes handed out in slices (pass_slices.py)
 
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, pool: KVPool, tokenizer: Tokenizer,
-                 prefill_only: bool = False, interject: bool = True,
-                 clock: Callable[[], float] = time.monotonic, lease: CoreLease | None = None):
+                 prefill_only: bool = False, lease: CoreLease | None = None):
         """prefill_only: a request ends at its first token and keeps its pages
         (reserved) for a KV transfer; release_reserved_pages() gives them back.
-        interject: run a less-served tenant's chunk between the layers of a
-        long prefill pass (module docstring); fair scheduling only. clock:
-        what paces decode rows inside a pass (the simulator's virtual one).
         lease: the host's core lease (bulkhead.engine.core_lease), or None."""
         self.scheduler = scheduler
         self.runner = runner
@@ -98,12 +74,6 @@ class Engine:
         self.prefill_only = prefill_only
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.interject = interject and scheduler.config.fair  # first come, first served: steps as planned
-        # Taken from _commands while a pass was paused but not safe to run
-        # then (MID_PASS_SAFE); run first, in order, when the step ends.
-        self._held: deque = deque()
-        self.clock = clock
-        self._decode_pass_s = 0.02  # the last decode pass's time on self.clock (DECODE_GAP's unit)
         self._sinks: dict[str, Sink] = {}
         self._trackers: dict[str, OutputTracker] = {}
         # Echo's prompt logprobs by request and position, gathered chunk by
@@ -215,9 +185,6 @@ class Engine:
                 self.step()
 
     def _take_commands(self, block: bool) -> None:
-        while self._held:
-            with self.lock:
-                _HANDLERS[type(self._held[0])](self, self._held.popleft())
         try:
             command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
@@ -301,7 +268,7 @@ class Engine:
 
     def has_pending(self) -> bool:
         """Commands queued or requests scheduled (for a driver without the thread)."""
-        return bool(self._held) or not self._commands.empty() or self.scheduler.has_work()
+        return not self._commands.empty() or self.scheduler.has_work()
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Drive the engine on the caller's thread (tests without a server)."""
@@ -313,24 +280,18 @@ class Engine:
         raise RuntimeError("engine did not become idle")
 
     def step(self) -> bool:
+        """Schedule, run, sample and emit: one step, flat (module docstring)."""
         with self.lock:
             plan = self.scheduler.schedule()
-            if plan is None:
-                self._scrub()
-                return False
             self._scrub()  # preemption released pages
-            if not (self.interject and plan.prefills):
-                self._run_plan(plan)
-                return True
-            if plan.decode:  # first, their tokens out now; the prefill passes may pause for more
-                self._timed_decode(StepPlan((), plan.decode, plan.preempted))
-                plan = StepPlan(plan.prefills, (), ())
-            self._run_plan(plan, self._between_layers(plan))
+            if plan is None:
+                return False
+            self._run_plan(plan)
             return True
 
-    def _run_plan(self, plan: StepPlan, between_layers: Callable[[], None] | None = None) -> None:
+    def _run_plan(self, plan: StepPlan) -> None:
         try:
-            ids, logits = self.runner.run(plan, between_layers)
+            ids, logits = self.runner.run(plan)
             requests = [self.scheduler.requests[i] for i in ids]
             tokens, logprobs = self.sampler.sample(requests, logits)
             for rid, start, rows in self.runner.prompt_rows:
@@ -342,75 +303,14 @@ class Engine:
             self._fail_plan(plan, e)
             return
         self.stats.steps += 1
-        self.stats.prefill_tokens += sum(len(w.token_ids) for w in plan.prefills)
+        self.stats.slices += sum(1 for w in plan.prefills if w.layers is not None)
+        self.stats.prefill_tokens += sum(len(w.token_ids) for w in plan.prefills if w.ends_pass)
         self.stats.decode_tokens += len(plan.decode)
         sampled = dict(zip(ids, tokens))
         lp_by_id = dict(zip(ids, logprobs))
         for req in self.scheduler.complete(plan, sampled):
             self._emit_token(req, sampled[req.request_id], lp_by_id[req.request_id])
         self._scrub()
-
-    # -- interjection (module docstring) -------------------------------------
-    def _between_layers(self, busy: StepPlan) -> Callable[[], None]:
-        """The hook the runner calls between the layers of busy's prefill passes."""
-        ready = False  # an interjection ran: the next layer may run another
-        last_decode = self.clock()
-
-        def hook() -> None:
-            nonlocal ready, last_decode
-            # Nothing new arrived, and nothing ran here last time: busy's plan saw every waiting prompt.
-            if self._take_commands_mid_pass() or ready:
-                sub = self.scheduler.plan_interjection(busy)
-                ready = sub is not None
-                if sub is not None:
-                    self.stats.interjections += 1
-                    self._run_plan(sub)
-                    self._recheck(busy)
-            if self.clock() - last_decode >= self._decode_gap_s():
-                rows = self.scheduler.plan_decode_between(busy)
-                if rows is not None:
-                    self.stats.decode_interjections += 1
-                    self._timed_decode(rows)
-                    self._recheck(busy)
-                last_decode = self.clock()
-
-        return hook
-
-    def _decode_gap_s(self) -> float:
-        return DECODE_GAP * self._decode_pass_s
-
-    def _timed_decode(self, plan: StepPlan) -> None:
-        start = self.clock()
-        self._run_plan(plan)
-        self._decode_pass_s = self.clock() - start
-
-    def _recheck(self, busy: StepPlan) -> None:
-        """Before a paused pass resumes: its pages are still its own (raises,
-        and busy fails closed, if what ran inside it moved one)."""
-        if self.runner.config.safe_mode:
-            self.runner.check_ownership(busy)
-
-    def _take_commands_mid_pass(self) -> bool:
-        """Run the commands queued so far that are safe mid-pass, in order,
-        stopping at (and holding) the first that is not. True when a request
-        arrived (one that may be worth interjecting)."""
-        arrived = False
-        while not self._held:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if not isinstance(command, MID_PASS_SAFE):
-                self._held.append(command)
-                break
-            handler = _HANDLERS.get(type(command))
-            try:
-                if handler is not None:  # the step holds self.lock already
-                    handler(self, command)
-            except Exception:  # one bad command must not fail the paused plan
-                log.exception("command %s failed", type(command).__name__)
-            arrived |= isinstance(command, (cmd.Add, cmd.StartPrefilled))
-        return arrived
 
     def _emit_token(self, req: Request, token_id: int, lp: TokenLogprobs | None,
                     prompt_lps: tuple[TokenLogprobs, ...] = ()) -> None:
@@ -455,6 +355,7 @@ class Engine:
 
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
         req = self.scheduler.finish(request_id, reason)
+        self.runner.drop_pass(request_id)  # a pass in flight: its paused rows go with it
         sink = self._sinks.pop(request_id, None)
         self._trackers.pop(request_id, None)
         self._prompt_lps.pop(request_id, None)
@@ -489,6 +390,9 @@ class Engine:
                 raise AssertionError("sinks kept for finished requests")
             if self.sampler.grammars.request_ids() - set(self.scheduler.requests):
                 raise AssertionError("grammar matchers kept for finished requests")
+            flying = self.scheduler.in_flight
+            if self.runner.paused_passes != ({flying.work.request_id} if flying and flying.next_layer else set()):
+                raise AssertionError(f"paused passes {self.runner.paused_passes} != the scheduler's in flight")
 
 
 def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 
-from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
+from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.batch import PagedBatch, SequenceSlice
-from bulkhead.model.llama import LlamaModel
+from bulkhead.model.llama import LlamaModel, PassState
 
 
 class NonFiniteLogits(RuntimeError):
@@ -71,15 +70,26 @@ class ModelRunner:
         # logprobs, PrefillWork.all_logits): (request id, first position,
         # logits [len(chunk), V]); row j predicts the token at start + j + 1.
         self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
+        # Passes the scheduler hands out a slice of layers at a time
+        # (bulkhead.engine.pass_slices), by request id: the batch and the
+        # rows after the last slice run. Dropped when the pass ends or its
+        # request does (drop_pass).
+        self._paused: dict[str, tuple[PagedBatch, PassState]] = {}
 
-    def run(self, plan: StepPlan, between_layers: Callable[[], None] | None = None) -> tuple[list[str], torch.Tensor]:
+    def drop_pass(self, request_id: str) -> None:
+        """Forget a sliced pass's paused rows (its request ended mid-pass)."""
+        self._paused.pop(request_id, None)
+
+    @property
+    def paused_passes(self) -> set[str]:
+        return set(self._paused)
+
+    def run(self, plan: StepPlan) -> tuple[list[str], torch.Tensor]:
         """Compute a step. Returns (request ids, logits [len(ids), V]) for the rows to sample.
 
-        between_layers: called between the layers of each prefill pass (the
-        engine's interjection point, bulkhead.engine.engine); it may
-        run() another plan, which is why prompt_rows is built in a local.
-
-        Each prefill chunk is its own forward pass (or, under batch_prompts,
+        A slice of a pass (PrefillWork.layers) runs those layers and keeps
+        the rows for the next slice; only the slice that ends the pass has
+        logits. Each prefill chunk is its own forward pass (or, under batch_prompts,
         the chunks share one), then the decode rows are one: a row's numbers
         then depend only on its own sequence (prefill rows padded to a
         bucket, decode rows tiled or padded to a measured multiple), never on
@@ -87,9 +97,9 @@ class ModelRunner:
         pass would put them through prefill-shaped matmuls whose reduction
         order changes with the row count."""
         with self.lease:
-            return self._run(plan, between_layers)
+            return self._run(plan)
 
-    def _run(self, plan: StepPlan, between_layers: Callable[[], None] | None) -> tuple[list[str], torch.Tensor]:
+    def _run(self, plan: StepPlan) -> tuple[list[str], torch.Tensor]:
         if self.config.safe_mode:
             self.check_ownership(plan)
         ids: list[str] = []
@@ -97,9 +107,14 @@ class ModelRunner:
         prompt_rows: list[tuple[str, int, torch.Tensor]] = []
         passes = self._prefill_passes(plan.prefills) + ([list(plan.decode)] if plan.decode else [])
         for works in passes:
-            batch, pass_ids = self._build_batch(works)
             prefill = isinstance(works[0], PrefillWork)
-            logits = self.model.forward(batch, self._layers, between_layers if prefill else None)
+            if prefill and works[0].layers is not None:
+                batch, pass_ids, logits = self._run_slice(works[0])
+                if logits is None:
+                    continue  # the pass goes on in a later step
+            else:
+                batch, pass_ids = self._build_batch(works)
+                logits = self.model.forward(batch, self._layers)
             if prefill and works[0].all_logits:
                 prompt_rows.append((works[0].request_id, works[0].start, logits))
                 logits = logits[-1:]  # the chunk's last row: the sampling row, if it samples
@@ -123,13 +138,30 @@ class ModelRunner:
             raise NonFiniteLogits(f"non-finite logits for {ids}")
         return ids, logits
 
+    def _run_slice(self, work: PrefillWork) -> tuple[PagedBatch, list[str], torch.Tensor | None]:
+        """Layers work.layers of work's pass, from its first layer or from
+        where its last slice paused; logits only when the slice ends the pass."""
+        first, stop = work.layers
+        if first == 0:
+            batch, ids = self._build_batch([work])
+            state = self.model.start_pass(batch)
+        else:
+            batch, state = self._paused.pop(work.request_id)
+            ids = [work.request_id] if work.samples else []
+        state = self.model.run_layers(batch, self._layers, state, first, stop)
+        if not work.ends_pass:
+            self._paused[work.request_id] = (batch, state)
+            return batch, ids, None
+        return batch, ids, self.model.finish_pass(batch, state)
+
     def _prefill_passes(self, chunks: tuple[PrefillWork, ...]) -> list[list[PrefillWork]]:
         """The step's prefill chunks as passes: one each, or (batch_prompts)
-        one for every chunk but those asking for every row's logits."""
+        one for every whole chunk but those asking for every row's logits.
+        A slice is always a pass of its own."""
         if not self.config.batch_prompts:
             return [[w] for w in chunks]
-        shared = [w for w in chunks if not w.all_logits]
-        return ([shared] if shared else []) + [[w] for w in chunks if w.all_logits]
+        shared = [w for w in chunks if not w.all_logits and w.layers is None]
+        return ([shared] if shared else []) + [[w] for w in chunks if w.all_logits or w.layers is not None]
 
     def check_ownership(self, plan: StepPlan) -> None:
         # Each page is the request's own, or a prefix-cache page of its tenant.

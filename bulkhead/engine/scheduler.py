@@ -5,9 +5,9 @@ and prefill chunks of waiting or half-prefilled requests, up to a token
 budget per step (chunked prefill as in vLLM): a short new prompt is
 prefilled within a step or two instead of after every prompt ahead of it.
 Which prompt goes next is fair across tenants (bulkhead.engine.fair_queue:
-least service first), and a less-served tenant's chunk or decode rows may
-run inside another tenant's long prefill pass (plan_interjection,
-plan_decode_between; the engine runs them between layers). A request's chunks always start at multiples of
+least service first), and while another tenant has work a long chunk's pass
+is handed out a slice of layers per step (bulkhead.engine.pass_slices), so
+that tenant's prompt and decode rows wait at most one slice. A request's chunks always start at multiples of
 `prefill_chunk` from where its prefill started, whoever shares the step, so
 its numbers do not depend on its batch-mates. When the pool runs out of
 pages, a request is preempted (its pages released and scrubbed; it is
@@ -18,115 +18,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.fair_queue import FairQueue
-from bulkhead.engine.kv_quota import quotas, victim_tenant
+from bulkhead.engine.kv_quota import Preempt, quotas, victim_tenant
+from bulkhead.engine.pass_slices import InFlightPass, layers_per_slice
 from bulkhead.engine.request import FinishReason, Request, RequestStatus
+from bulkhead.engine.scheduler_config import SchedulerConfig, TenantShares
+from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
+from bulkhead.engine.tenant_stats import tenant_stats
 from bulkhead.kv.ledger import OutOfPages, PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER, PrefixCache, page_hashes, tenant_salt
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    page_size: int
-    # Requests holding pages at once: the largest decode batch.
-    max_running: int = 32
-    # Prompt tokens per prefill pass of one request; bounds how long one
-    # prompt's pass delays everything else in its step.
-    prefill_chunk: int = 512
-    # Tokens (decode rows + prefill chunk tokens) one step may carry; 0 = one
-    # full chunk beside a full decode batch. A step always carries at least
-    # one chunk when a prompt waits, so prefill never starves.
-    step_tokens: int = 0
-    # Admitted requests waiting for pages; beyond it new ones get a 503.
-    max_waiting: int = 1024
-    # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
-    prefix_cache: bool = False
-    # Fair queueing across tenants (VTC); False = first come, first served,
-    # kept only to measure what fairness costs.
-    fair: bool = True
-    # Virtual-counter cost of a prompt token and of an output token (the
-    # VTC paper's 1 and 2: an output token holds the batch for a whole step).
-    prompt_token_cost: float = 1.0
-    output_token_cost: float = 2.0
-    # Per-tenant KV quotas when tenants compete for pages (kv_quota.py);
-    # False = the newest request is preempted, whoever's it is.
-    kv_quotas: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("page_size", "max_running", "prefill_chunk", "max_waiting"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.step_tokens < 0:
-            raise ValueError(f"step_tokens must be >= 0, got {self.step_tokens}")
-        if self.prompt_token_cost < 0 or self.output_token_cost < 0:
-            raise ValueError("token costs must be >= 0")
-
-    @property
-    def token_budget(self) -> int:
-        return self.step_tokens or self.prefill_chunk + self.max_running
-
-
-@dataclass(frozen=True)
-class TenantShares:
-    """What the scheduler reads about a tenant (from the tenant table):
-    weight(t) > 0 for fair service, kv_share(t) a pool fraction or None for
-    the fair share of active tenants."""
-
-    weight: Callable[[str], float] = lambda _t: 1.0
-    kv_share: Callable[[str], float | None] = lambda _t: None
-
-
-@dataclass(frozen=True)
-class PrefillWork:
-    request_id: str
-    tenant: str
-    start: int  # first position computed in this pass
-    token_ids: tuple[int, ...]  # tokens at positions [start, start + len)
-    pages: tuple[int, ...]  # every page the request owns, in position order
-    samples: bool  # the chunk ends the sequence: sample the next token
-    all_logits: bool = False  # logits for every row, not only the sampling one (prompt logprobs)
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class DecodeWork:
-    request_id: str
-    tenant: str
-    position: int
-    token_id: int
-    pages: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one engine step computes: only ids and ints, for the model runner.
-
-    prefills: one pass per chunk (a single PrefillWork or None is accepted
-    and made a tuple, for callers that plan one chunk by hand)."""
-
-    prefills: tuple[PrefillWork, ...]
-    decode: tuple[DecodeWork, ...]
-    preempted: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if self.prefills is None:
-            object.__setattr__(self, "prefills", ())
-        elif isinstance(self.prefills, PrefillWork):
-            object.__setattr__(self, "prefills", (self.prefills,))
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [w.request_id for w in self.prefills] + [w.request_id for w in self.decode]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(w.token_ids) for w in self.prefills) + len(self.decode)
 
 
 class QueueFull(RuntimeError):
@@ -159,6 +61,8 @@ class Scheduler:
         self.waiting = FairQueue(lambda t: self.shares.weight(t), config.prompt_token_cost,
                                  config.output_token_cost, fair=config.fair)
         self.running: list[Request] = []
+        # The one chunk whose pass runs a slice of layers per step (pass_slices.py), if any.
+        self.in_flight: InFlightPass | None = None
         self.num_preemptions = 0
         # Requests of a tenant preempted to give its pages to another tenant.
         self.quota_preemptions: dict[str, int] = {}
@@ -216,7 +120,11 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         preempted: list[str] = []
         decode = self._plan_decode(preempted)
-        prefills = self._plan_prefills(self.config.token_budget - len(decode), preempted)
+        budget = self.config.token_budget - len(decode)
+        prefills: list[PrefillWork] = []
+        if self.in_flight is not None:  # its next slice first: its pages are held, it never waits
+            prefills.append(self.in_flight.next_slice())
+        prefills += self._plan_prefills(budget, preempted)
         alive = lambda w: self.requests[w.request_id].status is RequestStatus.RUNNING  # noqa: E731
         decode = [w for w in decode if alive(w)]  # a later growth may have preempted it
         prefills = [w for w in prefills if alive(w)]
@@ -224,79 +132,18 @@ class Scheduler:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
-    def _interjection_bar(self, busy: StepPlan) -> float:
-        """The most service a tenant may have *after* what it would run inside
-        busy's paused pass (its virtual finish tag): the least served busy
-        tenant's counter plus one full chunk's cost, where that tenant's next
-        chunk would finish. Compared without the chunk, a light tenant whose
-        last short prompt ran inside this same long pass is a few tokens
-        ahead of the flood (charged a chunk at a time) and its next prompt
-        waited out the pass. Compared by counters alone, with the chunk as
-        slack, another flooding tenant's whole chunk fit, and ran inside the
-        pass where nothing can interject (one heavy tenant's 1.9 s chunk inside
-        another's, the light prompt waiting behind both: measured with four
-        heavy tenants). Finish tags (strictly below it) let the short prompt
-        in and keep a flood level with busy's out, and no tenant gets more
-        than a chunk ahead."""
-        counters = self.waiting.counters
-        return (min(counters.get(w.tenant, 0.0) for w in busy.prefills)
-                + self.config.prefill_chunk * self.config.prompt_token_cost)
+    def _contended(self, tenant: str) -> bool:
+        """Another tenant has a request here: a whole pass of tenant's would make it wait."""
+        return self.config.fair and any(r.tenant != tenant for r in self.requests.values())
 
-    def plan_interjection(self, busy: StepPlan) -> StepPlan | None:
-        """One prefill chunk to run while `busy`'s long prefill pass is paused
-        between two layers (interjection: bulkhead.engine.engine), or None:
-        the next chunk of the least-served tenant that is waiting, when that
-        tenant has nothing in busy and has had no more service than the least
-        served tenant busy prefills, give or take a chunk (_interjection_bar).
-        Only a prompt's last chunk (the one that yields its first token): a
-        flooding tenant's first chunk of a long prompt waits for the next
-        step, since nothing can interject inside an interjected pass (with
-        four heavy tenants, one's 1.4 s chunk ran inside another's while the
-        light prompt waited behind both). Fair order only. Never preempts and
-        takes no page busy holds: busy's
-        passes resume where they stopped, on the same pages. No decode rows
-        (plan_decode_between plans those)."""
-        if not self.config.fair or not busy.prefills:
-            return None
-        counters = self.waiting.counters
-        busy_tenants = {w.tenant for w in busy.prefills} | {w.tenant for w in busy.decode}
-        bar = self._interjection_bar(busy)
-        finish = lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0]))  # noqa: E731
-        last_chunk = lambda r: self._next_chunk_tokens(r) == r.prefill_target - r.num_computed  # noqa: E731
-        candidates = [c for c in self._prefill_candidates(set(busy.request_ids))
-                      if c[0].tenant not in busy_tenants and last_chunk(c[0]) and finish(c)[0] < bar]
-        if not candidates:
-            return None
-        req, running = min(candidates, key=finish)
-        work = self._plan_chunk(req, running, None, [], may_preempt=False)
-        return StepPlan((work,), (), ()) if work is not None else None
-
-    def plan_decode_between(self, busy: StepPlan) -> StepPlan | None:
-        """Decode rows to run while `busy`'s long prefill pass is paused between
-        two layers, or None. Only when a tenant that busy does not prefill
-        for, with no more service than the least served tenant busy prefills
-        (give or take a chunk: _interjection_bar), has a request decoding (its
-        next token need not wait out a better-served tenant's pass); then
-        every decoding request busy does not hold gets a
-        row, the busy tenants' too: on this CPU a decode pass costs about the
-        same for 1 row as for 16 (it reads the weights once), so the extra rows
-        are nearly free tokens. Fair order only. Never preempts (a row whose
-        page cannot be had waits for the next step)."""
-        if not self.config.fair or not busy.prefills:
-            return None
-        counters, q = self.waiting.counters, self.waiting
-        bar = self._interjection_bar(busy)
-        busy_ids, busy_tenants = set(busy.request_ids), {w.tenant for w in busy.prefills}
-        decoding = [r for r in self.running if r.decoding and r.request_id not in busy_ids]
-        after_a_token = lambda t: counters.get(t, 0.0) + q.output_cost / q.weight_of(t)  # noqa: E731
-        if not any(r.tenant not in busy_tenants and after_a_token(r.tenant) <= bar for r in decoding):
-            return None
-        work = []
-        for req in sorted(decoding, key=lambda r: r.arrival):
-            if self._grow(req, req.num_computed + 1, [], "none"):
-                work.append(DecodeWork(req.request_id, req.tenant, req.num_computed,
-                                       req.token_at(req.num_computed), tuple(self.page_table(req))))
-        return StepPlan((), tuple(work), ()) if work else None
+    def _sliced(self, work: PrefillWork) -> PrefillWork:
+        """work, or its pass's first slice when it is long and another tenant waits."""
+        cfg = self.config
+        per = layers_per_slice(cfg.num_layers, len(work.token_ids), cfg.slice_tokens)
+        if per >= cfg.num_layers or self.in_flight is not None or not self._contended(work.tenant):
+            return work
+        self.in_flight = InFlightPass(work, per, cfg.num_layers)
+        return self.in_flight.next_slice()
 
     def _prefill_candidates(self, exclude: set[str]) -> list[tuple[Request, bool]]:
         """(request, is running) per tenant: its oldest half-prefilled request,
@@ -321,8 +168,14 @@ class Scheduler:
         return out
 
     def _plan_prefills(self, budget: int, preempted: list[str]) -> list[PrefillWork]:
+        """Chunks in fair order within budget (the first always, when no pass
+        is in flight). While one is, only chunks that run whole in a slice's
+        time join it: a step stays about one slice long."""
         works: list[PrefillWork] = []
         exclude: set[str] = set()
+        if self.in_flight is not None:
+            exclude.add(self.in_flight.work.request_id)
+            budget = min(budget, self.config.slice_tokens)
         while True:
             exclude.update(preempted)  # never re-admitted in the step that preempted it
             candidates = self._prefill_candidates(exclude)
@@ -330,21 +183,24 @@ class Scheduler:
                 return works
             req, running = min(candidates, key=lambda c: self.waiting.rank(*c, self._next_chunk_tokens(c[0])))
             exclude.add(req.request_id)
-            work = self._plan_chunk(req, running, budget if works else None, preempted)
+            first = not works and self.in_flight is None
+            work = self._plan_chunk(req, running, None if first else budget, preempted)
             if work is None and not self.config.fair:
                 return works  # first come, first served: nobody overtakes the head of the line
             if work is not None:
-                works.append(work)
+                works.append(self._sliced(work))
                 budget -= len(work.token_ids)
+                if self.in_flight is not None:
+                    budget = min(budget, self.config.slice_tokens)
 
     def _next_chunk_tokens(self, req: Request) -> int:
         """Prompt tokens req's next chunk computes (before any prefix-cache hit)."""
         return min(req.prefill_target - req.num_computed, self.config.prefill_chunk)
 
     def _plan_chunk(self, req: Request, running: bool, budget: int | None,
-                    preempted: list[str], may_preempt: bool = True) -> PrefillWork | None:
+                    preempted: list[str]) -> PrefillWork | None:
         """The next chunk of req, if it fits the budget (None: no limit) and
-        its pages can be had (without preempting anyone, unless may_preempt)."""
+        its pages can be had (preempting as kv_quota's table allows)."""
         wants_prompt_logprobs = req.params.prompt_logprobs is not None
         if not running and self.cache is not None and req.num_computed == 0 and not wants_prompt_logprobs:
             req.shared_pages = self.cache.lookup(req.tenant, req.prefix_hashes, req.request_id)
@@ -356,13 +212,13 @@ class Scheduler:
             return None
         if not running:
             room = self._has_room_for(req, end)
-            if not (room or may_preempt) or not self._grow(req, end, preempted, "none" if room else "others"):
+            if not self._grow(req, end, preempted, Preempt.NOBODY if room else Preempt.OTHERS_OVER_QUOTA):
                 self._drop_shared(req)
                 return None
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-        elif not self._grow(req, end, preempted, "any" if may_preempt else "none"):
+        elif not self._grow(req, end, preempted, Preempt.ANY):
             return None
         fresh = end - max(req.num_computed, req.charged)
         if fresh > 0:
@@ -380,7 +236,7 @@ class Scheduler:
         for req in sorted((r for r in self.running if r.decoding), key=lambda r: r.arrival):
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted while making room for an older request
-            if not self._grow(req, req.num_computed + 1, preempted, "any"):
+            if not self._grow(req, req.num_computed + 1, preempted, Preempt.ANY):
                 continue
             work.append(DecodeWork(req.request_id, req.tenant, req.num_computed, req.token_at(req.num_computed),
                                    tuple(self.page_table(req))))
@@ -393,10 +249,8 @@ class Scheduler:
         evictable = self.cache.num_evictable if self.cache is not None else 0
         return self.ledger.num_free + self.ledger.num_dirty + evictable >= need
 
-    def _grow(self, req: Request, tokens: int, preempted: list[str], mode: str) -> bool:
-        """Make req hold pages for `tokens` positions. mode: "any" may preempt
-        (kv_quota's table says whom), "others" only another tenant's request
-        over its quota, "none" nobody."""
+    def _grow(self, req: Request, tokens: int, preempted: list[str], policy: Preempt) -> bool:
+        """Make req hold pages for `tokens` positions, preempting as policy allows."""
         held = len(self.page_table(req))
         need = -(-tokens // self.config.page_size) - held
         while need > 0:
@@ -409,7 +263,7 @@ class Scheduler:
                     continue
                 if self.cache is not None and self.cache.evict(need):
                     continue
-                victim = None if mode == "none" else self._victim(req, need, may_take_own=mode == "any")
+                victim = None if policy is Preempt.NOBODY else self._victim(req, need, policy is Preempt.ANY)
                 if victim is None:
                     return False
                 self._preempt(victim)
@@ -432,30 +286,19 @@ class Scheduler:
         return quotas(self.ledger.num_pages, sorted(self.waiting.active), self.shares.weight, self.shares.kv_share)
 
     def tenant_stats(self) -> dict[str, dict]:
-        """Per-tenant service, queue and pages, for /metrics and /server_info.
-        Safe to call from another thread: it reads copies, never mutates."""
-        counters, served = dict(self.waiting.counters), dict(self.waiting.served)
-        running = list(self.running)
-        held: dict[str, int] = {}
-        for r in running:
-            held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
-        active = list(self.waiting.active)
-        quota = quotas(self.ledger.num_pages, sorted(active), self.shares.weight, self.shares.kv_share) \
-            if active else {}
-        out = {}
-        for t in sorted(set(counters) | set(held)):
-            prompt, output = served.get(t, (0, 0))
-            out[t] = {"service": round(counters.get(t, 0.0), 1), "prompt_tokens_served": prompt,
-                      "output_tokens_served": output, "waiting": self.waiting.depth(t),
-                      "running": sum(1 for r in running if r.tenant == t), "kv_pages": held.get(t, 0),
-                      "kv_quota": quota.get(t), "quota_preemptions": self.quota_preemptions.get(t, 0)}
-        return out
+        """Per-tenant service, queue and pages, for /metrics and /server_info
+        (bulkhead.engine.tenant_stats). Safe from another thread."""
+        return tenant_stats(self)
 
     def _victim(self, req: Request, need: int, may_take_own: bool) -> Request | None:
+        """Whom to preempt for req's pages; never a request whose pass is in
+        flight (its paused rows are computed over the pages it holds)."""
+        flying = self.in_flight.work.request_id if self.in_flight is not None else None
+        preemptible = [r for r in self.running if r.request_id != flying]
         if not self.config.kv_quotas:
-            return max(self.running, key=lambda r: r.arrival) if may_take_own and self.running else None
+            return max(preemptible, key=lambda r: r.arrival) if may_take_own and preemptible else None
         tenant = victim_tenant(self.held_by_tenant(), self.kv_quotas(), req.tenant, need, may_take_own)
-        pool = [r for r in self.running if r.tenant == tenant]
+        pool = [r for r in preemptible if r.tenant == tenant]
         return max(pool, key=lambda r: r.arrival) if pool else None
 
     def _drop_shared(self, req: Request) -> None:
@@ -519,6 +362,12 @@ class Scheduler:
         """Record what a step computed; returns the requests that got a new token."""
         advanced = []
         for chunk in plan.prefills:
+            if chunk.layers is not None:  # a slice: the pass goes on, or ends here
+                if self.in_flight is None or self.in_flight.work.request_id != chunk.request_id:
+                    continue  # its request ended during the step (finish() dropped the pass)
+                if not self.in_flight.ran(chunk):
+                    continue
+                self.in_flight = None
             req = self.requests.get(chunk.request_id)
             if req is not None and req.status is RequestStatus.RUNNING:
                 req.num_computed = chunk.end
@@ -543,6 +392,8 @@ class Scheduler:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
+        if self.in_flight is not None and self.in_flight.work.request_id == request_id:
+            self.in_flight = None  # the engine drops the runner's paused rows with it
         if req.status is RequestStatus.RUNNING:
             if keep_pages:
                 self.kept[request_id] = req
@@ -570,6 +421,13 @@ class Scheduler:
             held = len(self.page_table(r)) * self.config.page_size
             if held < r.num_computed:
                 raise AssertionError(f"request {r.request_id} computed {r.num_computed} tokens in {held} slots")
+        if self.in_flight is not None:
+            work = self.in_flight.work
+            req = self.requests.get(work.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING or req.num_computed != work.start:
+                raise AssertionError(f"pass in flight for {work.request_id}, which is not running at {work.start}")
+            if tuple(self.page_table(req))[: len(work.pages)] != work.pages:
+                raise AssertionError(f"{work.request_id}'s pages moved while its pass was in flight")
         if set(self.awaiting_remote_kv) & (set(self.requests) | set(self.kept)):
             raise AssertionError("a request awaits remote KV and is scheduled or kept")
         live = running | set(self.awaiting_remote_kv) | set(self.kept)

@@ -7,7 +7,6 @@ where each sequence's KV pages are.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -92,44 +91,61 @@ class LlamaModel:
         return self.weights.embed.dtype
 
     @torch.inference_mode()
-    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
-        """Run one pass; returns logits [S, V] (float32) for batch.logit_rows.
-
-        between_layers, if given, is called after every layer but the last:
-        the engine may run another pass there (a short prompt that should not
-        wait out this long one). The pass keeps all its state in locals, so
-        pausing it changes none of its numbers.
+    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Run one whole pass; returns logits [S, V] (float32) for batch.logit_rows.
 
         kv_layers[i] = (k, v) of layer i, each [num_pages, page_size, KVH, hd]
         views of the one pool tensor. This pass writes its real rows' K/V at
         batch.write_slots before any attention reads them.
         """
-        cfg, w = self.config, self.weights
-        x = w.embed[batch.token_ids]  # [T, D]
         # Not where decode rows are tiled (no batch-invariant row multiple
         # was measured): the C layers run every row through one matmul.
         if batch.decode and self._c_layers is not None and not batch.row_tile:
-            x = self._c_layers.run(x, batch, kv_layers)
-        else:
-            x = self._torch_layers(x, batch, kv_layers, between_layers)
-        x = _rms_norm(x[batch.logit_rows], w.final_norm, cfg.rms_norm_eps)
-        return _linear(x, w.lm_head, None, batch).float()
+            x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
+            return self._head(x, batch)
+        state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
+        return self._head(state.x, batch)
 
-    def _torch_layers(self, x: torch.Tensor, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-                      between_layers: Callable[[], None] | None) -> torch.Tensor:
-        """Every layer, one torch op (or, for prompt rows under prefill_glue
-        "c", one C call) at a time: x [T, D] in, the last layer's output out."""
+    # A prompt pass in slices of layers (bulkhead.engine.pass_slices): the
+    # runner calls start_pass, run_layers once per slice, finish_pass. The
+    # same ops as forward, layer after layer, so the same numbers.
+    @torch.inference_mode()
+    def start_pass(self, batch: PagedBatch) -> PassState:
+        return PassState(self.weights.embed[batch.token_ids], None)  # x [T, D]
+
+    @torch.inference_mode()
+    def run_layers(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], state: PassState,
+                   start: int, stop: int) -> PassState:
+        """Layers [start, stop) of a pass that has run [0, start)."""
+        return self._torch_layers(state, batch, kv_layers, start, stop)
+
+    @torch.inference_mode()
+    def finish_pass(self, batch: PagedBatch, state: PassState) -> torch.Tensor:
+        """The logits of a pass whose every layer has run: [S, V] float32."""
+        return self._head(state.x, batch)
+
+    def _head(self, x: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        x = _rms_norm(x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
+        return _linear(x, self.weights.lm_head, None, batch).float()
+
+    def _torch_layers(self, state: PassState, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                      start: int, stop: int) -> PassState:
+        """Layers [start, stop), one torch op (or, for prompt rows under
+        prefill_glue "c", one C call) at a time."""
         cfg, w = self.config, self.weights
-        glue = _CGlue(self, batch) if self.prefill_glue == "c" and not batch.decode and x.dtype == torch.float32 \
-            else _TorchGlue(self, batch, x.dtype)
+        glue = _CGlue(self, batch) if self.prefill_glue == "c" and not batch.decode and state.x.dtype == torch.float32 \
+            else _TorchGlue(self, batch, state.x.dtype)
         page_size = kv_layers[0][1].shape[1]
         # Where each real row's K/V goes: the same for every layer.
         slots = (batch.write_slots // page_size, batch.write_slots % page_size)  # page [N], offset [N]
         qk_size, qk_heads = cfg.q_size + cfg.kv_size, cfg.num_heads + cfg.num_kv_heads
-        x = x.contiguous()
-        h = glue.rms_norm(x, w.layers[0].input_norm)
-        for i, (layer, (k_pages, v_pages)) in enumerate(zip(w.layers, kv_layers)):
+        if start == 0:
+            x = state.x.contiguous()
+            h = glue.rms_norm(x, w.layers[0].input_norm)
+        else:
+            x, h = state.x, state.h
+        for i in range(start, stop):
+            layer, (k_pages, v_pages) = w.layers[i], kv_layers[i]
             qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)  # [T, (H + 2 * KVH) * hd]
             qk = glue.rope(qkv, qk_heads)  # [T, H + KVH, hd]
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
@@ -139,13 +155,19 @@ class LlamaModel:
             x, h = glue.add_rms_norm(x, _linear(attn, layer.o, None, batch), layer.post_norm)
             act = glue.gate_up_silu_mul(h, layer.gate_up, batch)
             down = _linear(act, layer.down, None, batch)
-            if layer is w.layers[-1]:
-                return x + down
+            if i == cfg.num_layers - 1:
+                return PassState(x + down, None)
             # The residual add and the next layer's input norm in one pass.
             x, h = glue.add_rms_norm(x, down, w.layers[i + 1].input_norm)
-            if between_layers is not None:
-                between_layers()
-        return x
+        return PassState(x, h)
+
+
+@dataclass
+class PassState:
+    """A pass's rows between two slices of its layers (the runner keeps it)."""
+
+    x: torch.Tensor  # [T, D] the residual stream after the last layer run (the pass's own tensor)
+    h: torch.Tensor | None  # [T, D] x normed for the next layer's input; None after the last layer
 
 
 class _TorchGlue:

@@ -155,7 +155,7 @@ def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None
         prefill_attention=args.prefill_attention, prefill_glue=args.prefill_glue,
         guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
-        interject=not args.no_interjection,
+        slice_tokens=0 if args.no_interjection else EngineConfig.slice_tokens,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),
     )
 

@@ -35,24 +35,27 @@ class CanaryModel:
         self.worker = worker
         self.on_bad_read = on_bad_read
 
-    def forward(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]],
-                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
-        # numpy views of the same storage: these pools are tiny and per-op overhead dominates
-        slots = batch.write_slots.numpy()  # real rows only; padding rows write nothing
-        n = len(slots)
+    def forward(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        self.start_pass(batch)
+        self.run_layers(batch, layers, None, 0, len(layers))
+        return self.finish_pass(batch, layers)
+
+    # A pass in slices (bulkhead.engine.pass_slices): the first slice writes
+    # every layer's KV, the last reads it back; other steps run in between,
+    # so the pass's own KV must still be there when it reads.
+    def start_pass(self, batch: PagedBatch) -> None:
+        return None
+
+    def run_layers(self, batch: PagedBatch, layers: list[tuple[torch.Tensor, torch.Tensor]], state, start: int,
+                   stop: int):
+        if start == 0:
+            self._write(batch, layers)
+        return layers if stop == len(layers) else None
+
+    def finish_pass(self, batch: PagedBatch, state) -> torch.Tensor:
+        """state: the pool's layer views (run_layers returns them when the pass's last layer ran)."""
+        views, page_size = self._views(state)
         tokens = batch.token_ids.numpy()
-        positions = batch.positions.numpy()[:n]
-        page_size = layers[0][1].shape[1]
-        # Position-major numpy views of the same storage, [pages, page_size, kv_heads, head_dim]
-        # (K is stored head-dim-major inside a page: bulkhead.kv.pool.KVPool).
-        views = [(k.numpy().transpose(0, 3, 1, 2), v.numpy()) for k, v in layers]
-        for k, v in views:
-            k[slots // page_size, slots % page_size] = tokens[:n, None, None]
-            v[slots // page_size, slots % page_size] = positions[:, None, None]
-        if between_layers is not None:
-            # The engine may run another pass here, as between a real model's
-            # layers; this pass's own KV must still be there when it reads.
-            between_layers()
         pages = batch.pages.numpy()
         for seq in batch.sequences:
             self._check_read(int(tokens[seq.row_end - 1]), pages[seq.page_offset : seq.page_offset + seq.num_pages],
@@ -61,6 +64,23 @@ class CanaryModel:
         logits = torch.zeros(len(rows), self.vocab_size)
         logits[torch.arange(len(rows)), batch.token_ids[rows]] = 1.0  # the canary predicts itself
         return logits
+
+    @staticmethod
+    def _views(layers):
+        # Position-major numpy views of the same storage, [pages, page_size, kv_heads, head_dim]
+        # (K is stored head-dim-major inside a page: bulkhead.kv.pool.KVPool).
+        return [(k.numpy().transpose(0, 3, 1, 2), v.numpy()) for k, v in layers], layers[0][1].shape[1]
+
+    def _write(self, batch: PagedBatch, layers) -> None:
+        # numpy views of the same storage: these pools are tiny and per-op overhead dominates
+        slots = batch.write_slots.numpy()  # real rows only; padding rows write nothing
+        n = len(slots)
+        tokens = batch.token_ids.numpy()
+        positions = batch.positions.numpy()[:n]
+        views, page_size = self._views(layers)
+        for k, v in views:
+            k[slots // page_size, slots % page_size] = tokens[:n, None, None]
+            v[slots // page_size, slots % page_size] = positions[:, None, None]
 
     def _check_read(self, canary: int, pages: np.ndarray, kv_len: int, views, page_size: int) -> None:
         pos = np.arange(kv_len)

@@ -112,13 +112,13 @@ class Cluster:
         if name.startswith("decode"):
             node.target = SimTarget(ctx, name, inc, geo.layout, geo.decode_pages)
             built = build_sim_engine(geo, geo.decode_pages, name, self._bad_read, prefill_only=False,
-                                     pool=node.target.pool, clock=ctx.now)
+                                     pool=node.target.pool)
             node.target.ledger = built.engine.ledger
             self.plane.targets[name] = node.target
             node.worker = DecodeWorker(built, MODEL_ID, signer, "sim://router", target=node.target,
                                        drain_lease_s=self.timing.drain_lease_s, **common)
         else:
-            built = build_sim_engine(geo, geo.prefill_pages, name, self._bad_read, prefill_only=True, clock=ctx.now)
+            built = build_sim_engine(geo, geo.prefill_pages, name, self._bad_read, prefill_only=True)
             node.worker = PrefillWorker(built, MODEL_ID, signer, "sim://router", **common)
         self.nodes[name] = node
         node.worker.link.start(node.worker.on_message, node.worker.on_tick)

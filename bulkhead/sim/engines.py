@@ -28,6 +28,9 @@ class SimGeometry:
     decode_pages: int = 10
     model_context: int = 64  # the model's own limit; each worker clamps to its pool
     prefill_chunk: int = 12  # longer prompts take two prefill steps: chunked prefill is exercised
+    # A chunk over this runs a layer a step while another tenant has work:
+    # passes in flight across steps (bulkhead.engine.pass_slices) are exercised.
+    slice_tokens: int = 6
     decode_tile: int = 4
 
     @property
@@ -45,9 +48,8 @@ class CanaryTokenizer:
 
 
 def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read, prefill_only: bool,
-                     pool: KVPool | None = None, clock=None) -> BuiltEngine:
-    """pool: decode's, owned by the simulated transfer target (as tcp's receiver owns it).
-    clock: the virtual one, so that the engine's pacing replays seed for seed."""
+                     pool: KVPool | None = None) -> BuiltEngine:
+    """pool: decode's, owned by the simulated transfer target (as tcp's receiver owns it)."""
     layout = geo.layout
     pool = pool or KVPool(layout, num_pages, "zero")
     ledger = PageLedger(num_pages)
@@ -55,13 +57,13 @@ def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read,
     config = EngineConfig(model_dir=Path("/nonexistent"), model_id=MODEL_ID, kv_memory_bytes=0,
                           page_size=geo.page_size, context_length=context, clamp_context_length=True,
                           max_running=8, prefill_chunk=geo.prefill_chunk, decode_tile=geo.decode_tile)
-    scheduler = Scheduler(SchedulerConfig(page_size=geo.page_size, max_running=8, prefill_chunk=geo.prefill_chunk),
+    scheduler = Scheduler(SchedulerConfig(page_size=geo.page_size, max_running=8, prefill_chunk=geo.prefill_chunk,
+                                          num_layers=layout.num_layers, slice_tokens=geo.slice_tokens),
                           ledger, reclaim=lambda: scrub_released(pool, ledger), cache_secret=b"sim")
     runner = ModelRunner(CanaryModel(VOCAB, worker, on_bad_read), pool, ledger,
                          RunnerConfig(decode_tile=geo.decode_tile, safe_mode=True))
     tokenizer = CanaryTokenizer()
-    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only,
-                    **({"clock": clock} if clock is not None else {}))
+    engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only)
     limits = Limits(context_length=context, pool_tokens=pool.num_tokens, page_size=geo.page_size, vocab_size=VOCAB)
     return BuiltEngine(engine, tokenizer, limits, config, clamped=context < geo.model_context, layout=layout,
                        model_config=None)

@@ -63,6 +63,8 @@ def run_seed(seed: int, honour_write_guard: bool = True, trace: bool = False) ->
     check_run(ctx, cluster, requests, outcomes, state["quiescent"])
     for o in outcomes.values():
         ctx.stats[f"outcome_{o.kind}"] += 1
+    # Prefill passes handed out a slice of layers per step (engine/pass_slices.py).
+    ctx.stats["pass_slices"] += sum(n.worker.engine.stats.slices for n in [*cluster.nodes.values(), *cluster.retired])
     # Without retransmission a lost message can strand a request: liveness, not isolation (invariants.py).
     lost = ctx.stats["messages_lost"] > 0
     violations = [v for v in ctx.violations if not (lost and v.kind in LIVENESS)]

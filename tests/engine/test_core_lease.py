@@ -89,9 +89,9 @@ def test_the_engine_holds_the_lease_for_every_model_pass(make_engine, tmp_path):
     model, held = built.engine.runner.model, []
     real_forward = model.forward
 
-    def forward(batch, layers, between_layers=None):
+    def forward(batch, layers):
         held.append(not free(path))
-        return real_forward(batch, layers, between_layers)
+        return real_forward(batch, layers)
 
     model.forward = forward
     for i, prompt in enumerate(prompts(2, length=20)):

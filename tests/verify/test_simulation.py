@@ -25,6 +25,7 @@ def test_every_seed_keeps_every_invariant_and_every_fault_kind_fires():
     # The workload really exercised the paths: answers, rejections and failures all happened.
     for outcome in ("success", "rejected", "error", "aborted"):
         assert summary.stats[f"outcome_{outcome}"] > 0, outcome
+    assert summary.stats["pass_slices"] > 0  # prefill passes ran in slices, other steps between them
 
 
 def test_a_run_in_which_a_fault_kind_never_fired_fails():

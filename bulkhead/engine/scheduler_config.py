@@ -1,0 +1,66 @@
+"""The scheduler's configuration and what it reads of the tenant table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    page_size: int
+    # Requests holding pages at once: the largest decode batch.
+    max_running: int = 32
+    # Prompt tokens per prefill pass of one request; bounds how long one
+    # prompt's pass delays everything else in its step.
+    prefill_chunk: int = 512
+    # Tokens (decode rows + prefill chunk tokens) one step may carry; 0 = one
+    # full chunk beside a full decode batch. A step always carries at least
+    # one chunk when a prompt waits, so prefill never starves.
+    step_tokens: int = 0
+    # Admitted requests waiting for pages; beyond it new ones get a 503.
+    max_waiting: int = 1024
+    # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
+    prefix_cache: bool = False
+    # Fair queueing across tenants (VTC); False = first come, first served,
+    # kept only to measure what fairness costs.
+    fair: bool = True
+    # Virtual-counter cost of a prompt token and of an output token (the
+    # VTC paper's 1 and 2: an output token holds the batch for a whole step).
+    prompt_token_cost: float = 1.0
+    output_token_cost: float = 2.0
+    # Per-tenant KV quotas when tenants compete for pages (kv_quota.py);
+    # False = the newest request is preempted, whoever's it is.
+    kv_quotas: bool = True
+    # The model's layers: the unit a long pass is sliced in (pass_slices.py).
+    num_layers: int = 1
+    # While another tenant has work, a chunk longer than this runs as slices
+    # of layers, each costing about this many tokens of a whole pass: the
+    # longest another tenant's prompt or next token waits behind it (128
+    # tokens of SmolLM2 is about 70 ms on two cores). 0 = whole passes
+    # always (first come, first served never slices: nobody is let ahead).
+    slice_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "max_running", "prefill_chunk", "max_waiting", "num_layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.step_tokens < 0 or self.slice_tokens < 0:
+            raise ValueError(f"step_tokens and slice_tokens must be >= 0, got {self.step_tokens}, "
+                             f"{self.slice_tokens}")
+        if self.prompt_token_cost < 0 or self.output_token_cost < 0:
+            raise ValueError("token costs must be >= 0")
+
+    @property
+    def token_budget(self) -> int:
+        return self.step_tokens or self.prefill_chunk + self.max_running
+
+
+@dataclass(frozen=True)
+class TenantShares:
+    """What the scheduler reads about a tenant (from the tenant table):
+    weight(t) > 0 for fair service, kv_share(t) a pool fraction or None for
+    the fair share of active tenants."""
+
+    weight: Callable[[str], float] = lambda _t: 1.0
+    kv_share: Callable[[str], float | None] = lambda _t: None
