@@ -1,5 +1,5 @@
 """`bulkhead serve --lineage-log` end to end (colocated, the real model, two
-tenants), and /health when the log cannot be written."""
+tenants), and /ready when the log cannot be written."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def test_a_colocated_server_writes_a_log_that_verifies_and_names_no_cross_tenant
                     temperature=0)
                 ids.setdefault(tenant, []).append(out.id)
         assert httpx.get(proc.url + "/health").json() == {"status": "ok"}
+        assert httpx.get(proc.url + "/ready").json() == {"status": "ready"}
         assert proc.metric("bulkhead_lineage_ok") == 1
         assert proc.info()["lineage"]["error"] is None
     finally:
@@ -56,7 +57,7 @@ class _NoMetrics:
 
 
 class DegradedBackend(LocalBackend):
-    """Only what /health reads: a backend over a lineage log and nothing else."""
+    """Only what /ready reads: a backend over a lineage log and nothing else."""
 
     def __init__(self, lineage):
         self.built = SimpleNamespace(engine=SimpleNamespace(lineage=lineage))
@@ -69,7 +70,7 @@ class DegradedBackend(LocalBackend):
         pass
 
 
-def test_health_is_503_while_the_log_cannot_be_written(tmp_path, monkeypatch):
+def test_ready_is_503_while_the_log_cannot_be_written_and_health_stays_200(tmp_path, monkeypatch):
     import os
 
     from fastapi.testclient import TestClient
@@ -78,15 +79,21 @@ def test_health_is_503_while_the_log_cannot_be_written(tmp_path, monkeypatch):
 
     lineage = LineageLog(tmp_path / "l.jsonl", bytes(32), flush_interval_s=3600)
     client = TestClient(create_app(ServerState(DegradedBackend(lineage), None)))
-    assert client.get("/health").status_code == 200
+    assert client.get("/ready").json() == {"status": "ready"}
     real_write = os.write
     monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     lineage.allocated("r", "alpha", [0], [1])
     lineage.flush()
-    response = client.get("/health")
+    response = client.get("/ready")
     assert response.status_code == 503
-    assert response.json()["status"] == "degraded" and "No space left" in response.json()["lineage"]["colocated"]
+    error = response.json()["error"]
+    assert error["code"] == "not_ready" and error["type"] == "server_error"
+    assert "l.jsonl cannot be written" in error["message"] and "No space left" in error["reasons"][0]
+    assert "alpha" not in response.text  # open without a key: names no tenant
+    # Liveness: the process answers; restarting it would lose the records it still holds.
+    assert client.get("/health").status_code == 200
     monkeypatch.setattr(os, "write", real_write)
-    lineage.flush()  # written again: healthy again, nothing lost
-    assert client.get("/health").status_code == 200 and lineage.records_lost == 0
+    lineage.flush()  # written again: ready again, nothing lost
+    assert client.get("/ready").status_code == 200 and lineage.records_lost == 0
     lineage.close()
+
