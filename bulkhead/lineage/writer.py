@@ -94,6 +94,9 @@ class LineageLog(LineageSink):
         self._emit("cache_hit", {"request": request, "tenant": tenant, "pages": list(pages),
                                  "gens": list(generations), "tenants": list(page_tenants)})
 
+    def named(self, request, tenant, client_id):
+        self._emit("name", {"request": request, "tenant": tenant, "client_id": client_id})
+
     def request_end(self, request, tenant, reason):
         self._emit("end", {"request": request, "tenant": tenant, "reason": reason})
 

@@ -202,7 +202,8 @@ def create_app(state: ServerState) -> FastAPI:
         # rid names the engine's requests (unique server-wide); public_id is
         # what the client sees and addresses, unique only within its tenant.
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        public_id = client_request_id(request.headers.get("x-request-id")) or rid
+        client_id = client_request_id(request.headers.get("x-request-id"))
+        public_id = client_id or rid
         endpoint = "chat" if chat else "completions"
         tickets: list[Admitted] = []
         # Every choice is admitted before any is submitted: a request is
@@ -218,7 +219,7 @@ def create_app(state: ServerState) -> FastAPI:
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()
                     log.info("%s tenant=%s rejected: %s", rid, tenant, decision.error.code)
                     raise decision.error
-                tickets.append(decision)
+                tickets.append(decision if client_id is None else replace(decision, client_id=client_id))
         prompt_tokens = sum(len(p) for p in prompts)
         try:  # before anything is submitted: a refused request holds no page
             state.limiter.check(tenant, sum(len(t.prompt_token_ids) + t.params.max_tokens for t in tickets))

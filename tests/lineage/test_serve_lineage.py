@@ -30,6 +30,10 @@ def test_a_colocated_server_writes_a_log_that_verifies_and_names_no_cross_tenant
                     model="SmolLM2-135M-Instruct", prompt=f"{tenant} secret {round_}: the canary is", max_tokens=8,
                     temperature=0)
                 ids.setdefault(tenant, []).append(out.id)
+        named = openai_client(proc.url, "sk-beta-test").completions.create(
+            model="SmolLM2-135M-Instruct", prompt="a named request", max_tokens=4, temperature=0,
+            extra_headers={"X-Request-Id": "order-7"})
+        assert named.id == "order-7"  # the client's id is all it sees
         assert httpx.get(proc.url + "/health").json() == {"status": "ok"}
         assert httpx.get(proc.url + "/ready").json() == {"status": "ready"}
         assert proc.metric("bulkhead_lineage_ok") == 1
@@ -49,6 +53,10 @@ def test_a_colocated_server_writes_a_log_that_verifies_and_names_no_cross_tenant
     assert story["tenant"] == "beta" and story["pages"]
     kinds = [r["kind"] for r in story["records"]]
     assert kinds[0] == "alloc" and kinds[-2:] == ["free", "end"]  # the engine frees, then records the end
+    assert main(["lineage", "request", "order-7", "--json", *args]) == 0  # by the caller's X-Request-Id
+    story = json.loads(capsys.readouterr().out)
+    assert (story["tenant"], story["client_id"]) == ("beta", "order-7") and story["pages"]
+    assert [r["kind"] for r in story["records"]][0] == "name"
 
 
 class _NoMetrics:
