@@ -18,9 +18,11 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from bulkhead.server.launch import add_serve_arguments
-
+def build_parser(serve_arguments: bool = True) -> argparse.ArgumentParser:
+    """serve_arguments=False leaves `serve`'s flags out: they live in
+    bulkhead.server.launch, whose imports (torch, the engine, FastAPI) took
+    most of the ~4 s that `bulkhead admin workers` or `bulkhead lineage`
+    spent before doing anything; main() builds them only for `serve`."""
     parser = argparse.ArgumentParser(
         prog="bulkhead",
         description="Multi-tenant LLM inference server that cannot hand one tenant's KV cache to another.",
@@ -30,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="start the OpenAI-compatible server",
         description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys keys.toml",
     )
-    add_serve_arguments(serve)
+    if serve_arguments:
+        from bulkhead.server.launch import add_serve_arguments
+
+        add_serve_arguments(serve)
     convert = sub.add_parser(
         "convert", help="import a GGUF checkpoint as a Hugging Face safetensors directory",
         description="Example: bulkhead convert model.gguf ./model-hf (no GGUF: the bundled SmolLM2)",
@@ -58,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, seams=None) -> int:
     """seams: test harnesses only (bulkhead/seams.py); the command line never sets it."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(serve_arguments=command in (None, "serve")).parse_args(argv)
     if args.command == "serve":
         from bulkhead.seams import PRODUCTION
         from bulkhead.server.launch import serve

@@ -18,8 +18,8 @@ class PlanInputError(AuditError):
 class MemorySizeError(PlanInputError):
     """A memory size string (`141GiB`, `80GB`, `1234`) did not parse."""
 
-    def __init__(self, text: str, reason: str) -> None:
-        super().__init__(f"memory size {text!r}: {reason}")
+    def __init__(self, text: str, reason: str, what: str = "memory size") -> None:
+        super().__init__(f"{what} {text!r}: {reason}")  # what: the flag it came from, when known
         self.text = text
 
 

@@ -40,15 +40,18 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
         raise PlanInputError(f"--mem-fraction {args.mem_fraction!r} is not a number") from error
     return PlanInputs(
         layout=layout,
-        accelerator_memory_bytes=parse_memory_size(args.accelerator_memory),
-        weights_bytes=parse_memory_size(args.weights_bytes),
+        accelerator_memory_bytes=parse_memory_size(args.accelerator_memory, unit_required=True,
+                                                   what="--accelerator-memory"),
+        # A bare number is bytes here, as the flag's name says (docs/audit.md's example gives one).
+        weights_bytes=parse_memory_size(args.weights_bytes, what="--weights-bytes"),
         tp=args.tp,
         mem_fraction=fraction,
         context_length=context,
         kv_dtype=kv_dtype,
         kv_dtype_bytes=kv_dtype_bytes,
         page_size=args.page_size,
-        activation_reserve_bytes=parse_memory_size(args.activation_reserve),
+        activation_reserve_bytes=parse_memory_size(args.activation_reserve, unit_required=True,
+                                                   what="--activation-reserve"),
     )
 
 

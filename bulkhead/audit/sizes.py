@@ -29,20 +29,28 @@ _UNIT_BYTES = {
 _SIZE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_memory_size(text: str) -> int:
-    """Bytes in `text`; fractional results round down to whole bytes."""
+def parse_memory_size(text: str, unit_required: bool = False, what: str = "memory size") -> int:
+    """Bytes in `text`; fractional results round down to whole bytes.
+
+    unit_required: a bare number is an error, not bytes. `--accelerator-memory
+    80` means 80 GB to anyone who writes it, and read as 80 bytes it made a
+    budget of -16.9 GiB; `80B` still says bytes when bytes are meant.
+    what: the flag the text came from, named in the error."""
     match = _SIZE.match(str(text))
     if match is None:
-        raise MemorySizeError(text, "expected a number with an optional unit, e.g. 141GiB, 80GB or 1234")
+        raise MemorySizeError(text, "expected a number with an optional unit, e.g. 141GiB, 80GB or 1234", what)
     number, unit = match.groups()
+    if unit_required and not unit:
+        raise MemorySizeError(text, f"a number without a unit; give one, e.g. {number.strip()}GiB or "
+                                    f"{number.strip()}GB (or {number.strip()}B for bytes)", what)
     multiplier = _UNIT_BYTES.get(unit.lower())
     if multiplier is None:
         known = ", ".join(u for u in _UNIT_BYTES if u) + " (any case)"
-        raise MemorySizeError(text, f"unknown unit {unit!r}; known units: {known}")
+        raise MemorySizeError(text, f"unknown unit {unit!r}; known units: {known}", what)
     try:
         value = Decimal(number.replace("_", "").replace(",", ""))
     except InvalidOperation as error:  # pragma: no cover - the regex admits only digits
-        raise MemorySizeError(text, "not a number") from error
+        raise MemorySizeError(text, "not a number", what) from error
     return int(value * multiplier)
 
 

@@ -29,7 +29,7 @@ from bulkhead.disagg import messages as m
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
-from bulkhead.disagg.router_metrics import RouterCollector, router_info, sum_tenant_stats
+from bulkhead.disagg.router_metrics import RouterCollector, router_info, router_not_ready, sum_tenant_stats
 from bulkhead.disagg.ticket import sign
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
@@ -381,11 +381,8 @@ class DisaggBackend(Backend):
     def info(self) -> dict:
         return router_info(self)
 
-    def health(self) -> dict:
-        """Degraded while any live worker's lineage log cannot be written or lost records."""
-        problems = {w.name: why for w in self.registry.all()
-                    if (why := lineage_health.problem(w.info.get("lineage"))) is not None}
-        return lineage_health.health(problems)
+    def not_ready(self) -> list[str]:
+        return router_not_ready(self.registry)
 
     def collector(self):
         return RouterCollector(self)

@@ -1,5 +1,5 @@
 """What the router reports about itself and its workers: the `/server_info`
-body and the Prometheus collector. Both only read: the worker registry
+body, why it is not ready (/ready) and the Prometheus collector. Both only read: the worker registry
 (each worker's last heartbeat), the router's event counters and the control
 plane's drop counts."""
 
@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from bulkhead import __version__
+from bulkhead.disagg.registry import state_of
 from bulkhead.errors import Overloaded
 from bulkhead.lineage import health as lineage_health
 from bulkhead.serving.tenant_metrics import tenant_metrics
 
 if TYPE_CHECKING:
+    from bulkhead.disagg.registry import WorkerRegistry
     from bulkhead.disagg.router import DisaggBackend
 
 
@@ -37,6 +39,23 @@ def router_info(router: DisaggBackend) -> dict:
         "control_plane": vars(router.signer.stats).copy(), "counters": dict(router.counters),
         "auth": router.auth,
     }
+
+
+def router_not_ready(registry: WorkerRegistry) -> list[str]:
+    """Why /ready is 503: no prefill/decode pair takes requests (none
+    registered, lost, or the last of a role drained: every request would get
+    a 503), or a live worker's lineage log cannot be written (as its last
+    heartbeat said)."""
+    reasons = []
+    for role in ("prefill", "decode"):
+        if not any(w.role == role for w in registry.assignable()):
+            others = [f"{w.name} {state_of(w)}" for w in registry.all() if w.role == role]
+            reasons.append(f"no prefill/decode pair can serve: no {role} worker takes requests "
+                           f"({', '.join(others) or 'none registered'})")
+    for w in registry.live():
+        if (why := lineage_health.unwritable(w.info.get("lineage"))) is not None:
+            reasons.append(f"{w.name}: {why}")
+    return reasons
 
 
 def sum_tenant_stats(per_worker) -> dict[str, dict]:

@@ -53,13 +53,13 @@ def ticket_to_dict(ticket: Ticket) -> dict:
     a = ticket.admitted
     return {"request_id": a.request_id, "tenant": a.tenant, "room": ticket.room, "epoch": ticket.epoch,
             "prompt_token_ids": list(a.prompt_token_ids), "params": params_to_dict(a.params),
-            "context_length": a.context_length, "cache_salt": a.cache_salt,
+            "context_length": a.context_length, "cache_salt": a.cache_salt, "client_id": a.client_id,
             "weight": ticket.weight, "kv_share": ticket.kv_share}
 
 
 def ticket_from_dict(d: dict) -> Ticket:
     admitted = Admitted(d["request_id"], d["tenant"], tuple(int(t) for t in d["prompt_token_ids"]),
-                        params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"])
+                        params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"], d["client_id"])
     share = d["kv_share"]
     return Ticket(admitted, int(d["room"]), int(d["epoch"]), float(d["weight"]),
                   None if share is None else float(share))

@@ -76,6 +76,8 @@ class WorkerBase:
             self.send(refusal(signed.request_id, str(e)))
             return None
         self.tenant_shares[ticket.tenant] = (ticket.weight, ticket.kv_share)
+        if ticket.admitted.client_id is not None:
+            self.lineage.named(ticket.request_id, ticket.tenant, ticket.admitted.client_id)
         return ticket
 
     @contextmanager

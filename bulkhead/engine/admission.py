@@ -44,6 +44,9 @@ class Admitted:
     context_length: int
     # The client's prefix-cache salt: subdivides the tenant's cache space only.
     cache_salt: str | None = None
+    # The client's X-Request-Id, if it sent one: decides nothing; the lineage
+    # log records it so `bulkhead lineage request` finds the request by it.
+    client_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,23 @@ def worker_log_path(path: Path, worker: str) -> Path:
     path = Path(path)
     return path.with_name(f"{path.stem}.{worker}{path.suffix}") if path.suffix else path.with_name(
         f"{path.name}.{worker}")
+
+
+def logs_named(path: Path) -> list[Path]:
+    """The logs a name given to `--lineage-log` stands for: PATH itself when
+    it has segments (a colocated server's log, or a worker's file named
+    directly), then every worker's log beside it (worker_log_path's names,
+    found by their current or rotated segments), sorted by name."""
+    path = Path(path)
+    out = [path] if segments(path) else []
+    if path.suffix:
+        pattern = re.compile(re.escape(path.stem) + r"\.(.+)" + re.escape(path.suffix) + r"(\.\d+)?$")
+    else:  # lineage -> lineage.decode-0; lineage.1 is PATH's own rotated segment, not a worker's
+        pattern = re.compile(re.escape(path.name) + r"\.(.*[^\d.].*?)(\.\d+)?$")
+    workers = set()
+    if path.parent.is_dir():
+        for p in path.parent.iterdir():
+            match = pattern.match(p.name)
+            if match and match.group(1).rsplit(".", 1)[-1] not in ("head", "tmp"):  # head files, not logs
+                workers.add(worker_log_path(path, match.group(1)))
+    return out + sorted(w for w in workers if w != path and segments(w))

@@ -1,10 +1,12 @@
 """`bulkhead lineage verify | who-read | request`: read a page-lineage log.
 
-Every command takes the log's PATH as the writer was given it (its rotated
-segments PATH.1, PATH.2, ... are found beside it; a worker's file is PATH
-with the worker's name before the suffix) and the lineage key. who-read and
-request verify each log first and refuse to answer from one whose chain is
-broken (exit 1) unless --no-verify; verify's exit codes are in verify.py.
+Every command takes the name given to `serve --lineage-log` (or any log's
+own PATH) and the lineage key. A name stands for its own log and every
+worker's log beside it (lineage.jsonl -> lineage.prefill-0.jsonl,
+lineage.decode-0.jsonl: chain.logs_named), each with its rotated segments
+PATH.1, PATH.2, ... who-read and request verify each log first and refuse
+to answer from one whose chain is broken (exit 1) unless --no-verify;
+verify's exit codes are in verify.py.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from datetime import datetime
 from pathlib import Path
 
 from bulkhead.lineage import chain
-from bulkhead.lineage.query import request_story, who_read
+from bulkhead.lineage.query import request_story, requests_named, who_read
 from bulkhead.lineage.verify import EXIT_FOREIGN, EXIT_GAP, EXIT_OK, EXIT_TAMPERED, EXIT_USAGE, verify
 
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("lineage", help="verify and query a forensic page-lineage log",
-                       description="Example: bulkhead lineage who-read --tenant acme --key lineage.key lineage.jsonl")
+                       description="Example: bulkhead lineage who-read --tenant acme --key lineage.key lineage.jsonl "
+                                   "(the name given to serve --lineage-log finds every worker's log beside it)")
     cmds = p.add_subparsers(dest="lineage_command", required=True)
     v = cmds.add_parser("verify", help="check the hash chain: exit 0 whole, 1 changed/removed/reordered/truncated, "
                                        "2 no log or key, 3 foreign log or other key, 4 writer recorded a gap")
@@ -33,9 +36,11 @@ def add_subcommand(sub) -> None:
     w.add_argument("--include-scrubbed", action="store_true",
                    help="also requests handed a page that had held the tenant's KV but was scrubbed since")
     r = cmds.add_parser("request", help="the pages a request was handed, and each page's history")
-    r.add_argument("request_id")
+    r.add_argument("request_id", help="the response id (cmpl-..., chatcmpl-...), or the X-Request-Id the client sent")
+    r.add_argument("--tenant", default=None, help="with an X-Request-Id: the client's tenant (ids are per tenant)")
     for c in (v, w, r):
-        c.add_argument("logs", nargs="+", type=Path, metavar="LOG")
+        c.add_argument("logs", nargs="+", type=Path, metavar="LOG",
+                       help="the name given to --lineage-log (its workers' logs are found beside it), or a log")
         c.add_argument("--key", type=Path, required=True, help="the lineage key file (serve's --lineage-key)")
         if c is not v:
             c.add_argument("--json", action="store_true", help="JSON instead of text")
@@ -49,55 +54,23 @@ def run(args: argparse.Namespace) -> int:
     except chain.LineageKeyError as e:
         print(f"bulkhead lineage: {e}", file=sys.stderr)
         return EXIT_USAGE
-    missing = [str(p) for p in args.logs if not chain.segments(p)]
+    missing = [p for p in args.logs if not chain.logs_named(p)]
     if missing:
-        print(f"bulkhead lineage: no lineage log at {', '.join(missing)}", file=sys.stderr)
+        print(f"bulkhead lineage: no lineage log at {', '.join(map(str, missing))}, nor a worker's log beside it "
+              f"(such as {chain.worker_log_path(missing[0], 'prefill-0').name})", file=sys.stderr)
         return EXIT_USAGE
+    logs = list(dict.fromkeys(log for p in args.logs for log in chain.logs_named(p)))
     if args.lineage_command == "verify":
-        return _verify(args.logs, key)
+        return _verify(logs, key)
     if not args.no_verify:
-        worst = max(verify(p, key).exit_code for p in args.logs)
+        worst = max(verify(p, key).exit_code for p in logs)
         if worst not in (EXIT_OK, EXIT_GAP):
             print("bulkhead lineage: refusing to answer from a log that does not verify (run `bulkhead lineage "
                   "verify`, or pass --no-verify)", file=sys.stderr)
             return worst
     if args.lineage_command == "who-read":
-        try:
-            since = _parse_time(args.since)
-        except ValueError as e:
-            print(f"bulkhead lineage: --since {args.since!r}: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        reads = who_read(args.logs, args.tenant, since, args.include_own, args.include_scrubbed)
-        if args.json:
-            print(json.dumps([r.to_dict() for r in reads], indent=1))
-        else:
-            print(f"{len(reads)} reads of tenant {args.tenant}'s KV")
-            for r in reads:
-                print(f"  {_when(r.ts)} {r.log} #{r.seq}: request {r.request} (tenant {r.tenant}) was handed page "
-                      f"{r.page} gen {r.generation} by {r.via}; it held {args.tenant}'s KV from request "
-                      f"{r.held_by_request} gen {r.held_at_generation}; "
-                      f"{'scrubbed since' if r.scrubbed else 'NOT scrubbed since'}")
-        return EXIT_OK
-    story = request_story(args.logs, args.request_id)
-    if not story.records:
-        print(f"bulkhead lineage: request {args.request_id} is not in {', '.join(map(str, args.logs))}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(story.to_dict(), indent=1))
-        return EXIT_OK
-    print(f"request {story.request} (tenant {story.tenant})")
-    for rec in story.records:
-        print(f"  {_when(rec['ts'])} {rec['log']} #{rec['seq']} {rec['kind']}: {_fields(rec)}")
-    for entry in story.to_dict()["pages"]:
-        prev = entry["previous_holder"]
-        before = ("no earlier holder in the log" if prev is None else
-                  f"held before by {prev['request']} (tenant {prev['tenant']}), "
-                  f"{'scrubbed' if entry['scrubbed_before_handed'] else 'NOT scrubbed'} before it was handed over")
-        print(f"  page {entry['page']} ({entry['log']}, {entry['via']}): {before}")
-        for rec in entry["history"]:
-            print(f"    #{rec['seq']} {rec['kind']}: {_fields(rec)}")
-    return EXIT_OK
+        return _who_read(args, logs)
+    return _request(args, logs)
 
 
 def _verify(logs: list[Path], key: bytes) -> int:
@@ -115,6 +88,63 @@ def _verify(logs: list[Path], key: bytes) -> int:
             print(f"  note: {n}")
         worst = max(worst, code, key=_severity)
     return worst
+
+
+def _who_read(args: argparse.Namespace, logs: list[Path]) -> int:
+    try:
+        since = _parse_time(args.since)
+    except ValueError as e:
+        print(f"bulkhead lineage: --since {args.since!r}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    reads = who_read(logs, args.tenant, since, args.include_own, args.include_scrubbed)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reads], indent=1))
+        return EXIT_OK
+    print(f"{len(reads)} reads of tenant {args.tenant}'s KV")
+    for r in reads:
+        print(f"  {_when(r.ts)} {r.log} #{r.seq}: request {r.request} (tenant {r.tenant}) was handed page "
+              f"{r.page} gen {r.generation} by {r.via}; it held {args.tenant}'s KV from request "
+              f"{r.held_by_request} gen {r.held_at_generation}; "
+              f"{'scrubbed since' if r.scrubbed else 'NOT scrubbed since'}")
+    return EXIT_OK
+
+
+def _request(args: argparse.Namespace, logs: list[Path]) -> int:
+    """A response id names its request directly; otherwise the id is taken
+    as the X-Request-Id a client sent, which the log's `name` records map."""
+    request, client_id = args.request_id, None
+    story = request_story(logs, request)
+    if not story.records:
+        named = requests_named(logs, request, args.tenant)
+        if len(named) > 1:
+            print(f"bulkhead lineage: X-Request-Id {request!r} names {len(named)} requests (an id is unique only "
+                  f"within a tenant, while in flight): "
+                  + "; ".join(f"{n.request} (tenant {n.tenant}, {_when(n.ts)})" for n in named)
+                  + ". Give one of these ids" + ("" if args.tenant else ", or --tenant"), file=sys.stderr)
+            return EXIT_USAGE
+        if named:
+            client_id, story = request, request_story(logs, named[0].request)
+    if not story.records:
+        print(f"bulkhead lineage: no request {request!r} (a response id or an X-Request-Id"
+              f"{' of tenant ' + args.tenant if args.tenant else ''}) in {', '.join(map(str, logs))}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(story.to_dict() | {"client_id": client_id}, indent=1))
+        return EXIT_OK
+    named_as = f", X-Request-Id {client_id}" if client_id else ""
+    print(f"request {story.request} (tenant {story.tenant}{named_as})")
+    for rec in story.records:
+        print(f"  {_when(rec['ts'])} {rec['log']} #{rec['seq']} {rec['kind']}: {_fields(rec)}")
+    for entry in story.to_dict()["pages"]:
+        prev = entry["previous_holder"]
+        before = ("no earlier holder in the log" if prev is None else
+                  f"held before by {prev['request']} (tenant {prev['tenant']}), "
+                  f"{'scrubbed' if entry['scrubbed_before_handed'] else 'NOT scrubbed'} before it was handed over")
+        print(f"  page {entry['page']} ({entry['log']}, {entry['via']}): {before}")
+        for rec in entry["history"]:
+            print(f"    #{rec['seq']} {rec['kind']}: {_fields(rec)}")
+    return EXIT_OK
 
 
 def _severity(code: int) -> int:

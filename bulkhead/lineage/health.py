@@ -1,8 +1,11 @@
-"""How a lineage log's state reads in /health and the metrics. Pure.
+"""How a lineage log's state reads in /ready and the metrics. Pure.
 
-A log that cannot be written now (`error`), or that lost records (a gap
-record marks where), makes /health answer 503 with the reason: an operator
-learns of it from the first probe, never from a hole found after an incident.
+A log that cannot be written now (`error`) makes /ready answer 503 with the
+reason: an operator learns of it from the first probe, never from a hole
+found after an incident, and a load balancer sends the server nothing
+while its records only queue in memory. Records already lost (a gap record
+marks where) are history, not a state to wait out: the metrics and
+/server_info count them, and `bulkhead lineage verify` exits 4.
 """
 
 from __future__ import annotations
@@ -12,18 +15,18 @@ def problem(stats: dict | None) -> str | None:
     """Why this log is not whole, or None (also when there is no log)."""
     if not stats:
         return None
-    if stats.get("error"):
-        return f"lineage log {stats.get('path')} cannot be written: {stats['error']}"
+    if (why := unwritable(stats)) is not None:
+        return why
     if stats.get("records_lost"):
         return f"lineage log {stats.get('path')} lost {stats['records_lost']} records (a gap record marks where)"
     return None
 
 
-def health(problems: dict[str, str]) -> dict:
-    """The /health body: problems by process ("colocated", a worker's name)."""
-    if not problems:
-        return {"status": "ok"}
-    return {"status": "degraded", "lineage": problems}
+def unwritable(stats: dict | None) -> str | None:
+    """Why this log cannot be written now (/ready's reason), or None."""
+    if stats and stats.get("error"):
+        return f"lineage log {stats.get('path')} cannot be written: {stats['error']}"
+    return None
 
 
 def metric_samples(stats: dict | None) -> dict[str, tuple[str, float]]:

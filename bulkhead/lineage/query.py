@@ -130,7 +130,8 @@ class RequestStory:
 
 def request_story(paths: list[Path], request: str) -> RequestStory:
     """The request's records and pages. An HTTP response id (cmpl-..., chatcmpl-...)
-    names its choices too: the engine's ids are `<id>-<prompt>-<choice>`."""
+    names its choices too: the engine's ids are `<id>-<prompt>-<choice>`
+    (a whole id: `cmpl` alone names nothing)."""
     story = RequestStory(request, None, [], {})
     for path in paths:
         log = Path(path).name
@@ -140,7 +141,7 @@ def request_story(paths: list[Path], request: str) -> RequestStory:
         for rec in records(path):
             kind = rec.get("kind")
             rid = rec.get("request")
-            mine = rid == request or (isinstance(rid, str) and rid.startswith(request + "-"))
+            mine = rid == request or (isinstance(rid, str) and rid.rsplit("-", 2)[0] == request)
             if mine:
                 story.records.append({"log": log, **rec})
                 story.tenant = story.tenant or rec.get("tenant")
@@ -159,6 +160,30 @@ def request_story(paths: list[Path], request: str) -> RequestStory:
             if mine and kind == "end":
                 tracking = {p: s for p, s in tracking.items() if s.via == "alloc"}
     return story
+
+
+@dataclass(frozen=True)
+class Named:
+    """A request its client named with an X-Request-Id (a `name` record)."""
+
+    request: str  # the server's response-level id (cmpl-..., chatcmpl-...): names every choice
+    tenant: str
+    ts: float
+
+
+def requests_named(paths: list[Path], client_id: str, tenant: str | None = None) -> list[Named]:
+    """The requests whose client sent X-Request-Id: client_id (of tenant, if
+    given), oldest first. The id is the client's: unique only within its
+    tenant and only while in flight, so it may name several requests. A
+    `name` record names one choice (`<id>-<prompt>-<choice>`)."""
+    found: dict[str, Named] = {}
+    for path in paths:
+        for rec in records(path):
+            if rec.get("kind") == "name" and rec.get("client_id") == client_id and tenant in (None, rec["tenant"]):
+                request = rec["request"].rsplit("-", 2)[0]
+                if request not in found or rec["ts"] < found[request].ts:
+                    found[request] = Named(request, rec["tenant"], rec["ts"])
+    return sorted(found.values(), key=lambda n: n.ts)
 
 
 def _pages_of(rec: dict) -> list[int]:

@@ -40,6 +40,11 @@ class LineageSink:
                   page_tenants: list[str | None]) -> None:
         """request of tenant was given cached pages to read (holding page_tenants' KV)."""
 
+    def named(self, request: str, tenant: str, client_id: str) -> None:
+        """The client named request with its X-Request-Id (an id unique only
+        within the tenant, and only while in flight): `bulkhead lineage
+        request` finds the request by it."""
+
     def request_end(self, request: str, tenant: str | None, reason: str) -> None:
         """The engine ended request (finished, aborted, failed, or handed over to a transfer)."""
 
@@ -59,7 +64,7 @@ class LineageSink:
         """Decode refused a transfer's KV (the request fails closed)."""
 
     def stats(self) -> dict | None:
-        """What /health, /server_info and the metrics report; None when off."""
+        """What /ready, /server_info and the metrics report; None when off."""
         return None
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ dict). Every `flush_interval_s` the writer thread serializes what queued,
 chains each line to the one before, appends the batch with one write and
 replaces the head file. A write that fails is retried at the next tick
 with the same bytes, from where it stopped, so a transient error loses
-nothing; while it lasts, `stats()["error"]` says why (the server's /health
+nothing; while it lasts, `stats()["error"]` says why (the server's /ready
 answers 503 and the metrics count it). If the unwritten bytes outgrow
 `max_buffer_bytes`, they are dropped and the next record written is a
 `gap` record saying how many were lost: a verifier sees the gap, it is
@@ -94,6 +94,9 @@ class LineageLog(LineageSink):
         self._emit("cache_hit", {"request": request, "tenant": tenant, "pages": list(pages),
                                  "gens": list(generations), "tenants": list(page_tenants)})
 
+    def named(self, request, tenant, client_id):
+        self._emit("name", {"request": request, "tenant": tenant, "client_id": client_id})
+
     def request_end(self, request, tenant, reason):
         self._emit("end", {"request": request, "tenant": tenant, "reason": reason})
 
@@ -167,8 +170,8 @@ class LineageLog(LineageSink):
             except OSError as e:
                 self.write_errors += 1
                 if self.error is None:
-                    log.error("LINEAGE LOG %s CANNOT BE WRITTEN: %s (records are kept and retried; /health "
-                              "reports it)", self.path, e)
+                    log.error("LINEAGE LOG %s CANNOT BE WRITTEN: %s (records are kept and retried; /ready "
+                              "is 503 until it is written)", self.path, e)
                 self.error = f"{type(e).__name__}: {e}"
                 if sum(len(entry[0]) for entry in self._unwritten) > self.max_buffer_bytes:
                     self._drop_unwritten()

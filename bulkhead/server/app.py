@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,7 @@ from bulkhead.server.params import (
     DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, prompt_only, sampling_params, schema_error,
     validate_common,
 )
+from bulkhead.server.probes import add_probe_routes
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
@@ -53,6 +55,8 @@ class ServerState:
     seams: Seams = PRODUCTION  # the admission function and extra counters a test harness may swap in
     # max_tokens of a request that names none; 0 = the rest of the context (params.DEFAULT_MAX_TOKENS says why not)
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # True once the HTTP server was told to exit: /ready answers 503 (launch.py points it at uvicorn's flag)
+    stopping: Callable[[], bool] = lambda: False
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
@@ -120,10 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
         request.state.tenant = tenant  # the key was valid: ResponseCounter may label the response with it
         return tenant
 
-    @app.get("/health")
-    async def health():
-        body = backend.health()
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+    add_probe_routes(app, backend, lambda: state.stopping())  # /health (liveness), /ready (readiness)
 
     def operator_only(request: Request) -> None:
         """With keys on, /metrics and /server_info name every tenant and its
@@ -201,7 +202,8 @@ def create_app(state: ServerState) -> FastAPI:
         # rid names the engine's requests (unique server-wide); public_id is
         # what the client sees and addresses, unique only within its tenant.
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        public_id = client_request_id(request.headers.get("x-request-id")) or rid
+        client_id = client_request_id(request.headers.get("x-request-id"))
+        public_id = client_id or rid
         endpoint = "chat" if chat else "completions"
         tickets: list[Admitted] = []
         # Every choice is admitted before any is submitted: a request is
@@ -217,7 +219,7 @@ def create_app(state: ServerState) -> FastAPI:
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()
                     log.info("%s tenant=%s rejected: %s", rid, tenant, decision.error.code)
                     raise decision.error
-                tickets.append(decision)
+                tickets.append(decision if client_id is None else replace(decision, client_id=client_id))
         prompt_tokens = sum(len(p) for p in prompts)
         try:  # before anything is submitted: a refused request holds no page
             state.limiter.check(tenant, sum(len(t.prompt_token_ids) + t.params.max_tokens for t in tickets))

@@ -29,6 +29,8 @@ class AsyncEngineClient:
             loop.call_soon_threadsafe(updates.put_nowait, (index[out.request_id], out))
 
         for t in tickets:
+            if t.client_id is not None:  # the client's X-Request-Id, for `bulkhead lineage request`
+                self.engine.lineage.named(t.request_id, t.tenant, t.client_id)
             self.engine.submit(t, sink)
         try:
             while pending:

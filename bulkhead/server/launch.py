@@ -213,7 +213,8 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         backend = LocalBackend(built, model_id, auth)
     else:
         backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
-    app = create_app(ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens))
+    state = ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens)
+    app = create_app(state)
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
     else:
@@ -225,6 +226,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     server = BoundServer(config, lambda: log.info("serving %s (%s) on http://%s:%d/v1", model_id, args.role,
                                                   args.host, args.port))
+    state.stopping = lambda: server.should_exit  # SIGTERM: /ready is 503 while in-flight requests finish
     if args.role == "colocated":
         try:
             return _serve_colocated(backend, server)

@@ -51,9 +51,9 @@ class LocalBackend(Backend):
     def stop(self) -> None:
         self.built.engine.stop()
 
-    def health(self) -> dict:
-        why = lineage_health.problem(self.built.engine.lineage.stats())
-        return lineage_health.health({"colocated": why} if why else {})
+    def not_ready(self) -> list[str]:
+        why = lineage_health.unwritable(self.built.engine.lineage.stats())
+        return [why] if why else []
 
     def info(self) -> dict:
         return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}

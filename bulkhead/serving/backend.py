@@ -47,10 +47,11 @@ class Backend(ABC):
     def stop(self) -> None:
         pass
 
-    def health(self) -> dict:
-        """The /health body; a "status" other than "ok" answers 503 (a
-        lineage log that cannot be written, bulkhead.lineage.health)."""
-        return {"status": "ok"}
+    def not_ready(self) -> list[str]:
+        """Why a new request cannot be served now (an empty list: it can):
+        /ready answers 503 naming these (bulkhead/server/probes.py). Called
+        on the event loop, so it only reads state; it names no tenant."""
+        return []
 
     def tenant_stats(self) -> dict[str, dict]:
         """Per-tenant fair-share state: the engine's (colocated), or summed over

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from bulkhead.sim.faults import FAULT_KINDS
-from bulkhead.sim.runner import Summary, quiet_runtime_logs, run_seed, run_seeds
+
+if TYPE_CHECKING:
+    from bulkhead.sim.runner import Summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,10 @@ def add_subcommand(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the runner loads torch and the engine, which every other
+    # `bulkhead` subcommand would otherwise wait for (bulkhead/cli.py).
+    from bulkhead.sim.runner import quiet_runtime_logs, run_seed, run_seeds
+
     guard = not args.no_write_guard
     if args.seed is not None:
         with quiet_runtime_logs():

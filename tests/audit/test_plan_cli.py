@@ -94,3 +94,14 @@ def test_python_dash_m_runs_plan(config_path):
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert "pool tokens/worker" in result.stdout
+
+
+def test_a_bare_accelerator_memory_is_an_input_error_not_80_bytes(config_path, capsys):
+    code = main(["plan", "--model", config_path("llama-3-70b"), "--accelerator-memory", "80",
+                 "--weights-bytes", "140GB"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--accelerator-memory '80': a number without a unit; give one, e.g. 80GiB or 80GB" in err
+    bare_reserve = main(["plan", "--model", config_path("llama-3-70b"), "--accelerator-memory", "80GB",
+                         "--weights-bytes", "140GB", "--activation-reserve", "2"])
+    assert bare_reserve == 2 and "--activation-reserve '2'" in capsys.readouterr().err

@@ -28,3 +28,14 @@ def test_bad_memory_sizes_raise_a_typed_error_naming_the_input(text):
     with pytest.raises(MemorySizeError) as raised:
         parse_memory_size(text)
     assert repr(text) in str(raised.value)
+
+
+@pytest.mark.parametrize("text", ["80", "80.5", " 141 ", "80_000"])
+def test_a_bare_number_is_refused_where_a_unit_is_required(text):
+    assert parse_memory_size(text) > 0  # bytes, where bytes are the flag's unit
+    with pytest.raises(MemorySizeError) as raised:
+        parse_memory_size(text, unit_required=True, what="--accelerator-memory")
+    message = str(raised.value)
+    assert message.startswith(f"--accelerator-memory {text!r}: a number without a unit; give one")
+    assert "GiB" in message and "GB" in message
+    assert parse_memory_size(text.strip() + "B", unit_required=True) == parse_memory_size(text)

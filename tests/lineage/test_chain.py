@@ -49,19 +49,37 @@ def test_a_record_that_is_not_chained_is_detected(tmp_path):
     rewrite(path, ls)
     report = verify(path, KEY)
     assert report.exit_code == EXIT_TAMPERED
-    assert any("record 2 or the link record 3 (l.jsonl:4)" in p for p in report.problems), report.problems
+    # Its own link is wrong and its MAC changed: two links break, and the
+    # first cannot tell record 2 changed from record 3's link changed.
+    assert report.problems == [
+        "record 2 (l.jsonl:3), or the link to it that record 3 (l.jsonl:4) carries, was changed: the chain breaks "
+        "between them",
+        "record 3 (l.jsonl:4) was changed: the link the next record carries to it does not match"]
 
 
-def test_a_changed_record_is_located(tmp_path):
-    path = write_log(tmp_path / "l.jsonl")
+@pytest.mark.parametrize("line_number", [2, 3, 5, 7])
+def test_a_changed_line_is_named_not_the_line_after_it(tmp_path, line_number):
+    path = write_log(tmp_path / "l.jsonl")  # line 1 open, 2..7 allocs, 8 close
     ls = lines(path)
-    ls[2] = ls[2].replace(b'"tenant":"alpha"', b'"tenant":"gamma"')
+    edited = ls[line_number - 1].replace(b'"tenant":"alpha"', b'"tenant":"gamma"')
+    assert edited != ls[line_number - 1]
+    ls[line_number - 1] = edited
     rewrite(path, ls)
     report = verify(path, KEY)
     assert report.exit_code == EXIT_TAMPERED
-    assert report.problems == ["record 2 (l.jsonl:3) or the link record 3 (l.jsonl:4) carries to it was changed: "
-                               "the chain breaks there"] or any("record 2" in p for p in report.problems)
-    assert any("l.jsonl:4" in p for p in report.problems)
+    seq = line_number - 1  # record 0 is on line 1
+    assert report.problems == [f"record {seq} (l.jsonl:{line_number}) was changed: the link the next record "
+                               f"carries to it does not match"]
+
+
+def test_a_changed_last_record_is_named_by_the_head_file(tmp_path):
+    path = write_log(tmp_path / "l.jsonl")
+    ls = lines(path)
+    ls[-1] = ls[-1].replace(b'"kind":"close"', b'"kind":"clos3"')
+    rewrite(path, ls)
+    report = verify(path, KEY)
+    assert any(p.startswith("record 7 (l.jsonl:8) is not the record the head file names") for p in report.problems)
+    assert not any("l.jsonl:7" in p for p in report.problems), report.problems
 
 
 def test_a_removed_record_is_located(tmp_path):

@@ -33,6 +33,9 @@ def test_eight_tenants_through_the_default_deployment_leave_verified_logs_with_n
                 openai_client(proc.url, f"sk-{tenant}").completions.create(
                     model="SmolLM2-135M-Instruct", prompt=f"{tenant}'s secret {round_} is the word",
                     max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+        openai_client(proc.url, "sk-tenant3").completions.create(  # named by its client, as a caller would
+            model="SmolLM2-135M-Instruct", prompt="a named request", max_tokens=4, temperature=0,
+            extra_headers={"X-Request-Id": "invoice-42"})
         # Every request's KV crossed between the processes (counters come with heartbeats).
         wait_for(lambda: sum(w["counters"].get("commits", 0) for w in proc.info()["workers"]) >= 2 * len(TENANTS),
                  what="every request's commit counted")
@@ -40,12 +43,18 @@ def test_eight_tenants_through_the_default_deployment_leave_verified_logs_with_n
         proc.stop()
     logs = sorted(str(p) for p in tmp_path.glob("lineage.*.jsonl"))
     assert [p.rsplit("/", 1)[1] for p in logs] == ["lineage.decode-0.jsonl", "lineage.prefill-0.jsonl"]
-    for path in logs:
-        assert main(["lineage", "verify", "--key", str(key), path]) == 0, capsys.readouterr()
-    capsys.readouterr()
+    # The README's command: the name given to --lineage-log finds both workers' logs.
+    assert main(["lineage", "verify", "--key", str(key), str(log)]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert all(f"{p}: OK" in out for p in logs), out
+    assert main(["lineage", "request", "invoice-42", "--json", "--key", str(key),
+                 str(log)]) == 0
+    story = json.loads(capsys.readouterr().out)
+    assert story["tenant"] == "tenant3" and story["client_id"] == "invoice-42"
+    assert {r["log"] for r in story["records"]} == {"lineage.decode-0.jsonl", "lineage.prefill-0.jsonl"}
     reused_scrubbed = 0
     for tenant in TENANTS:
-        assert main(["lineage", "who-read", "--tenant", tenant, "--json", "--key", str(key), *logs]) == 0
+        assert main(["lineage", "who-read", "--tenant", tenant, "--json", "--key", str(key), str(log)]) == 0
         assert json.loads(capsys.readouterr().out) == []
         assert main(["lineage", "who-read", "--tenant", tenant, "--include-scrubbed", "--json", "--key", str(key),
                      *logs]) == 0
