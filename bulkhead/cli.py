@@ -19,7 +19,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bulkhead.server.launch import add_serve_arguments
+    from bulkhead.server.serve_flags import add_serve_arguments
 
     parser = argparse.ArgumentParser(
         prog="bulkhead",
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve", help="start the OpenAI-compatible server",
-        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys keys.toml",
+        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys ~/bulkhead/keys.toml",
     )
     add_serve_arguments(serve)
     convert = sub.add_parser(
