@@ -60,7 +60,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="show every flag: tuning, kernels and precision, developer and benchmark switches")
     _model_flags(p.add_argument_group("model"))
     _deployment_flags(p.add_argument_group("deployment", "docs/multihost.md has the multi-host recipe"))
-    _tenant_flags(p.add_argument_group("tenants and limits", "keys.toml: README, \"Tenants and keys\""))
+    _tenant_flags(p.add_argument_group("tenants and limits", "keys.toml: docs/api.md, \"Keys, tenants and limits\""))
     _kv_flags(p.add_argument_group("KV and isolation"))
     _operations_flags(p.add_argument_group("operations"))
     _kernel_flags(p.add_argument_group("kernels and precision (docs/performance.md, \"Kernel flags\")"))

@@ -1,7 +1,9 @@
 """\\d, \\w and \\s mean ASCII, as Outlines and vLLM users expect (issue 34
 item 3: `\\d{3}-\\d{3}-\\d{4}` answered '🯸🯸🯸-🯸🯸🯸-'): the translation
-(model/regex_ascii.py), and through the real matcher only ASCII digits are
-allowed where a regex or a schema's `pattern` asks for \\d."""
+(model/regex_ascii.py), and through the real matcher only ASCII digits,
+spaces and letters are allowed where a regex, a schema's `pattern` or a tool
+schema asks for \\d, \\s or \\w. (llguidance already reads \\d and \\w in a
+schema's pattern as ASCII, ECMAScript's meaning; those cases pin that down.)"""
 import re
 
 import pytest
