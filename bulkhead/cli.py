@@ -19,9 +19,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def build_parser(serve_arguments: bool = True) -> argparse.ArgumentParser:
-    """serve_arguments=False leaves `serve`'s flags out: they live in
-    bulkhead.server.launch, whose imports (torch, the engine, FastAPI) took
-    most of the ~4 s that `bulkhead admin workers` or `bulkhead lineage`
+    """serve_arguments=False leaves `serve`'s flags out: building them
+    (bulkhead.server.serve_flags) loads the kernel modules and torch, which
+    took most of the ~4 s that `bulkhead admin workers` or `bulkhead lineage`
     spent before doing anything; main() builds them only for `serve`."""
     parser = argparse.ArgumentParser(
         prog="bulkhead",
@@ -30,10 +30,10 @@ def build_parser(serve_arguments: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve", help="start the OpenAI-compatible server",
-        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys keys.toml",
+        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys ~/bulkhead/keys.toml",
     )
     if serve_arguments:
-        from bulkhead.server.launch import add_serve_arguments
+        from bulkhead.server.serve_flags import add_serve_arguments
 
         add_serve_arguments(serve)
     convert = sub.add_parser(

@@ -3,7 +3,6 @@ of them on this machine (`--role local`, the default of `bulkhead serve`)."""
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import ctypes
 import logging
@@ -24,50 +23,6 @@ from bulkhead.model.gguf_import import cache_root
 from bulkhead.seams import PRODUCTION, Seams
 
 log = logging.getLogger("bulkhead")
-
-def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--role", choices=("local", "colocated", "router", "prefill", "decode"), default="local",
-                   help="local (default): router + prefill + decode processes on this machine; colocated: one "
-                        "process does both; router/prefill/decode: one part, for multi-host deployments")
-    p.add_argument("--prefill", type=int, default=1, help="prefill workers to start with --role local")
-    p.add_argument("--decode", type=int, default=1, help="decode workers to start with --role local")
-    p.add_argument("--core-sharing", choices=("lease", "split"), default="lease",
-                   help="--role local: lease (default) = each worker runs every core's threads and the workers' "
-                        "model passes take turns (bulkhead.engine.core_lease); split = the cores divided among "
-                        "the workers, whose passes overlap")
-    p.add_argument("--prefill-kv-memory", default=None, help="KV pool of prefill workers (default --kv-memory)")
-    p.add_argument("--decode-kv-memory", default=None, help="KV pool of decode workers (default --kv-memory)")
-    p.add_argument("--control-address", default=None,
-                   help="router: ZeroMQ address to bind for workers (default tcp://127.0.0.1:<port+1>)")
-    p.add_argument("--router", default=None, help="worker: the router's control address")
-    p.add_argument("--worker-name", default=None, help="worker: unique name (default role-pid)")
-    p.add_argument("--cluster-key-file", type=Path, default=None,
-                   help="hex HMAC key shared by router and workers (default: generated under ~/.cache/bulkhead)")
-    p.add_argument("--transfer", choices=("shm", "tcp", "mooncake"), default="shm",
-                   help="KV transfer backend a decode worker exposes (default shm: same host)")
-    p.add_argument("--transfer-host", default="127.0.0.1",
-                   help="decode: the address its tcp/mooncake KV receiver listens on and gives prefill workers "
-                        "(default 127.0.0.1: same host only; a multi-host deployment names this host's address)")
-    p.add_argument("--transfer-port", type=int, default=0,
-                   help="decode: the port its tcp/mooncake KV receiver listens on (default 0: any free port, "
-                        "sent to prefill workers over the control plane; fix one for a firewall)")
-    p.add_argument("--transfer-all-interfaces", action="store_true",
-                   help="mooncake: start although this host has interfaces other than lo (Mooncake listens on "
-                        "every interface, whatever --transfer-host says); the multi-host recipe needs it")
-    p.add_argument("--drain-lease", type=float, default=30.0,
-                   help="decode: seconds an unacknowledged remote writer may still write a failed request's pages")
-    p.add_argument("--drain-deadline", type=float, default=60.0,
-                   help="worker: on SIGTERM, seconds to finish what it holds (no new requests) before exiting")
-    p.add_argument("--lineage-log", type=Path, default=None,
-                   help="write the forensic page-lineage log (hash-chained JSON lines) here; each worker writes "
-                        "its own file, its name before the suffix (lineage.jsonl -> lineage.decode-0.jsonl)")
-    p.add_argument("--lineage-key", type=Path, default=None,
-                   help="the lineage log's own HMAC key file (hex; created, mode 0600, if missing); "
-                        "`bulkhead lineage verify` needs it")
-    p.add_argument("--lineage-max-bytes", type=int, default=64 * 2**20,
-                   help="rotate a lineage log segment at this size (default 64 MiB); the chain continues")
-    p.add_argument("--worker-config", default=None,
-                   help="worker: its whole configuration as JSON (what --role local passes the workers it starts)")
 
 
 def cluster_key(args) -> bytes:

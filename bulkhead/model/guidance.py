@@ -14,6 +14,8 @@ import json
 
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
+from bulkhead.model.regex_ascii import ascii_regex, ascii_schema
+
 # Compact JSON (no free whitespace between tokens): a small model that may
 # put whitespace anywhere can spend its whole max_tokens on newlines, and no
 # JSON reader needs the whitespace. A schema's own "x-guidance" overrides it.
@@ -36,18 +38,23 @@ def json_schema(schema: dict | bool) -> str:
     if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema is an object (or true), got {json.dumps(schema)[:40]}")
     try:
-        return LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(json.dumps(ascii_schema(schema)), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(str(e)) from None
 
 
 def regex(pattern: str) -> str:
-    return LLMatcher.grammar_from_regex(pattern)
+    return LLMatcher.grammar_from_regex(ascii_regex(pattern))
 
 
 def choice(options: list[str]) -> str:
     # Lark string literals take JSON's quoting, so any choice text is exact.
     return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
+
+
+def schema_for_lark(schema: dict) -> dict:
+    """A schema to embed in a lark grammar's %json, with json_schema's meaning of \\d, \\w and \\s."""
+    return ascii_schema(schema)
 
 
 def lark(text: str) -> str:

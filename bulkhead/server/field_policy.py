@@ -5,7 +5,7 @@ know: a field bulkhead does not serve is a 400 `unsupported_parameter`
 naming the field, never dropped in silence (a client that sends it expects
 it to change the answer). The exception is a field that cannot change the
 answer here; those are accepted and ignored, each for the reason below.
-README.md ("Request fields") lists the three groups.
+docs/api.md ("Request fields") lists the three groups.
 """
 
 from __future__ import annotations
@@ -32,5 +32,5 @@ ACCEPTED_IGNORED = {
 def refuse_unknown_fields(body: BaseModel) -> None:
     """Raise a 400 unsupported_parameter for the first field the schema does not declare."""
     for name in body.model_extra or {}:  # pydantic already refused a name that is not valid Unicode
-        raise InvalidRequest(f"{name!r} is not a supported parameter (README.md, 'Request fields', lists what is "
+        raise InvalidRequest(f"{name!r} is not a supported parameter (docs/api.md, 'Request fields', lists what is "
                              "served, accepted and ignored, and refused)", param=name, code="unsupported_parameter")

@@ -12,123 +12,16 @@ import uvicorn
 import logging
 from pathlib import Path
 
-from bulkhead.disagg.launch import add_disagg_arguments
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
 from bulkhead.server.http_server import BoundServer
-from bulkhead.server.params import DEFAULT_MAX_TOKENS
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.local_backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
-
-
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, default=None,
-                   help="Hugging Face safetensors directory (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--model-id", default=None, help="name served in /v1/models (default: the directory name)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000,
-                   help="HTTP port (default %(default)s); --role local's router also takes the next port for its "
-                        "workers' control socket unless --control-address says otherwise")
-    p.add_argument("--kv-memory", default="2GiB",
-                   help="KV pool size: bytes (2GiB, 512MB) or a fraction of available RAM (0.25). Default 2GiB")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
-    p.add_argument("--context-length", type=int, default=None,
-                   help="advertised context length, prompt + max_tokens (default: the model's)")
-    p.add_argument("--clamp-context-length", action="store_true",
-                   help="if the pool cannot hold the context, advertise what it holds instead of refusing to start")
-    p.add_argument("--scrub-mode", choices=("zero", "poison"), default="zero",
-                   help="how freed KV pages are scrubbed; poison (NaN) makes stale reads visible in tests")
-    p.add_argument("--api-keys", type=Path, default=None,
-                   help="TOML file with a [keys] table of key = \"tenant\" (or set BULKHEAD_API_KEYS) and an "
-                        "[operators] table of key = \"name\" for /metrics and /server_info (or set "
-                        "BULKHEAD_OPERATOR_KEYS)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype of the weights as loaded and the activations (default %(default)s; the KV cache's is "
-                        "--kv-dtype; "
-                        "--linear-kernel may run matmuls in int4 or bf16 over fp32 weights, /server_info "
-                        "matmul_precision says which)")
-    p.add_argument("--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="element type of the KV cache (default %(default)s = bfloat16: half the bytes decode "
-                        "attention reads and twice the tokens a KV budget holds; attention still computes in fp32 "
-                        "on the widened values; docs/performance.md has its measured agreement with the exact "
-                        "model); float32 with --linear-kernel onednn is the exact fp32 model")
-    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help="max_tokens of a request that names none (default %(default)s; 0 = the rest of the context, "
-                        "as vLLM does, which lets a looping model run for minutes)")
-    p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
-    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass")
-    p.add_argument("--step-tokens", type=int, default=0,
-                   help="colocated: tokens one step carries, decode rows plus prefill chunks (default: one chunk "
-                        "beside a full decode batch)")
-    p.add_argument("--fairness", choices=("vtc", "fcfs"), default="vtc",
-                   help="colocated: which prompt is prefilled next; vtc = the least-served tenant's (default), "
-                        "fcfs = first come, first served (to measure what fairness costs)")
-    p.add_argument("--no-interjection", action="store_true",
-                   help="a less-served tenant's prompt and decode rows wait for a long prefill pass to end instead "
-                        "of running between its layers (to measure what interjection does)")
-    p.add_argument("--no-kv-quotas", action="store_true",
-                   help="colocated: under page pressure preempt the newest request, whoever's it is, instead of "
-                        "the tenant furthest over its KV share")
-    p.add_argument("--decode-tile", type=int, default=16,
-                   help="batch invariance: decode batches are padded to a row multiple measured at start-up to "
-                        "be batch-invariant on this CPU, else split into tiles of this many rows (0 = off)")
-    p.add_argument("--no-safe-mode", action="store_true", help="skip the per-step page ownership check")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's choice; with --role local, every core, the workers taking "
-                        "turns, or with --core-sharing split the cores split among them)")
-    p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
-                   help="linear layers: auto = q4-i16in for weights exactly on a 4-bit grid (the bundled Q4_1 "
-                        "SmolLM2) on a CPU with AVX-512 BF16 and VNNI: "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-i16in']}; with BF16 alone q4-bf16in: "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
-                        f"without AVX-512 BF16 q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
-                        "int4 for "
-                        "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
-                        "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
-                        f"{linear_kernel.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in-all']}. "
-                        f"Under q4-i16in an lm_head exactly on an 8-bit grid (the bundled one) takes "
-                        f"{linear_kernel.HEAD_PRECISION['q8-i16in']}; otherwise with q4, q4-bf16in(-all), q4-i16in, "
-                        "int4 or onednn-bf16 the lm_head takes "
-                        f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
-                        "(docs/performance.md)")
-    p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
-                   help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
-                        "machine), torch = gather pages and SDPA per request; auto = c where it builds")
-    p.add_argument("--prefill-attention", choices=prefill_attention.CHOICES, default="auto",
-                   help="a prompt's attention: bf16 = a C kernel on bf16 dot products (q, K, V and the softmax's "
-                        "probabilities rounded to bf16; scores, sums and outputs fp32), torch = fp32 SDPA; auto = "
-                        "bf16 where the linear kernel is q4-bf16in, q4-i16in or q4-bf16in-all (prompts' inputs already "
-                        "rounded "
-                        "to bf16) and "
-                        "the CPU has AVX-512 BF16, else torch")
-    p.add_argument("--prefill-glue", choices=prefill_glue.CHOICES, default="auto",
-                   help="the ops around a prompt pass's matmuls and attention (norms, rotary, SiLU, residual adds): "
-                        "c = one C call per op over every row, torch = torch ops; auto = c where it builds and the "
-                        "linear kernel is not an exact one (onednn, aten)")
-    p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
-                   help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
-                        "c = every layer in one C call, where the linear kernel is q4, q4-bf16in, q4-i16in or "
-                        "q4-bf16in-all "
-                        "and decode attention c; "
-                        "torch = one torch op at a time; auto = c where it can run")
-    p.add_argument("--prefix-cache", choices=("auto", "on", "off"), default="auto",
-                   help="tenant-scoped prefix cache; auto = on for prefill workers, off colocated (where it would "
-                        "make greedy output depend on which request filled the cache)")
-    p.add_argument("--request-timeout", type=float, default=600.0,
-                   help="router: seconds before an unanswered request ends with a typed 504 (default 600)")
-    p.add_argument("--log-level", default="info", type=str.lower, choices=("debug", "info", "warning", "error", "critical"),
-                   help="log level of bulkhead and uvicorn (default %(default)s)")
-    p.add_argument("--unsafe-no-guards", action="store_true",
-                   help="BENCHMARK ONLY, turns off tenant isolation: no scrub on free, no transfer digests, no "
-                        "per-step ownership or finite-logit checks; refused with API keys")
-    add_disagg_arguments(p)
 
 
 def _is_loopback(host: str) -> bool:

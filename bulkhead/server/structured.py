@@ -60,9 +60,13 @@ def _response_format(body: _SamplingFields) -> str | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
             raise _bad("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
                        "response_format")
+        if "schema" not in spec:  # OpenAI refuses it too; treated as "anything", it answered `null`
+            raise _bad("response_format.json_schema.schema is required: the JSON schema the answer must match "
+                       "(use {'type': 'json_object'} for any JSON object)", "response_format.json_schema.schema",
+                       "missing_required_parameter")
         # OpenAI's strict=false lets the model stray from the schema; here the
         # schema is always enforced (as vLLM does), which satisfies both.
-        return guidance.json_schema(spec.get("schema", {}))
+        return guidance.json_schema(spec["schema"])
     raise _bad(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                "response_format")
 

@@ -58,7 +58,7 @@ class ToolPlan:
                                                              "arguments": f["parameters"]},
                           "required": ["name", "arguments"], "additionalProperties": False} for f in offered],
                "x-guidance": guidance.JSON_OPTIONS}
-        call = f'"{OPEN}\\n" %json {json.dumps(one)} "\\n{CLOSE}"'
+        call = f'"{OPEN}\\n" %json {json.dumps(guidance.schema_for_lark(one))} "\\n{CLOSE}"'
         repeat = ' ("\\n" call)*' if self.parallel and self.named is None else ""
         return guidance.lark(f"start: call{repeat}\ncall: {call}\n")
 

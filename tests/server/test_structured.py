@@ -85,6 +85,15 @@ def test_malformed_or_conflicting_constraints_are_refused_by_name(compiler, body
     assert _refused(compiler, body)["param"] == param
 
 
+@pytest.mark.parametrize("spec", [{"name": "x"}, {"name": "x", "strict": True}])
+def test_a_json_schema_format_without_a_schema_is_a_400_naming_it(compiler, spec):
+    # Issue 34 item 5: it was taken as "anything" and answered `null`; OpenAI answers 400.
+    err = _refused(compiler, chat(response_format={"type": "json_schema", "json_schema": spec}))
+    assert err["param"] == "response_format.json_schema.schema" and err["code"] == "missing_required_parameter"
+    assert request_grammar(chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+                           compiler)  # an empty schema, asked for by name, still means any JSON value
+
+
 def test_forced_tool_calls_and_response_format_conflict(compiler):
     plan = tool_plan([WEATHER], "required", None)
     assert _refused(compiler, chat(response_format={"type": "json_object"}), plan)["param"] == "tools"
