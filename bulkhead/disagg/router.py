@@ -29,7 +29,7 @@ from bulkhead.disagg import messages as m
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
-from bulkhead.disagg.router_metrics import RouterCollector, router_info, sum_tenant_stats
+from bulkhead.disagg.router_metrics import RouterCollector, router_fleet_figures, router_info, sum_tenant_stats
 from bulkhead.disagg.ticket import sign
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
@@ -389,3 +389,6 @@ class DisaggBackend(Backend):
 
     def collector(self):
         return RouterCollector(self)
+
+    def fleet_figures(self):
+        return router_fleet_figures(self)

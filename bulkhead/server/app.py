@@ -25,6 +25,7 @@ from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.dashboard import add_dashboard_routes, dashboard_view
+from bulkhead.server.fleet_routes import add_fleet_routes
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
@@ -134,6 +135,7 @@ def create_app(state: ServerState) -> FastAPI:
     add_admin_routes(app, backend, operator_only)  # /admin/workers: drain and resume
     # /dashboard: the page is open (it holds no figure); /dashboard/data is an operator's.
     add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only)
+    add_fleet_routes(app, metrics.registry, backend.fleet_figures, operator_only)  # vllm:* names, for a fleet router
 
     @app.get("/server_info")
     async def info(request: Request):
