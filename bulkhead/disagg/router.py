@@ -29,11 +29,11 @@ from bulkhead.disagg import messages as m
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.zmq_links import RouterLink
 from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
-from bulkhead.disagg.router_metrics import RouterCollector, router_info, router_not_ready, sum_tenant_stats
+from bulkhead.disagg.router_metrics import (RouterCollector, router_fleet_figures, router_info, router_not_ready,
+                                            sum_tenant_stats)
 from bulkhead.disagg.ticket import sign
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
-from bulkhead.lineage import health as lineage_health
 from bulkhead.errors import (
     BulkheadError, Conflict, EngineFailure, NotFound, Overloaded, PeerLostError, RequestTimedOut,
     TransferFailedError,
@@ -386,3 +386,6 @@ class DisaggBackend(Backend):
 
     def collector(self):
         return RouterCollector(self)
+
+    def fleet_figures(self):
+        return router_fleet_figures(self)

@@ -13,6 +13,7 @@ from bulkhead import __version__
 from bulkhead.disagg.registry import state_of
 from bulkhead.errors import Overloaded
 from bulkhead.lineage import health as lineage_health
+from bulkhead.serving.fleet_metrics import FleetFigures, kv_usage
 from bulkhead.serving.tenant_metrics import tenant_metrics
 
 if TYPE_CHECKING:
@@ -71,6 +72,30 @@ def sum_tenant_stats(per_worker) -> dict[str, dict]:
                 else:
                     into[name] = round((into.get(name) or 0) + value, 1)
     return out
+
+
+def router_fleet_figures(router: DisaggBackend) -> FleetFigures:
+    """The router as one model server to a fleet router in front of it.
+    running + waiting = the requests routed to a pair and not finished (the
+    route table, exact); waiting = those a worker's scheduler still queues
+    (its last heartbeat). KV usage is the fuller role's: a request needs
+    pages in a prefill and a decode pool, so the tighter one decides; each
+    role's pages are summed over its live workers. With no live worker of a
+    role there is no page to have: usage 1."""
+    with router.lock:
+        in_flight = len(router.routes)
+    live = [w.info for w in router.registry.live()]
+    waiting = sum(row.get("waiting", 0) for info in live for row in info.get("tenants", {}).values())
+    usage = 0.0
+    for role in ("prefill", "decode"):
+        pools = [i for i in live if i.get("role") == role]
+        usage = max(usage, kv_usage(sum(i.get("num_pages", 0) for i in pools),
+                                    sum(i.get("free_pages", 0) for i in pools),
+                                    sum(i.get("cached_pages", 0) for i in pools)))
+    decodes = [i for i in live if i.get("role") == "decode"]
+    return FleetFigures(waiting=min(waiting, in_flight), running=max(0, in_flight - waiting), kv_usage=usage,
+                        page_size=live[0].get("page_size", 0) if live else 0,
+                        num_pages=sum(i.get("num_pages", 0) for i in decodes))
 
 
 class RouterCollector:

@@ -26,6 +26,8 @@ from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
 from bulkhead.serving.backend import Backend
 from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.dashboard import add_dashboard_routes, dashboard_view
+from bulkhead.server.dashboard_history import FirstTokenTimes
+from bulkhead.server.fleet_routes import add_fleet_routes
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
@@ -65,6 +67,7 @@ class ServerState:
         if self.keys is not None:
             self.metrics.registry.register(KeyStoreCollector(self.keys))
         self.logprobs = LogprobFormatter(self.backend.tokenizer)
+        self.first_tokens = FirstTokenTimes()  # /dashboard's TTFT plot: the last seconds' raw times
         self.inflight = InFlightRequests()  # by (tenant, id), for GET/DELETE /v1/requests/{id}
         policy_of = self.keys.policy if self.keys is not None else (lambda _t: DEFAULT_POLICY)
         self.limiter = TenantLimiter(policy_of, self.inflight)
@@ -134,7 +137,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     add_admin_routes(app, backend, operator_only)  # /admin/workers: drain and resume
     # /dashboard: the page is open (it holds no figure); /dashboard/data is an operator's.
-    add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only)
+    add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only,
+                         state.first_tokens)
+    add_fleet_routes(app, metrics.registry, backend.fleet_figures, operator_only)  # vllm:* names, for a fleet router
 
     @app.get("/server_info")
     async def info(request: Request):
@@ -284,7 +289,8 @@ class _Run:
             m.tokens.labels(self.tenant, "completion").inc(len(out.token_ids))
             if not self.first_token:
                 self.first_token = True
-                m.ttft.observe(time.monotonic() - self.started)
+                m.ttft.observe(elapsed := time.monotonic() - self.started)
+                self.state.first_tokens.add(elapsed)
 
     def _done(self, status: int, completion_tokens: int) -> None:
         cancelled = self.entry.cancelled.is_set()

@@ -5,7 +5,8 @@
                           holds no figure: it is the same bytes for everyone
     GET /dashboard/data   the figures it polls every second: an operator's
                           (keys on: no key 401, a tenant's key 403; keys
-                          off, loopback only, open like /server_info)
+                          off, loopback only, open like /server_info), with
+                          the plots' points after ?since= (dashboard_history)
 
 Why the split: a browser cannot send an Authorization header when it loads
 a page, and a key in the URL lands in access logs and browser history. So
@@ -20,12 +21,16 @@ one pool; a router reports each worker's pool from its last heartbeat.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
+
+from bulkhead.server.dashboard_history import DashboardHistory, FirstTokenTimes
 
 # A decode job in this phase holds granted pages that prefill's KV is being
 # written into: one transfer in flight (prefill's side of it is "transferring").
@@ -76,8 +81,11 @@ def page_html() -> str:
 
 
 def add_dashboard_routes(app: FastAPI, figures: Callable[[], dict],
-                         operator_only: Callable[[Request], None]) -> None:
+                         operator_only: Callable[[Request], None], first_tokens: FirstTokenTimes) -> None:
+    """figures: dashboard_view's body; first_tokens: the request handlers' times to first token."""
     html = page_html()  # read once: the package's file does not change while serving
+    history = DashboardHistory(figures, first_tokens)
+    _sample_while_serving(app, history)
 
     @app.get("/dashboard", response_class=HTMLResponse)
     async def dashboard():
@@ -91,6 +99,25 @@ def add_dashboard_routes(app: FastAPI, figures: Callable[[], dict],
         })
 
     @app.get("/dashboard/data")
-    async def dashboard_data(request: Request):
+    async def dashboard_data(request: Request, since: float = 0.0):
         operator_only(request)
-        return figures()
+        return figures() | {"history": history.since(since), "history_period_s": history.period_s,
+                            "history_span_s": history.span_s}
+
+
+def _sample_while_serving(app: FastAPI, history: DashboardHistory) -> None:
+    """Run the sampler from the server's start to its shutdown, around
+    whatever lifespan the app already has (so the plots have points from
+    the start, before any page is open)."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a):
+        task = asyncio.create_task(history.run())
+        try:
+            async with inner(a) as state:
+                yield state
+        finally:
+            task.cancel()
+
+    app.router.lifespan_context = lifespan

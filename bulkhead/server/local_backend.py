@@ -10,11 +10,13 @@ from __future__ import annotations
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.scheduler import TenantShares
+from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.lineage import health as lineage_health
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
 from bulkhead.serving.backend import Backend
+from bulkhead.serving.fleet_metrics import FleetFigures, kv_usage
 from bulkhead.serving.info import engine_info
 
 
@@ -41,6 +43,16 @@ class LocalBackend(Backend):
 
     def tenant_stats(self) -> dict[str, dict]:
         return self.built.engine.scheduler.tenant_stats()
+
+    def fleet_figures(self) -> FleetFigures:
+        """Read from the engine thread's state at scrape time (lengths and
+        counts only, as EngineCollector reads them)."""
+        engine = self.built.engine
+        ledger, sched = engine.ledger, engine.scheduler
+        cached = len(ledger.pages_of(CACHE_OWNER))
+        return FleetFigures(waiting=len(sched.waiting), running=len(sched.running),
+                            kv_usage=kv_usage(ledger.num_pages, ledger.num_free, cached),
+                            page_size=self.built.limits.page_size, num_pages=ledger.num_pages)
 
     def set_tenant_shares(self, weight, kv_share) -> None:
         self.built.engine.scheduler.shares = TenantShares(weight=weight, kv_share=kv_share)

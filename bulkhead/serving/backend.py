@@ -17,6 +17,7 @@ from bulkhead.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from bulkhead.model.tokenizer import Tokenizer
+    from bulkhead.serving.fleet_metrics import FleetFigures
 
 
 class Backend(ABC):
@@ -57,6 +58,11 @@ class Backend(ABC):
         """Per-tenant fair-share state: the engine's (colocated), or summed over
         the workers (a router, which queues nothing itself)."""
         return {}
+
+    def fleet_figures(self) -> FleetFigures | None:
+        """The whole server's queue, running requests and KV usage, for a
+        fleet router in front (bulkhead.serving.fleet_metrics); None: no pool."""
+        return None
 
     # -- workers (the operator API; a disaggregated router has them) ----------------
     def worker_states(self) -> list[dict]:

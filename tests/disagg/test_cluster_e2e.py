@@ -245,3 +245,34 @@ def test_prefill_prefix_cache_is_tenant_scoped(cluster, alpha, beta):
     again = alpha.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
     wait_for(lambda: hits() > before)  # the same tenant does
     assert again.choices[0].text == first.choices[0].text
+
+
+def test_the_router_tells_a_fleet_router_its_routes_and_its_fuller_pool(cluster):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.server_process import OPERATOR_HEADERS
+
+    def fleet() -> dict[str, list]:
+        text = httpx.get(cluster.url + "/metrics/fleet", headers=OPERATOR_HEADERS, timeout=10).text
+        return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+    body = {"prompt": "A long story begins here.", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", cluster.url + "/v1/completions", json=body,
+                      headers={"Authorization": "Bearer sk-alpha-test"}, timeout=120) as r:
+        assert r.status_code == 200  # routed: in the route table until it ends
+        # The workers do not wait for the client, and their pages reach the
+        # router with heartbeats: scrape until the request shows (bounded).
+        for _ in range(200):
+            during = fleet()
+            routed = sum(during[n][0].value for n in ("vllm:num_requests_waiting", "vllm:num_requests_running"))
+            if routed == 1 and during["vllm:kv_cache_usage_perc"][0].value > 0:
+                break
+        else:
+            raise AssertionError(f"the router's fleet figures never showed the request: {during}")
+    assert during["vllm:kv_cache_usage_perc"][0].value <= 1
+    assert not any("tenant" in s.labels or "alpha" in s.labels.values() for f in during.values() for s in f)
+    workers = wait_workers_idle(cluster)
+    after = fleet()
+    assert after["vllm:num_requests_running"][0].value == 0 and after["vllm:kv_cache_usage_perc"][0].value == 0
+    (cache,) = after["vllm:cache_config_info"]
+    assert cache.labels["num_gpu_blocks"] == str(sum(w["num_pages"] for w in workers if w["role"] == "decode"))

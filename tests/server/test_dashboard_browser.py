@@ -1,12 +1,13 @@
 """/dashboard in a real headless browser (Debian's chromium, driven by
 Playwright; nothing is downloaded), against both deployments: the page asks
-for the operator key, shows the pool, and its figures change while requests
-run, without a reload. BULKHEAD_DASHBOARD_SCREENSHOT=PATH keeps a
+for the operator key, shows the pool, and its figures and plots change while
+requests run, without a reload. BULKHEAD_DASHBOARD_SCREENSHOT=PATH keeps a
 screenshot taken while requests run (docs/dashboard.png is one)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -60,6 +61,32 @@ def column(page, table: str, header: str) -> list[int]:
     }""", [table, header])
 
 
+def path_points(page, plot: str, series: str) -> list[tuple[float, float]]:
+    """The (x, y) points of one series' line in one of the page's SVG plots."""
+    d = page.evaluate("""([plot, series]) => {
+        const p = [...document.querySelectorAll(`#${plot} path.series`)].find((e) => e.dataset.name === series);
+        return p ? p.getAttribute("d") : "";
+    }""", [plot, series])
+    return [(float(x), float(y)) for x, y in re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", d)]
+
+
+def drawn_above_zero(points) -> bool:
+    """Some point of the line is above the plot's baseline (a value > 0): y grows downwards."""
+    return bool(points) and min(y for _, y in points) < max(y for _, y in points)
+
+
+def tiny_share_bar(page) -> tuple[float, str]:
+    """The pool bar the page draws for 1 page owned of 100,000: the owned
+    part's width in pixels, and the bar's text."""
+    return page.evaluate("""() => {
+        const b = bar({num_pages: 100000, owned: 1, cached: 0, dirty: 0, free: 99999});
+        document.body.append(b);
+        const out = [b.querySelector(".owned").getBoundingClientRect().width, b.textContent];
+        b.remove();
+        return out;
+    }""")
+
+
 def wait_until(what: str, check, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -80,6 +107,8 @@ def test_the_dashboard_shows_the_pool_and_follows_requests_live(server, page):
     assert len(pages) == (2 if "local" in server.args else 1)  # a prefill and a decode pool, or one
     before = sum(column(page, "pools", "allocated (total)"))
     assert OPERATOR_KEY not in page.url
+    width, label = tiny_share_bar(page)
+    assert width >= 3 and "1 in use (0.0%)" in label  # a few pages of many still show, with their number
 
     def run(key: str) -> None:
         openai_client(server.url, key).completions.create(model="tiny", prompt="Hello " * 200, max_tokens=200,
@@ -94,12 +123,34 @@ def test_the_dashboard_shows_the_pool_and_follows_requests_live(server, page):
         wait_until("pages allocated", lambda: sum(column(page, "pools", "allocated (total)")) > before)
         # Every pool's figures move (a worker's come with its heartbeats, so the prefill pool's may lag).
         wait_until("pages allocated in every pool", lambda: all(column(page, "pools", "allocated (total)")))
-        if shot := os.environ.get("BULKHEAD_DASHBOARD_SCREENSHOT"):
-            wait_until("pages owned", lambda: sum(column(page, "pools", "owned")) > 0, timeout=10)
-            page.screenshot(path=shot, full_page=True)
+        # The plots draw the server's samples (one every 2 s) and move: alpha's
+        # output tokens/s rises above zero, and its line gains points.
+        wait_until("alpha's tokens/s plotted", lambda: drawn_above_zero(path_points(page, "plot-tokens", "alpha")))
+        line = path_points(page, "plot-tokens", "alpha")
+        wait_until("the tokens/s plot moving", lambda: path_points(page, "plot-tokens", "alpha") != line, timeout=20)
+        wait_until("a time to first token", lambda: path_points(page, "plot-ttft", "median"))
+        wait_until("owned pages plotted", lambda: any(drawn_above_zero(path_points(page, f"plot-pool-{i}", "owned"))
+                                                      for i in range(len(pages))))
+        assert path_points(page, "plot-transfers", "decode jobs granted, KV being written")
     finally:
         for t in load:
             t.join(timeout=120)
     # After they end, the pages they held were scrubbed, and the page says so.
     wait_until("pages scrubbed", lambda: sum(column(page, "pools", "scrubbed (total)")) > 0)
     assert page.inner_text("#status").startswith("updated")
+    if shot := os.environ.get("BULKHEAD_DASHBOARD_SCREENSHOT"):
+        screenshot_under_load(page, run, shot)
+
+
+def screenshot_under_load(page, run, path: str) -> None:
+    """A second wave of requests, so the picture has pages owned in the
+    tables and two bursts in the plots."""
+    load = [threading.Thread(target=run, args=(key,)) for key in ["sk-alpha-test", "sk-beta-test"] * 3]
+    for t in load:
+        t.start()
+    try:
+        wait_until("pages owned", lambda: sum(column(page, "pools", "owned")) > 0)
+        page.screenshot(path=path, full_page=True)
+    finally:
+        for t in load:
+            t.join(timeout=120)

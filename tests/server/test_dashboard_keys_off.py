@@ -40,4 +40,9 @@ def test_with_keys_off_the_figures_are_open_on_loopback():
         data = http.get("/dashboard/data").json()
         assert data["pools"][0]["free"] == 3 and data["pools"][0]["by_tenant"] == {"default": 1}
         assert data["tenants"]["default"]["running"] == 1
+        # The sampler took a point when the server started: a page opened now has something to draw.
+        point = data["history"][-1]
+        assert point["pools"]["colocated"]["owned"] == 1 and data["history_period_s"] > 0
+        newer = http.get("/dashboard/data", params={"since": point["t"]}).json()["history"]
+        assert all(p["t"] > point["t"] for p in newer)  # only what the page has not drawn
         assert http.get("/dashboard").status_code == 200

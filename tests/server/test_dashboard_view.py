@@ -38,3 +38,8 @@ def test_the_page_is_self_contained_and_keeps_the_key_out_of_the_url():
     html = page_html()
     assert "http://" not in html and "https://" not in html and "<link" not in html and "src=" not in html
     assert "sessionStorage" in html and "Authorization" in html and "?key" not in html
+
+
+def test_the_service_column_names_its_unit():
+    html = page_html()
+    assert "service (weighted tokens)" in html and "each output token 2" in html
