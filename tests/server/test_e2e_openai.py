@@ -209,3 +209,17 @@ def test_preflight_reads_the_live_server_and_finds_it_clean(server, capsys):
     code = main(["preflight", server.url, "--api-key", OPERATOR_KEY, "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
+
+
+def test_the_readme_python_example_runs_as_written(server, capsys):
+    """The README's "Talk to it" block, verbatim but for the address and the
+    key (this server has keys on): it prints the answer it promises."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.DOTALL).group(1)
+    promised = re.search(r"print\(.*\)\s+#\s*(.+)", code).group(1).strip()
+    code = code.replace("http://127.0.0.1:8000/v1", server.url + "/v1").replace("unused-on-loopback", "sk-alpha-test")
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == promised
