@@ -13,16 +13,15 @@ import logging
 from pathlib import Path
 
 from bulkhead.disagg.launch import add_disagg_arguments
-from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
+from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
+from bulkhead.model import kernel_names
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
 from bulkhead.server.http_server import BoundServer
 from bulkhead.server.params import DEFAULT_MAX_TOKENS
 from bulkhead.seams import PRODUCTION, Seams
-from bulkhead.server.local_backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
 
@@ -82,37 +81,37 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's choice; with --role local, every core, the workers taking "
                         "turns, or with --core-sharing split the cores split among them)")
-    p.add_argument("--linear-kernel", choices=linear_kernel.KERNELS, default="auto",
+    p.add_argument("--linear-kernel", choices=kernel_names.KERNELS, default="auto",
                    help="linear layers: auto = q4-i16in for weights exactly on a 4-bit grid (the bundled Q4_1 "
                         "SmolLM2) on a CPU with AVX-512 BF16 and VNNI: "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-i16in']}; with BF16 alone q4-bf16in: "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in']}; "
-                        f"without AVX-512 BF16 q4: {linear_kernel.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
+                        f"{kernel_names.MATMUL_PRECISION['q4-i16in']}; with BF16 alone q4-bf16in: "
+                        f"{kernel_names.MATMUL_PRECISION['q4-bf16in']}; "
+                        f"without AVX-512 BF16 q4: {kernel_names.MATMUL_PRECISION['q4']}, the exact model's numbers; else "
                         "int4 for "
                         "weights near such a grid, else oneDNN fp32 over weights laid out at load where this torch "
                         "build has it, else aten's F.linear (both exact fp32); onednn-bf16 = bf16 matmuls; int4 = "
-                        f"{linear_kernel.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
-                        f"{linear_kernel.MATMUL_PRECISION['q4-bf16in-all']}. "
+                        f"{kernel_names.MATMUL_PRECISION['int4']}; q4-bf16in-all (opt-in) = "
+                        f"{kernel_names.MATMUL_PRECISION['q4-bf16in-all']}. "
                         f"Under q4-i16in an lm_head exactly on an 8-bit grid (the bundled one) takes "
-                        f"{linear_kernel.HEAD_PRECISION['q8-i16in']}; otherwise with q4, q4-bf16in(-all), q4-i16in, "
+                        f"{kernel_names.HEAD_PRECISION['q8-i16in']}; otherwise with q4, q4-bf16in(-all), q4-i16in, "
                         "int4 or onednn-bf16 the lm_head takes "
-                        f"{linear_kernel.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
+                        f"{kernel_names.HEAD_PRECISION['bf16w']}; attention computes in fp32 (the KV cache's dtype is --kv-dtype) "
                         "(docs/performance.md)")
-    p.add_argument("--decode-attention", choices=decode_kernel.CHOICES, default="auto",
+    p.add_argument("--decode-attention", choices=kernel_names.DECODE_ATTENTION, default="auto",
                    help="decode attention: c = a C kernel reading the paged pool in place (compiled once per "
                         "machine), torch = gather pages and SDPA per request; auto = c where it builds")
-    p.add_argument("--prefill-attention", choices=prefill_attention.CHOICES, default="auto",
+    p.add_argument("--prefill-attention", choices=kernel_names.PREFILL_ATTENTION, default="auto",
                    help="a prompt's attention: bf16 = a C kernel on bf16 dot products (q, K, V and the softmax's "
                         "probabilities rounded to bf16; scores, sums and outputs fp32), torch = fp32 SDPA; auto = "
                         "bf16 where the linear kernel is q4-bf16in, q4-i16in or q4-bf16in-all (prompts' inputs already "
                         "rounded "
                         "to bf16) and "
                         "the CPU has AVX-512 BF16, else torch")
-    p.add_argument("--prefill-glue", choices=prefill_glue.CHOICES, default="auto",
+    p.add_argument("--prefill-glue", choices=kernel_names.PREFILL_GLUE, default="auto",
                    help="the ops around a prompt pass's matmuls and attention (norms, rotary, SiLU, residual adds): "
                         "c = one C call per op over every row, torch = torch ops; auto = c where it builds and the "
                         "linear kernel is not an exact one (onednn, aten)")
-    p.add_argument("--decode-glue", choices=decode_layers.CHOICES, default="auto",
+    p.add_argument("--decode-glue", choices=kernel_names.DECODE_GLUE, default="auto",
                    help="the ops around a decode step's matmuls and attention (norms, rotary, KV write, SiLU): "
                         "c = every layer in one C call, where the linear kernel is q4, q4-bf16in, q4-i16in or "
                         "q4-bf16in-all "
@@ -202,7 +201,10 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     auth = "api_keys" if keys else "single_tenant_loopback"
     workers = []
     if args.role == "colocated":
+        # torch and the engine load here, in a process that holds one: a router never imports them.
+        from bulkhead.engine.builder import build_engine
         from bulkhead.lineage.writer import LineageLogError, open_lineage
+        from bulkhead.server.local_backend import LocalBackend
 
         try:
             lineage = open_lineage(args.lineage_log, args.lineage_key, args.lineage_max_bytes, "colocated")

@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from typing import TYPE_CHECKING
+
 from bulkhead.sim.faults import FAULT_KINDS
-from bulkhead.sim.runner import Summary, quiet_runtime_logs, run_seed, run_seeds
+
+if TYPE_CHECKING:
+    from bulkhead.sim.runner import Summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +38,10 @@ def add_subcommand(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The simulation runs the real workers, so it loads torch: imported here,
+    # not when `bulkhead` builds its parser (a router never loads torch).
+    from bulkhead.sim.runner import quiet_runtime_logs, run_seed, run_seeds
+
     guard = not args.no_write_guard
     if args.seed is not None:
         with quiet_runtime_logs():
