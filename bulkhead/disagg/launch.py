@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bulkhead.disagg.signing import Signer, load_or_create_key
 from bulkhead.disagg.worker_config import WorkerConfig
-from bulkhead.model.gguf_import import cache_root
+from bulkhead.model.gguf_import import cache_root, heartbeat
 from bulkhead.seams import PRODUCTION, Seams
 
 log = logging.getLogger("bulkhead")
@@ -101,7 +101,9 @@ def worker_lineage(config: WorkerConfig):
 
 def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> typing.NoReturn:
     log.info("%s: building its engine (%s)", config.name, config.engine.model_dir.name)
-    worker = build_worker(config, seams)
+    with heartbeat(f"building {config.name}'s engine", "importing torch, reading the weights, zeroing the KV pool",
+                   log):
+        worker = build_worker(config, seams)
     log.info("%s: engine built, registering with the router at %s", config.name, config.router)
     # SIGTERM drains, then exits (bounded by the deadline); a second one exits now.
     signal.signal(signal.SIGTERM, lambda *_: worker.leave(config.drain_deadline_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -175,8 +176,9 @@ def _decode_row_multiple(model, cfg: EngineConfig) -> int:
                              kernels=[type(x).__name__ for x in (w.layers[0].qkv, w.lm_head)],
                              decode_inputs=getattr(w.layers[0].qkv, "decode_inputs", None), dtype=str(model.dtype),
                              threads=torch.get_num_threads(), max_running=cfg.max_running)
-    with machine_cache.computing(name):
-        cached = machine_cache.read_json(name)
+    cached = machine_cache.read_json(name)
+    with contextlib.nullcontext() if cached is not None else machine_cache.computing(name):
+        cached = cached or machine_cache.read_json(name)  # another worker may have measured meanwhile
         if cached is not None:
             multiple, how = cached["multiple"], f"measured {cached['measured']}, read from {machine_cache.folder()}"
         else:

@@ -465,8 +465,9 @@ def prepare(weights, kernel: str, head: str | None = None):
     """The model's weights with every linear layer's laid out for `kernel`
     (a ModelWeights; returned as a new one, the input is not changed), the
     lm_head's for `head` (choose_head's answer when None). The laid-out
-    copy replaces the plain one, except for a tied lm_head, whose embedding
-    stays for token lookup.
+    copy replaces the plain one; a tied embedding stays for token lookup,
+    except under a `q8-i16in` lm_head, whose 8-bit copy holds its exact
+    numbers (bulkhead.model.q8_embedding).
 
     The lm_head's outputs stay fp32 on every kernel: they are the logits,
     and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
@@ -477,10 +478,15 @@ def prepare(weights, kernel: str, head: str | None = None):
                                   gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
               for layer in weights.layers]
     head = choose_head(kernel, weights.lm_head, head)
+    embed = weights.embed
     if head == "q8-i16in":
         lm_head = Q8I16InLinear(weights.lm_head)
+        if weights.lm_head is weights.embed:  # tied: token lookup reads the same 8-bit numbers (q8_embedding)
+            from bulkhead.model.q8_embedding import Q8Embedding
+
+            embed = Q8Embedding(lm_head.packed)
     elif head == "bf16w":
         lm_head = BF16WeightLinear(weights.lm_head)
     else:
         lm_head = prepare_one(weights.lm_head, "onednn" if kernel in REDUCED else kernel)
-    return dataclasses.replace(weights, layers=layers, lm_head=lm_head)
+    return dataclasses.replace(weights, embed=embed, layers=layers, lm_head=lm_head)

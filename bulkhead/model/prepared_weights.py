@@ -29,6 +29,7 @@ from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
 from bulkhead.model.linear_kernel import BF16InLinear, BF16WeightLinear, Q4Linear, Q8I16InLinear
 from bulkhead.model.llama import LayerWeights, ModelWeights
+from bulkhead.model.q8_embedding import Q8Embedding
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +75,17 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, 
               for i in range(meta["num_layers"])]
     lm_head = (Q8I16InLinear.from_packed((tensors["lm_head.qb"], tensors["lm_head.d"])) if head == "q8-i16in"
                else BF16WeightLinear.from_packed(tensors["lm_head.packed"]))
+    embed = Q8Embedding(lm_head.packed) if meta["embed"] == "lm_head-q8" else tensors["embed"]
     stats["hits"] += 1
     return (load_model_config(model_dir),
-            ModelWeights(embed=tensors["embed"], layers=layers, final_norm=tensors["final_norm"], lm_head=lm_head),
+            ModelWeights(embed=embed, layers=layers, final_norm=tensors["final_norm"], lm_head=lm_head),
             kernel, head)
 
 
 def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str) -> None:
     """Write the entry for `asked` (laid-out weights of a cacheable kernel)."""
-    tensors = {"embed": weights.embed, "final_norm": weights.final_norm}
+    tied = isinstance(weights.embed, Q8Embedding)  # rebuilt from the lm_head's packing on load
+    tensors = {"final_norm": weights.final_norm} | ({} if tied else {"embed": weights.embed})
     for i, layer in enumerate(weights.layers):
         for name in ("input_norm", "post_norm", "qkv_bias"):
             if getattr(layer, name) is not None:
@@ -97,7 +100,8 @@ def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights,
         tensors["lm_head.packed"] = weights.lm_head.packed
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     machine_cache.write_tensors(entry_name(model_dir, dtype, asked), tensors,
-                                {"kernel": kernel, "head": head, "num_layers": len(weights.layers)})
+                                {"kernel": kernel, "head": head, "num_layers": len(weights.layers),
+                                 "embed": "lm_head-q8" if tied else "tensor"})
     stats["writes"] += 1
 
 
@@ -108,11 +112,13 @@ def load_laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: s
     fp32 weights are dropped once laid out."""
     if head_asked is not None:
         return _lay_out(model_dir, dtype, asked, head_asked)
-    with machine_cache.computing(entry_name(model_dir, dtype, asked)):  # a worker starting beside this one waits
-        if (hit := load(model_dir, dtype, asked)) is not None:
-            log.info("laid-out weights read from this machine's cache (%s kernel, %s lm_head)", hit[2], hit[3])
-            return hit
-        return _lay_out(model_dir, dtype, asked, head_asked)
+    hit = load(model_dir, dtype, asked)
+    if hit is None:
+        with machine_cache.computing(entry_name(model_dir, dtype, asked)):  # a worker starting beside this one waits
+            if (hit := load(model_dir, dtype, asked)) is None:  # ... and then reads what the first one wrote
+                return _lay_out(model_dir, dtype, asked, head_asked)
+    log.info("laid-out weights read from this machine's cache (%s kernel, %s lm_head)", hit[2], hit[3])
+    return hit
 
 
 def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None):
