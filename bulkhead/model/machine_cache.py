@@ -142,17 +142,15 @@ def write_tensors(name: str, tensors: dict, metadata: dict) -> None:
 def read_tensors(name: str) -> tuple[dict, dict] | None:
     """(tensors, metadata) of an entry, each tensor in memory of its own (not
     a view of the file), or None where there is none or it cannot be read."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load
 
     path = folder() / f"{name}.safetensors"
     try:
-        data = path.read_bytes()
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(header_len))
-        return load(data), json.loads(header["__metadata__"]["bulkhead"])
-    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        with safe_open(str(path), "pt") as f:  # checks the header before anything is read
+            meta = json.loads(f.metadata()["bulkhead"])
+        return load(path.read_bytes()), meta
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         if path.exists():
             log.warning("ignoring the unreadable cache entry %s: %s", path, e)
         return None
