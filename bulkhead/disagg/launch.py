@@ -18,8 +18,7 @@ from pathlib import Path
 
 from bulkhead.disagg.signing import Signer, load_or_create_key
 from bulkhead.disagg.worker_config import WorkerConfig
-from bulkhead.engine.builder import build_engine
-from bulkhead.model.gguf_import import cache_root
+from bulkhead.model.gguf_import import cache_root, heartbeat
 from bulkhead.seams import PRODUCTION, Seams
 
 log = logging.getLogger("bulkhead")
@@ -56,7 +55,11 @@ def worker_lineage(config: WorkerConfig):
 
 
 def serve_worker(config: WorkerConfig, seams: Seams = PRODUCTION) -> typing.NoReturn:
-    worker = build_worker(config, seams)
+    log.info("%s: building its engine (%s)", config.name, config.engine.model_dir.name)
+    with heartbeat(f"building {config.name}'s engine", "importing torch, reading the weights, zeroing the KV pool",
+                   log):
+        worker = build_worker(config, seams)
+    log.info("%s: engine built, registering with the router at %s", config.name, config.router)
     # SIGTERM drains, then exits (bounded by the deadline); a second one exits now.
     signal.signal(signal.SIGTERM, lambda *_: worker.leave(config.drain_deadline_s))
     try:
@@ -81,6 +84,7 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
     transfer target whose storage holds the engine's pool)."""
     from bulkhead.disagg.decode_worker import DecodeWorker
     from bulkhead.disagg.prefill_worker import PrefillWorker
+    from bulkhead.engine.builder import build_engine  # torch: only a worker loads it, never the router
 
     signer = Signer(load_or_create_key(config.cluster_key_file), config.name)
     lineage = worker_lineage(config)
@@ -158,4 +162,6 @@ def spawn_workers(args, control_address: str, key_file: Path, engine_configs: di
                                   **lineage_settings(args))
             cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]
             procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
+            log.info("started worker %s (pid %d); serving once every worker has registered", config.name,
+                     procs[-1].pid)
     return procs

@@ -14,6 +14,8 @@ from bulkhead.disagg.registry import state_of
 from bulkhead.errors import Overloaded
 from bulkhead.lineage import health as lineage_health
 from bulkhead.serving.fleet_metrics import FleetFigures, kv_usage
+from bulkhead.serving import memory
+from bulkhead.serving.memory import rss_bytes
 from bulkhead.serving.tenant_metrics import tenant_metrics
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ def router_info(router: DisaggBackend) -> dict:
     except Overloaded:
         advertised = {"context_length": None, "max_input_tokens": None, "pool_tokens": None}
     contexts = {w["context_length"] for w in workers}
+    reporting = [w for w in workers if "memory" in w]  # a worker of an older version sends none
     return {
         "engine": "bulkhead", "version": __version__, "role": "router", "model": router.model_id,
         **advertised, "kv_dtype": workers[0]["kv_dtype"] if workers else None,
@@ -39,6 +42,9 @@ def router_info(router: DisaggBackend) -> dict:
         "guards": "off" if any(w.get("guards") != "on" for w in workers) else "on",
         "control_plane": vars(router.signer.stats).copy(), "counters": dict(router.counters),
         "auth": router.auth,
+        # Each process's RSS (the workers' from their last heartbeat) and pools.
+        "memory": memory.section({"router": rss_bytes(), **{w["name"]: w["memory"]["rss_bytes"] for w in reporting}},
+                                 {w["name"]: w["memory"]["kv_pool_bytes"] for w in reporting}),
     }
 
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from bulkhead.engine.builder import EngineConfig
+from bulkhead.engine.engine_config import EngineConfig
 
 ROLES = ("prefill", "decode")
 

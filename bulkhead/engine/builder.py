@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -18,24 +19,21 @@ from bulkhead.engine.grammar_mask import GrammarMasks
 from bulkhead.engine.sampler import Sampler
 from bulkhead.engine.scheduler import SchedulerConfig
 from bulkhead.kv.capacity import gate_context_length
-from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
+from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
+from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig  # noqa: F401  (re-exported)
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
+from bulkhead.model import decode_kernel, linear_kernel, machine_cache, prefill_attention, prefill_glue
 from bulkhead.model.llama import LlamaModel
-from bulkhead.model.loader import load_weights
+from bulkhead.model.prepared_weights import load_laid_out
 from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
 from bulkhead.seams import PRODUCTION, Seams
+from bulkhead.serving.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 
-GUARDS_OFF_WARNING = (
-    "ISOLATION GUARDS OFF (--unsafe-no-guards, benchmark only): freed KV pages are not scrubbed, transfers are "
-    "not digested, and steps skip the page-ownership and finite-logit checks. One tenant's KV can reach another's "
-    "requests. Never serve real traffic like this."
-)
 
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
@@ -54,87 +52,6 @@ def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bo
     bit for bit on SmolLM2 (tests/engine/test_runner.py)."""
     return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in linear_kernel.ROW_BY_ROW_HEADS \
         and prefill_glue_choice == "c"
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_dir: Path
-    model_id: str
-    kv_memory_bytes: int
-    page_size: int = 16
-    context_length: int | None = None  # None = the model's max_position_embeddings
-    clamp_context_length: bool = False
-    scrub_mode: str = "zero"
-    dtype: str = "float32"  # fp32: this CPU class has no fast bf16 matmul
-    max_running: int = 32
-    prefill_chunk: int = 512
-    decode_tile: int = 16  # 0 = batch invariance off
-    # Measure at start-up the smallest row multiple that keeps decode
-    # batch-invariant (bulkhead.model.row_invariance); decode_tile is the
-    # fallback when none is found.
-    measure_decode_rows: bool = True
-    safe_mode: bool = True
-    threads: int | None = None
-    # "auto": q4 decode over weights exactly on a 4-bit grid (the bundled
-    # Q4_1 SmolLM2), else oneDNN fp32 where this torch build runs it, else
-    # F.linear (bulkhead.model.linear_kernel).
-    linear_kernel: str = "auto"
-    # "auto": the C kernel that reads decode KV in place where it compiles
-    # here, else torch (bulkhead.model.decode_kernel).
-    decode_attention: str = "auto"
-    # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-i16in, q4-bf16in-all) and decode attention c, else
-    # torch ops (bulkhead.model.decode_layers).
-    decode_glue: str = "auto"
-    # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all), else fp32 SDPA
-    # (bulkhead.model.prefill_attention).
-    prefill_attention: str = "auto"
-    # "auto": a prompt pass's norms, rotary and SiLU in C where it builds
-    # here and the linear kernel is a reduced-precision one, else torch ops
-    # (bulkhead.model.prefill_glue).
-    prefill_glue: str = "auto"
-    prefix_cache: bool = False
-    # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
-    # full decode batch (SchedulerConfig.step_tokens).
-    step_tokens: int = 0
-    # Fair queueing across tenants (VTC); False = first come, first served.
-    fair: bool = True
-    # Per-tenant KV quotas decide preemption under page pressure.
-    kv_quotas: bool = True
-    # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
-    # guards — scrub on free, transfer digests, the runner's per-step ownership
-    # and finite-logit checks — so their cost can be measured. Never False
-    # with more than one tenant (serve refuses it with API keys).
-    guards: bool = True
-    # The KV cache's element type: "auto" (KV_DTYPE_AUTO below: bfloat16), "float32",
-    # "bfloat16" or "float16". Prefill and decode workers must agree (the
-    # router's pairing gate compares kv_dtype).
-    kv_dtype: str = "auto"
-    # A lock file this engine's steps hold, where workers on one host take
-    # turns with all its cores (bulkhead.engine.core_lease; `--role local`
-    # names one). None = steps never wait.
-    core_lease: str | None = None
-    # While another tenant has work, a prompt pass longer than this many
-    # tokens runs a slice of layers per step, each about this many tokens'
-    # worth (bulkhead.engine.pass_slices); 0 = whole passes (measurement only).
-    slice_tokens: int = 128
-
-    def __post_init__(self):
-        if self.kv_dtype != "auto" and self.kv_dtype not in DTYPE_BYTES:
-            raise ValueError(f"kv_dtype must be auto or one of {sorted(DTYPE_BYTES)}, not {self.kv_dtype!r}")
-        if self.linear_kernel not in linear_kernel.KERNELS:
-            raise ValueError(f"linear_kernel must be one of {linear_kernel.KERNELS}, not {self.linear_kernel!r}")
-        if self.decode_attention not in decode_kernel.CHOICES:
-            raise ValueError(f"decode_attention must be one of {decode_kernel.CHOICES}, "
-                             f"not {self.decode_attention!r}")
-        if self.decode_glue not in decode_layers.CHOICES:
-            raise ValueError(f"decode_glue must be one of {decode_layers.CHOICES}, not {self.decode_glue!r}")
-        if self.prefill_attention not in prefill_attention.CHOICES:
-            raise ValueError(f"prefill_attention must be one of {prefill_attention.CHOICES}, "
-                             f"not {self.prefill_attention!r}")
-        if self.prefill_glue not in prefill_glue.CHOICES:
-            raise ValueError(f"prefill_glue must be one of {prefill_glue.CHOICES}, not {self.prefill_glue!r}")
 
 
 @dataclass
@@ -168,16 +85,14 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
-    mc, weights = load_weights(cfg.model_dir, dtype)
-    kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights)
-    head = linear_kernel.choose_head(kernel, weights.lm_head)
+    mc, laid_out, kernel, head = load_laid_out(cfg.model_dir, dtype, cfg.linear_kernel)
     kv_dtype = resolve_kv_dtype(cfg)
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
     prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
-    model = LlamaModel(mc, linear_kernel.prepare(weights, kernel, head), attention, cfg.decode_glue, prompt_attention,
+    model = LlamaModel(mc, laid_out, attention, cfg.decode_glue, prompt_attention,
                        prefill_glue.choose(cfg.prefill_glue, kernel, dtype))
-    del weights  # the laid-out copies replace them
+    del laid_out
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
     # The gate runs before the pool is allocated: a misconfigured worker fails fast.
@@ -229,6 +144,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     )
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
+    release_freed_heap()  # the fp32 weights and the layout's temporaries (bulkhead.serving.memory)
     return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
                        head, model.decode_glue, prompt_attention, model.prefill_glue)
 
@@ -248,16 +164,31 @@ def resolve_kv_dtype(cfg: EngineConfig) -> str:
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:
-    """Measure how decode batches can be padded and stay batch-invariant on
-    this CPU (0 = use fixed tiles of cfg.decode_tile rows)."""
+    """How decode batches can be padded and stay batch-invariant on this CPU
+    (0 = use fixed tiles of cfg.decode_tile rows): measured once per machine,
+    kernel, thread count and batch size, then read from the cache
+    (bulkhead.model.machine_cache; a few seconds a start otherwise)."""
     if not cfg.decode_tile or not cfg.measure_decode_rows:
         return 0
     w = model.weights
-    layer = w.layers[0]
-    weights = [layer.qkv, layer.o, layer.gate_up, layer.down, w.lm_head]
-    multiple = invariant_row_multiple(weights, cfg.max_running, dtype=model.dtype)
+    name = machine_cache.key("decode-rows", model=machine_cache.model_identity(cfg.model_dir),
+                             kernels=[type(x).__name__ for x in (w.layers[0].qkv, w.lm_head)],
+                             decode_inputs=getattr(w.layers[0].qkv, "decode_inputs", None), dtype=str(model.dtype),
+                             threads=torch.get_num_threads(), max_running=cfg.max_running)
+    cached = machine_cache.read_json(name)
+    with contextlib.nullcontext() if cached is not None else machine_cache.computing(name):
+        cached = cached or machine_cache.read_json(name)  # another worker may have measured meanwhile
+        if cached is not None:
+            multiple, how = cached["multiple"], f"measured {cached['measured']}, read from {machine_cache.folder()}"
+        else:
+            log.info("decode: measuring which batch sizes are batch-invariant on this CPU (once per machine)")
+            layer = w.layers[0]
+            multiple = invariant_row_multiple([layer.qkv, layer.o, layer.gate_up, layer.down, w.lm_head],
+                                              cfg.max_running, dtype=model.dtype)
+            machine_cache.write_json(name, {"multiple": multiple, "measured": time.strftime("%Y-%m-%d %H:%M")})
+            how = "measured now"
     if multiple is None:
-        log.info("decode: no row count is batch-invariant on this CPU; tiles of %d rows", cfg.decode_tile)
+        log.info("decode: no row count is batch-invariant on this CPU (%s); tiles of %d rows", how, cfg.decode_tile)
         return 0
-    log.info("decode: batches padded to a multiple of %d rows (measured batch-invariant on this CPU)", multiple)
+    log.info("decode: batches padded to a multiple of %d rows (batch-invariant on this CPU, %s)", multiple, how)
     return multiple

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from bulkhead.model import kernel_names
 from bulkhead.model.gguf_import import cache_root
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def _build(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
     key = hashlib.sha256("\0".join([text, *headers, " ".join(flags), version, _cpu_flags()]).encode())
     target = cache_root() / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
+        log.info("compiling %s for this CPU (once per machine, cached in %s)", source.name, target.parent)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
@@ -140,7 +142,7 @@ def threading(lib: ctypes.CDLL) -> str:
     return "openmp" if lib.uses_openmp() else "pthreads"
 
 
-CHOICES = ("auto", "c", "torch")
+CHOICES = kernel_names.DECODE_ATTENTION
 
 
 def fits(kv_dtype: str, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> str | None:

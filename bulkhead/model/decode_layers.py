@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bulkhead.model import kernel_names
 from bulkhead.model import decode_kernel, q4_kernel
 from bulkhead.model.decode_kernel import KernelError
 
@@ -39,7 +40,7 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_layers.c"
 # Rotary and the adds must round as torch's separate ops do: no fused multiply-add.
 FLAGS = (*decode_kernel.FLAGS, "-ffp-contract=off")
 MAX_KV_ROW = 2048  # the C file's MAX_KV_ROW (load() checks): KV heads x head_dim of one row
-CHOICES = ("auto", "c", "torch")  # LlamaModel's decode_glue
+CHOICES = kernel_names.DECODE_GLUE
 KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)",
           -2: "a write slot outside the pool", -3: "a position outside the rotary tables", -4: "no memory",

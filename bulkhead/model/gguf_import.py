@@ -93,14 +93,19 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
 
 @contextmanager
 def _heartbeat(name: str):
-    """Log every HEARTBEAT_S seconds until the block ends."""
+    with heartbeat(f"importing {name}", "dequantizing to fp32, once"):
+        yield
+
+
+@contextmanager
+def heartbeat(doing: str, why: str, logger: logging.Logger = log):
+    """Log "still <doing> (N s so far; <why>)" every HEARTBEAT_S seconds until the block ends."""
     done = threading.Event()
     started = time.monotonic()
 
     def beat() -> None:
         while not done.wait(HEARTBEAT_S):
-            log.info("still importing %s (%.0f s so far; dequantizing to fp32, once)", name,
-                     time.monotonic() - started)
+            logger.info("still %s (%.0f s so far; %s)", doing, time.monotonic() - started, why)
 
     thread = threading.Thread(target=beat, name="gguf-import-heartbeat", daemon=True)
     thread.start()

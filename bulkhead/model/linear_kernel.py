@@ -96,39 +96,10 @@ from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, q4_bf16in_k
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
-           "q4-bf16-prefill")
-# The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
-# the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
-# and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in")
-Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
-# The kernels whose lm_head takes bf16w.
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
-# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
-# (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
-DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
-HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
-# lm_head kernels that run each row alone, the same operations whatever its
-# batch mates (Q8I16InLinear, BF16WeightLinear); fp32's oneDNN GEMM does not.
-ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
-# What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
-MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
-                    "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
-                    "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
-                    "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums "
-                                 "and outputs; decode rows as q4",
-                    "q4-bf16in-all": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows bf16 "
-                                     "inputs, 4-bit weights rebuilt exactly, fp32 sums",
-                    "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
-                                "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
-                                "fp32 scales",
-                    "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums, outputs rounded to bf16; "
-                                       "decode rows as q4"}
-HEAD_PRECISION = {"fp32": "lm_head fp32",
-                  "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
-                  "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "
-                              "exact int32 sums, fp32 scales and logits"}
+from bulkhead.model.kernel_names import (  # noqa: E402  (torch-free: the command line reads them too)
+    BF16_INPUT_PROMPTS, DECODE_INPUTS, HEAD_KERNELS, HEAD_PRECISION, KERNELS, MATMUL_PRECISION, Q4_KERNELS, REDUCED,
+    ROW_BY_ROW_HEADS,
+)
 
 # The row count oneDNN lays a weight out for; any count runs on it. Measured
 # here with the check of bulkhead.model.row_invariance over the model's
@@ -399,6 +370,14 @@ class Q8I16InLinear(Linear):
         if self.packed is None:
             raise ValueError(f"q8-i16in: weight {tuple(w.shape)} is not exactly on an 8-bit grid")
 
+    @classmethod
+    def from_packed(cls, packed: tuple[torch.Tensor, torch.Tensor]) -> Q8I16InLinear:
+        """The layer over pack_q8's answer as an earlier start cached it (bulkhead.model.prepared_weights)."""
+        layer = cls.__new__(cls)
+        qb, d = layer.packed = packed
+        layer.out_features, layer.in_features = qb.shape[0] * q4_kernel.BLOCK, qb.shape[1] * 2
+        return layer
+
     def __call__(self, x, b=None, decode=False):
         y = i16in_kernel.linear_q8_i16in(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
@@ -418,6 +397,14 @@ class BF16WeightLinear(Linear):
         self._run = head_kernel.linear_bf16w
         self.out_features, self.in_features = w.shape
         self.packed = head_kernel.pack(w)
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor) -> BF16WeightLinear:
+        """The layer over head_kernel.pack's answer as an earlier start cached it."""
+        layer = cls.__new__(cls)
+        layer._run, layer.packed = head_kernel.linear_bf16w, packed
+        layer.out_features, layer.in_features = packed.shape[0] * head_kernel.BLOCK, packed.shape[1]
+        return layer
 
     def __call__(self, x, b=None, decode=False):
         y = self._run(x.float(), self.packed)
@@ -478,8 +465,9 @@ def prepare(weights, kernel: str, head: str | None = None):
     """The model's weights with every linear layer's laid out for `kernel`
     (a ModelWeights; returned as a new one, the input is not changed), the
     lm_head's for `head` (choose_head's answer when None). The laid-out
-    copy replaces the plain one, except for a tied lm_head, whose embedding
-    stays for token lookup.
+    copy replaces the plain one; a tied embedding stays for token lookup,
+    except under a `q8-i16in` lm_head, whose 8-bit copy holds its exact
+    numbers (bulkhead.model.q8_embedding).
 
     The lm_head's outputs stay fp32 on every kernel: they are the logits,
     and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
@@ -490,10 +478,15 @@ def prepare(weights, kernel: str, head: str | None = None):
                                   gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
               for layer in weights.layers]
     head = choose_head(kernel, weights.lm_head, head)
+    embed = weights.embed
     if head == "q8-i16in":
         lm_head = Q8I16InLinear(weights.lm_head)
+        if weights.lm_head is weights.embed:  # tied: token lookup reads the same 8-bit numbers (q8_embedding)
+            from bulkhead.model.q8_embedding import Q8Embedding
+
+            embed = Q8Embedding(lm_head.packed)
     elif head == "bf16w":
         lm_head = BF16WeightLinear(weights.lm_head)
     else:
         lm_head = prepare_one(weights.lm_head, "onednn" if kernel in REDUCED else kernel)
-    return dataclasses.replace(weights, layers=layers, lm_head=lm_head)
+    return dataclasses.replace(weights, embed=embed, layers=layers, lm_head=lm_head)

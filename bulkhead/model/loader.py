@@ -23,19 +23,26 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> ModelWeights:
-    def take(name: str) -> torch.Tensor:
+    def take(name: str, own: bool = True) -> torch.Tensor:
+        """The tensor in `dtype`; own=True copies it out of the file's
+        mapping where it still reads it (an fp32 tensor of an fp32 file), so
+        that the whole mapping goes once the weights are laid out: an
+        embedding that kept it alive held the file's 540 MB resident in
+        every worker. own=False: the caller copies it (torch.cat)."""
         try:
-            return tensors.pop(name).to(dtype).contiguous()
+            t = tensors.pop(name)
         except KeyError:
             raise KeyError(f"checkpoint lacks tensor {name!r}") from None
+        out = t.to(dtype).contiguous()
+        return out.clone() if own and out.data_ptr() == t.data_ptr() else out
 
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight", own=False) for n in "qkv"])
         bias = None
         if config.qkv_bias:
-            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias", own=False) for n in "qkv"])
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
@@ -43,7 +50,7 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
                 qkv_bias=bias,
                 o=take(p + "self_attn.o_proj.weight"),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                gate_up=torch.cat([take(p + f"mlp.{n}_proj.weight", own=False) for n in ("gate", "up")]),
                 down=take(p + "mlp.down_proj.weight"),
             )
         )

@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from bulkhead.model import kernel_names
 from bulkhead.model import c_linear
 from bulkhead.model.linear_kernel import BF16_INPUT_PROMPTS
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_bf16.c"
-CHOICES = ("auto", "bf16", "torch")
+CHOICES = kernel_names.PREFILL_ATTENTION
 
 
 @functools.cache

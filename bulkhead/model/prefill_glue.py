@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
+from bulkhead.model import kernel_names
 from bulkhead.model import c_linear
 from bulkhead.model.linear_kernel import REDUCED
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_glue.c"
-CHOICES = ("auto", "c", "torch")
+CHOICES = kernel_names.PREFILL_GLUE
 
 
 @functools.cache

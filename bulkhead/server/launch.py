@@ -12,14 +12,13 @@ import uvicorn
 import logging
 from pathlib import Path
 
-from bulkhead.engine.builder import GUARDS_OFF_WARNING, EngineConfig, build_engine
+from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig
 from bulkhead.kv.layout import parse_memory
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
 from bulkhead.server.http_server import BoundServer
 from bulkhead.seams import PRODUCTION, Seams
-from bulkhead.server.local_backend import LocalBackend
 
 log = logging.getLogger("bulkhead")
 
@@ -95,7 +94,10 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     auth = "api_keys" if keys else "single_tenant_loopback"
     workers = []
     if args.role == "colocated":
+        # torch and the engine load here, in a process that holds one: a router never imports them.
+        from bulkhead.engine.builder import build_engine
         from bulkhead.lineage.writer import LineageLogError, open_lineage
+        from bulkhead.server.local_backend import LocalBackend
 
         try:
             lineage = open_lineage(args.lineage_log, args.lineage_key, args.lineage_max_bytes, "colocated")

@@ -15,6 +15,7 @@ from bulkhead.lineage import health as lineage_health
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
+from bulkhead.serving import memory
 from bulkhead.serving.backend import Backend
 from bulkhead.serving.fleet_metrics import FleetFigures, kv_usage
 from bulkhead.serving.info import engine_info
@@ -68,4 +69,7 @@ class LocalBackend(Backend):
         return [why] if why else []
 
     def info(self) -> dict:
-        return engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
+        info = engine_info(self.built, self.model_id, role="colocated") | {"auth": self._auth}
+        own = info["memory"]
+        info["memory"] = memory.section({"colocated": own["rss_bytes"]}, {"colocated": own["kv_pool_bytes"]})
+        return info

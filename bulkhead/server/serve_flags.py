@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
+from bulkhead.model import kernel_names  # not the kernel modules: a router's parser loads no torch
 from bulkhead.server.params import DEFAULT_MAX_TOKENS
 
 ROLES = ("local", "colocated", "router", "prefill", "decode")
@@ -162,18 +162,18 @@ def _kernel_flags(g) -> None:
           help="weights as loaded and activations; the matmuls' precision is --linear-kernel's")
     _flag(g, "--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", more=True,
           help="KV cache element type; auto = bfloat16, attention computing in fp32")
-    _flag(g, "--linear-kernel", choices=linear_kernel.KERNELS, default="auto", metavar="KERNEL", more=True,
+    _flag(g, "--linear-kernel", choices=kernel_names.KERNELS, default="auto", metavar="KERNEL", more=True,
           help="linear layers: auto picks by the weights and the CPU; onednn = exact fp32; "
                "/server_info's matmul_precision says what runs")
-    _flag(g, "--decode-attention", choices=decode_kernel.CHOICES, default="auto", more=True,
+    _flag(g, "--decode-attention", choices=kernel_names.DECODE_ATTENTION, default="auto", more=True,
           help="c = a C kernel reading the paged pool in place; torch = gather + SDPA; auto = c where it builds")
-    _flag(g, "--prefill-attention", choices=prefill_attention.CHOICES, default="auto", more=True,
+    _flag(g, "--prefill-attention", choices=kernel_names.PREFILL_ATTENTION, default="auto", more=True,
           help="bf16 = a C kernel on bf16 dot products, fp32 sums; torch = fp32 SDPA; auto = bf16 beside "
                "bf16-input prompts")
-    _flag(g, "--prefill-glue", choices=prefill_glue.CHOICES, default="auto", more=True,
+    _flag(g, "--prefill-glue", choices=kernel_names.PREFILL_GLUE, default="auto", more=True,
           help="norms, rotary, SiLU of a prompt pass: c = one C call an op; auto = c beside the reduced-precision "
                "kernels")
-    _flag(g, "--decode-glue", choices=decode_layers.CHOICES, default="auto", more=True,
+    _flag(g, "--decode-glue", choices=kernel_names.DECODE_GLUE, default="auto", more=True,
           help="a decode step's ops around matmuls and attention: c = every layer in one C call; auto = c where "
                "it can run")
     _flag(g, "--decode-tile", type=int, default=16, metavar="N", more=True,

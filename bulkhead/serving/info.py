@@ -14,6 +14,7 @@ from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.linear_kernel import HEAD_PRECISION, MATMUL_PRECISION
+from bulkhead.serving.memory import rss_bytes
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
@@ -79,4 +80,11 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "sampling_defaults": load_sampling_defaults(cfg.model_dir),
         "engine_failures": built.engine.stats.failures,
         "lineage": built.engine.lineage.stats(),  # None: no --lineage-log
+        # This process's resident set and its KV pool (bulkhead.serving.memory).
+        "memory": {"rss_bytes": rss_bytes(), "kv_pool_bytes": pool_bytes(built)},
     }
+
+
+def pool_bytes(built: BuiltEngine) -> int:
+    data = built.engine.pool.data
+    return data.numel() * data.element_size()

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.disagg.cluster_tools import arm, counters, disarm, fresh_counters, pid_of, total, wait_for, wait_workers_idle
-from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS
+from tests.disagg.conftest import DECODE_POOL_TOKENS, PREFILL_POOL_TOKENS, SMOLLM2_KV
 from tests.server_process import OPERATOR_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -28,6 +28,16 @@ def test_the_router_advertises_the_smallest_worker_limit(cluster):
     assert workers["decode-0"]["context_length"] == DECODE_POOL_TOKENS
     assert all(w["context_length_clamped"] for w in workers.values())
     assert info["worker_limits_differ"] is True
+
+
+def test_server_info_reports_each_process_resident_memory_and_pool(cluster):
+    memory = cluster.info()["memory"]
+    names = {"router", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+    assert set(memory["rss_bytes"]) == names and all(n > 0 for n in memory["rss_bytes"].values())
+    assert set(memory["kv_pool_bytes"]) == names - {"router"}
+    assert memory["kv_pool_bytes"]["decode-0"] == DECODE_POOL_TOKENS * SMOLLM2_KV.bytes_per_token
+    assert memory["rss_beyond_kv_pools_bytes"] == sum(memory["rss_bytes"].values()) - sum(
+        memory["kv_pool_bytes"].values())
 
 
 def test_preflight_flags_the_clamped_workers_of_the_live_cluster(cluster, capsys):

@@ -1,0 +1,45 @@
+"""The kernels' names and what each computes in, without torch: the command
+line, the engine's config and the router (which holds no model and never
+imports torch) read them here; the kernel modules re-export them
+(bulkhead.model.linear_kernel and the attention and glue modules document
+each one)."""
+
+KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
+           "q4-bf16-prefill")
+# The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
+# the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
+# and prompt attention on the first.
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in")
+Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
+# The kernels whose lm_head takes bf16w.
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
+# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
+# (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
+DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
+HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
+# lm_head kernels that run each row alone, the same operations whatever its
+# batch mates (Q8I16InLinear, BF16WeightLinear); fp32's oneDNN GEMM does not.
+ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
+# What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
+MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
+                    "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
+                    "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
+                    "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums "
+                                 "and outputs; decode rows as q4",
+                    "q4-bf16in-all": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows bf16 "
+                                     "inputs, 4-bit weights rebuilt exactly, fp32 sums",
+                    "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
+                                "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
+                                "fp32 scales",
+                    "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums, outputs rounded to bf16; "
+                                       "decode rows as q4"}
+HEAD_PRECISION = {"fp32": "lm_head fp32",
+                  "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
+                  "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "
+                              "exact int32 sums, fp32 scales and logits"}
+
+# --decode-attention, --decode-glue, --prefill-attention and --prefill-glue.
+DECODE_ATTENTION = ("auto", "c", "torch")  # bulkhead.model.decode_kernel
+DECODE_GLUE = ("auto", "c", "torch")  # bulkhead.model.decode_layers (LlamaModel's decode_glue)
+PREFILL_ATTENTION = ("auto", "bf16", "torch")  # bulkhead.model.prefill_attention
+PREFILL_GLUE = ("auto", "c", "torch")  # bulkhead.model.prefill_glue

@@ -1,0 +1,138 @@
+"""The model's weights laid out for the chosen kernels, cached per machine.
+
+Why: laying out the bundled SmolLM2 for the default kernels means proving
+every linear weight lies exactly on a 4-bit grid (q4_kernel.grid, a pass
+over 106M weights), packing it twice (4-bit for decode rows, bf16 for
+prompt rows) and the lm_head once (8-bit): most of a warm start's time, in
+each worker, every start, for the same answer. A start that finds this
+machine's entry (bulkhead.model.machine_cache: keyed by the CPU, the model's
+files, bulkhead/model's sources and the kernel asked for) reads the packed
+tensors instead, and never holds the fp32 weights at all.
+
+Only the C kernels' layouts are cached (the bf16-input prompt kernels,
+`linear_kernel.BF16_INPUT_PROMPTS`, with a `q8-i16in` or `bf16w` lm_head):
+plain tensors. The exact fp32 paths (`--linear-kernel onednn`, `aten`, or
+`--dtype`/kernels that lay weights out inside oneDNN) are built from the
+fp32 weights on every start, as before; they are not the default.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache, q4_bf16in_kernel
+from bulkhead.model import q4_kernel
+from bulkhead.model.config import ModelConfig, load_model_config
+from bulkhead.model.gguf_import import heartbeat
+from bulkhead.model.linear_kernel import BF16InLinear, BF16WeightLinear, Q4Linear, Q8I16InLinear
+from bulkhead.model.llama import LayerWeights, ModelWeights
+from bulkhead.model.q8_embedding import Q8Embedding
+
+log = logging.getLogger(__name__)
+
+CACHED_HEADS = ("q8-i16in", "bf16w")
+LINEARS = ("qkv", "o", "gate_up", "down")
+# The C libraries each cached kernel needs: a hit is used only where they load here.
+LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
+             "q4-bf16in-all": (bf16in_kernel, q4_bf16in_kernel), "q8-i16in": (i16in_kernel,),
+             "bf16w": (head_kernel,)}
+# Counted for tests: how many builds read an entry and how many wrote one.
+stats = {"hits": 0, "writes": 0}
+
+
+def entry_name(model_dir: Path, dtype: torch.dtype, asked: str) -> str:
+    return machine_cache.key("weights", model=machine_cache.model_identity(model_dir), dtype=str(dtype),
+                             kernel=asked)
+
+
+def cacheable(kernel: str, head: str) -> bool:
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in CACHED_HEADS
+
+
+def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, ModelWeights, str, str] | None:
+    """(config, laid-out weights, kernel, lm_head kernel) from this machine's
+    entry for `asked` (a --linear-kernel value), or None."""
+    found = machine_cache.read_tensors(entry_name(model_dir, dtype, asked))
+    if found is None:
+        return None
+    tensors, meta = found
+    kernel, head = meta["kernel"], meta["head"]
+    if not all(lib.load() is not None for lib in (*LIBRARIES[kernel], *LIBRARIES[head])):
+        return None
+    inputs = linear_kernel.DECODE_INPUTS.get(kernel, "fp32")
+
+    def linear(prefix: str) -> Q4Linear:
+        return Q4Linear((tensors[prefix + ".qs"], tensors[prefix + ".dm"]), BF16InLinear(tensors[prefix + ".wb"]),
+                        inputs)
+
+    layers = [LayerWeights(input_norm=tensors[f"layers.{i}.input_norm"], qkv=linear(f"layers.{i}.qkv"),
+                           qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=linear(f"layers.{i}.o"),
+                           post_norm=tensors[f"layers.{i}.post_norm"], gate_up=linear(f"layers.{i}.gate_up"),
+                           down=linear(f"layers.{i}.down"))
+              for i in range(meta["num_layers"])]
+    lm_head = (Q8I16InLinear.from_packed((tensors["lm_head.qb"], tensors["lm_head.d"])) if head == "q8-i16in"
+               else BF16WeightLinear.from_packed(tensors["lm_head.packed"]))
+    embed = Q8Embedding(lm_head.packed) if meta["embed"] == "lm_head-q8" else tensors["embed"]
+    stats["hits"] += 1
+    return (load_model_config(model_dir),
+            ModelWeights(embed=embed, layers=layers, final_norm=tensors["final_norm"], lm_head=lm_head),
+            kernel, head)
+
+
+def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str) -> None:
+    """Write the entry for `asked` (laid-out weights of a cacheable kernel)."""
+    tied = isinstance(weights.embed, Q8Embedding)  # rebuilt from the lm_head's packing on load
+    tensors = {"final_norm": weights.final_norm} | ({} if tied else {"embed": weights.embed})
+    for i, layer in enumerate(weights.layers):
+        for name in ("input_norm", "post_norm", "qkv_bias"):
+            if getattr(layer, name) is not None:
+                tensors[f"layers.{i}.{name}"] = getattr(layer, name)
+        for name in LINEARS:
+            w = getattr(layer, name)
+            tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.packed
+            tensors[f"layers.{i}.{name}.wb"] = w.prefill.wb
+    if head == "q8-i16in":
+        tensors["lm_head.qb"], tensors["lm_head.d"] = weights.lm_head.packed
+    else:
+        tensors["lm_head.packed"] = weights.lm_head.packed
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    machine_cache.write_tensors(entry_name(model_dir, dtype, asked), tensors,
+                                {"kernel": kernel, "head": head, "num_layers": len(weights.layers),
+                                 "embed": "lm_head-q8" if tied else "tensor"})
+    stats["writes"] += 1
+
+
+def load_laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None = None):
+    """(config, weights laid out for the kernel `asked` resolves to, kernel,
+    lm_head kernel): from the cache where this machine has the entry, else
+    from the fp32 weights (then cached where the kernels are cacheable). The
+    fp32 weights are dropped once laid out."""
+    if head_asked is not None:
+        return _lay_out(model_dir, dtype, asked, head_asked)
+    hit = load(model_dir, dtype, asked)
+    if hit is None:
+        with machine_cache.computing(entry_name(model_dir, dtype, asked)):  # a worker starting beside this one waits
+            if (hit := load(model_dir, dtype, asked)) is None:  # ... and then reads what the first one wrote
+                return _lay_out(model_dir, dtype, asked, head_asked)
+    log.info("laid-out weights read from this machine's cache (%s kernel, %s lm_head)", hit[2], hit[3])
+    return hit
+
+
+def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None):
+    from bulkhead.model.loader import load_weights
+
+    log.info("loading %s and laying its weights out for the kernels (once per machine where they are cached)",
+             Path(model_dir).name)
+    with heartbeat("laying the weights out", "checking each is on a 4-bit grid, then packing", log):
+        mc, weights = load_weights(model_dir, dtype)
+        kernel = linear_kernel.choose(asked, dtype, weights)
+        head = linear_kernel.choose_head(kernel, weights.lm_head, head_asked)
+        laid = linear_kernel.prepare(weights, kernel, head)
+        del weights
+    if head_asked is None and cacheable(kernel, head):
+        save(model_dir, dtype, asked, laid, kernel, head)
+    return mc, laid, kernel, head
+
