@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "bulkhead"
 LAUNCHERS = {"server/launch.py", "cli.py"}  # they wire components together, so they may know all of them
 
@@ -44,6 +46,17 @@ def test_protocol_imports_no_runtime_package():
         assert importers_of(runtime, "protocol") == [], runtime
 
 
+def test_protocol_imports_nothing_from_the_model_checker():
+    """The checker builds on the protocol, never the other way round: the
+    runtime that imports the protocol must not carry the checker's actors."""
+    assert importers_of("bulkhead.verify", "protocol") == []
+
+
+def test_only_the_model_checker_and_the_cli_import_it():
+    users = [rel for rel in importers_of("bulkhead.verify", ".") if not rel.startswith("verify/")]
+    assert users == [], users
+
+
 def modules_loaded_by(module: str) -> set[str]:
     code = f"import sys, json; import {module}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -64,3 +77,24 @@ def test_router_loads_no_torch():
 def test_http_layer_loads_no_torch():
     """The HTTP app serves from a Backend; only the colocated backend holds an engine."""
     assert "torch" not in modules_loaded_by("bulkhead.server.app")
+
+
+PROTOCOL_MODULES = sorted(f"bulkhead.protocol.{p.stem}" for p in (PACKAGE / "protocol").glob("*.py")
+                          if p.stem != "__init__")
+
+
+def test_every_protocol_module_is_checked_below():
+    """The runtime's share of the protocol: a module added to it is covered
+    by the next test without being listed there."""
+    assert {"bulkhead.protocol.ticket", "bulkhead.protocol.messages", "bulkhead.protocol.manifest",
+            "bulkhead.protocol.lifecycle", "bulkhead.protocol.transitions", "bulkhead.protocol.router_job",
+            "bulkhead.protocol.prefill_job", "bulkhead.protocol.decode_job"} <= set(PROTOCOL_MODULES)
+
+
+@pytest.mark.parametrize("module", PROTOCOL_MODULES)
+def test_a_protocol_module_loads_no_part_of_the_model_checker(module):
+    """A worker that imports the ticket (or any module the runtime shares
+    with the checker) runs none of the checker's actors at import."""
+    loaded = modules_loaded_by(module)
+    assert module in loaded
+    assert sorted(m for m in loaded if m == "bulkhead.verify" or m.startswith("bulkhead.verify.")) == []

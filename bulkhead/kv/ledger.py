@@ -127,7 +127,7 @@ class PageLedger:
         # Reversed onto the way back to the free stack, so the next request
         # gets this block in its old order: the freshest KV lands exactly
         # where the next prompt goes (the incident's worst case), as the
-        # model checker's ledger does (tests/protocol/test_ledger_model_agrees.py).
+        # model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
         self._dirty.extend(reversed(pages))
         return pages
 

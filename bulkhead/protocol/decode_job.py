@@ -1,5 +1,6 @@
 """Decode's decisions about one request, shared by the checker's decode
-actor (decode.py) and the running decode worker (bulkhead.disagg.decode_worker).
+actor (bulkhead.verify.actors.decode) and the running decode worker
+(bulkhead.disagg.decode_worker).
 
     function          when                               effects it may ask for
     ----------------  ---------------------------------  -------------------------------------

@@ -2,8 +2,8 @@
 
     advance(actor, phase, event) -> the next phase, or IllegalTransition
 
-The protocol's step functions (router.py, prefill.py and decode.py in this
-package) make every phase change through advance(), so the model checker
+The model checker's step functions (router.py, prefill.py and decode.py in
+bulkhead.verify.actors) make every phase change through advance(), so the model checker
 explores exactly these rows: a step that is not a row raises, and
 tests/disagg/test_lifecycle.py checks that an exhaustive search takes every
 row. The runtime's records (bulkhead.disagg: router.Route,

@@ -21,16 +21,14 @@ on the runtime's wire and in the model checker's network.
     PrefillFailed  prefill -> router            the prompt could not be prefilled (LEGACY: its 400)
     TransferFailed worker -> router             the KV could not be moved or verified
 
-    data plane (the model's view of one page of a transfer backend's write_pages)
-    PageWrite      prefill -> decode            a one-sided write of one page, to be admitted
-    Landing        decode's pool                an admitted write's DMA, landing unconditionally
-
 Who a message goes to, and whether it is authentic, is not part of it: the
 runtime's link seals each one in the signer's envelope (sender,
 incarnation, sequence number, HMAC; disagg/signing.py) and encodes it with
 the one codec (disagg/messages.py: encode, decode, handler_for); the model
 checker's network carries each in an `Envelope` (destination, and `signed`,
-which the environment clears when it forges one). The model's network
+which the environment clears when it forges one; bulkhead.verify.actors.network,
+with the model's data plane: PageWrite and Landing, one page of what a
+transfer backend's write_pages does). The model's network
 carries worker-to-worker messages directly where the runtime's router
 relays them (PagesGranted, TransferDone; DrainAck goes through the router's
 record of the pair, as the runtime's relay does). Which fields the model
@@ -50,7 +48,6 @@ from bulkhead.protocol.types import Outcome
 
 # A request's id: a string on the wire; the model's are small ints.
 RequestId = typing.Union[str, int]  # noqa: UP007
-Addr = tuple  # the model's actor address: ("router"|"prefill"|"decode", index)
 
 
 # --- registration and liveness (the registry's; the model has no registry) ----
@@ -213,46 +210,3 @@ MESSAGES = (Register, Registered, Refused, Reregister, Leaving, Drain, Resume, H
             PagesGranted, TransferDone, DrainAck, Finalize, Output, PrefillFailed, TransferFailed)
 BY_KIND = {cls.kind: cls for cls in MESSAGES}
 Message = typing.Union[MESSAGES]  # noqa: UP007 - a runtime tuple of types
-
-
-# --- data plane (model) -------------------------------------------------------
-
-@dataclass(frozen=True)
-class PageWrite:
-    """One page of a one-sided write posted by prefill (the runtime's
-    transfer backends write a grant's pages in one write_pages call).
-    Decode's transfer engine admits it against the ledger (manifest.write_admissible)."""
-    request_id: RequestId
-    room: int
-    epoch: int
-    incarnation: int
-    page: int
-    gen: int
-    payload: object          # page content: kv_origin(rid, epoch) or GARBAGE
-
-
-@dataclass(frozen=True)
-class Landing:
-    """An admitted write's DMA, in flight into decode's pool. It lands
-    unconditionally (nothing can stop a DMA once admitted); that is why
-    decode waits for the drain ack before freeing."""
-    request_id: RequestId
-    epoch: int
-    incarnation: int
-    page: int
-    gen: int
-    payload: object
-
-
-DATA_MESSAGES = (PageWrite, Landing)
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """A message in the model's network: where it goes, and whether it is
-    authentic (the runtime's signer checks an HMAC; the model's environment
-    forges by clearing `signed`). The data plane is fenced by generations,
-    not signed."""
-    dst: Addr
-    body: object
-    signed: bool = True

@@ -1,5 +1,6 @@
 """Prefill's decisions about one request, shared by the checker's prefill
-actor (prefill.py) and the running prefill worker (bulkhead.disagg.prefill_worker).
+actor (bulkhead.verify.actors.prefill) and the running prefill worker
+(bulkhead.disagg.prefill_worker).
 
     function        when                                  effects it may ask for
     --------------  ------------------------------------  -------------------------------

@@ -1,5 +1,6 @@
 """The router's decisions about one request, shared by the checker's
-router actor (router.py) and the running router (bulkhead.disagg.router).
+router actor (bulkhead.verify.actors.router) and the running router
+(bulkhead.disagg.router).
 
     function   when                                   effects it may ask for
     ---------  -------------------------------------  ---------------------------------

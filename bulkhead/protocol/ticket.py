@@ -5,11 +5,13 @@ the model checker; signing is a wrapper around it.
     Ticket        what both workers of the pair receive
     SignedTicket  a Ticket and its MAC (an HMAC under the cluster key in the
                   runtime, bulkhead.disagg.ticket; in the model a stand-in
-                  that an attacker without the key cannot produce)
+                  that an attacker without the key cannot produce,
+                  bulkhead.verify.actors.values.MODEL_MAC)
 
 `admitted` is the decision itself, as admission returned it: the runtime's
 `engine.admission.Admitted` (prompt tokens, sampling parameters, context),
-the model's `RequestSpec` (pages, and the pair it goes to). Both have
+the model's `RequestSpec` (pages, and the pair it goes to;
+bulkhead.verify.actors.config). Both have
 `request_id` and `tenant`. Workers verify the MAC, then re-check the
 ticket against their own limits; they never decide admission again.
 """
@@ -57,8 +59,3 @@ class SignedTicket:
     def request_id(self):
         return self.ticket.request_id
 
-
-# The model's MAC: what only the router, which holds the key, puts on a
-# ticket (an attacker's ticket carries another). The runtime's is an HMAC
-# under the cluster key.
-MODEL_MAC = "router"

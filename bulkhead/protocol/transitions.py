@@ -3,8 +3,8 @@ functions of each actor (router_job.py, prefill_job.py, decode_job.py).
 
     a transition: (phase, facts) -> JobStep(phase, effects, outcome)
 
-The model checker's actors (router.py, prefill.py, decode.py here) and the
-running router and workers (bulkhead.disagg) call the same functions for
+The model checker's actors (bulkhead.verify.actors) and the running router
+and workers (bulkhead.disagg) call the same functions for
 every decision about a request: which phase follows, and what must happen
 (send a grant, free pages, abort the engine...). The caller only carries out
 the effects: the model on its ledger model and network, the runtime on its
@@ -12,7 +12,7 @@ engine and link. Each function declares every outcome (branch) it may take; an o
 that only the runtime takes (a step the model does not have) is declared
 runtime_only, with why. Every call is counted by outcome (`calls`), so
 `bulkhead verify` can say, for each of the runtime's handlers
-(bulkhead.protocol.handlers), which of its outcomes the search explored.
+(bulkhead.verify.handlers), which of its outcomes the search explored.
 """
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Deterministic simulation of the running disaggregated system (docs/verification.md)."""
+"""Deterministic simulation of the running disaggregated system (docs/simulation.md)."""

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from bulkhead.protocol import ProtocolConfig
+from bulkhead.verify.actors.config import ProtocolConfig
 from bulkhead.verify.model import WorldState, initial_state, successors
 from bulkhead.verify.properties import check_state, check_transition, is_final
 from bulkhead.verify.world import World

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bulkhead.protocol import Guards, Variant, transitions
+from bulkhead.protocol import transitions
+from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import Result, Violation, explore
 from bulkhead.verify.coverage import format_coverage, handler_coverage, summary
 from bulkhead.verify.scenarios import LEGACY_GOALS, legacy_search

@@ -1,5 +1,5 @@
 """How much of the running system a search explored: for each runtime
-handler (bulkhead.protocol.handlers), whether the search took every
+handler (bulkhead.verify.handlers), whether the search took every
 outcome of the transition functions it calls, and which steps it takes
 that the model does not have (runtime-only outcomes, each with why).
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkhead.protocol import lifecycle
-from bulkhead.protocol.handlers import HANDLERS, Handler
 from bulkhead.protocol.transitions import REGISTRY
+from bulkhead.verify.handlers import HANDLERS, Handler
 
 
 @dataclass(frozen=True)

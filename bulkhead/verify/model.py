@@ -13,14 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.protocol import (
-    GARBAGE, ROUTER, Assign, ClientAbort, DeadlinePassed, DecodeState, DecodeStep, DrainAck, DrainWorker,
-    Envelope, Landing, LeaseExpired, Outcome, PageWrite, PeerLost, Phase, PrefillState, ProtocolConfig,
-    HandedOver, PromptFailed, Quiesced, Reserved, RouterState, SignedTicket, Submit, Ticket, WriteFailed,
-    decode_addr, decode_initial, decode_restart,
-    decode_step, prefill_addr, prefill_restart, prefill_step, router_step,
+from bulkhead.protocol.messages import Assign, DrainAck
+from bulkhead.protocol.ticket import SignedTicket, Ticket
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.config import ProtocolConfig
+from bulkhead.verify.actors.decode import DecodeState, decode_initial, decode_restart, decode_step
+from bulkhead.verify.actors.events import (
+    ClientAbort, DeadlinePassed, DecodeStep, DrainWorker, HandedOver, LeaseExpired, PeerLost, PromptFailed,
+    Quiesced, Reserved, Submit, WriteFailed,
 )
-from bulkhead.protocol.types import cached_hash
+from bulkhead.verify.actors.network import Envelope, Landing, PageWrite
+from bulkhead.verify.actors.prefill import PrefillState, prefill_restart, prefill_step
+from bulkhead.verify.actors.router import RouterState, router_step
+from bulkhead.verify.actors.values import GARBAGE, ROUTER, cached_hash, decode_addr, prefill_addr
 from bulkhead.verify.world import World
 
 Network = frozenset  # of (Envelope, copies)

@@ -18,9 +18,11 @@ Kinds, most severe first:
 """
 from __future__ import annotations
 
-from bulkhead.protocol import (
-    ZERO, Assign, Committed, Landing, Outcome, PageRead, PageWrite, Phase, WriteLanded, kv_origin,
-)
+from bulkhead.protocol.messages import Assign
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.events import Committed, PageRead, WriteLanded
+from bulkhead.verify.actors.network import Landing, PageWrite
+from bulkhead.verify.actors.values import ZERO, kv_origin
 from bulkhead.verify.model import WorldState, in_flight
 from bulkhead.verify.world import World
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bulkhead.protocol import Guards, Variant
+from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import Result, explore
 from bulkhead.verify.world import World, default_world, small_world
 

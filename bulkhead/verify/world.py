@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.protocol.types import Guards, ProtocolConfig, RequestSpec, Variant
+from bulkhead.verify.actors.config import Guards, ProtocolConfig, RequestSpec, Variant
 
 
 @dataclass(frozen=True)

@@ -7,23 +7,22 @@ from pathlib import Path
 
 import pytest
 
+from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg.ticket import sign, signed_ticket_to_dict
-from bulkhead.disagg.decode_worker import DecodeWorker
-from bulkhead.protocol import Guards, Phase, Variant
-from bulkhead.protocol import decode as protocol_decode
 from bulkhead.protocol import decode_job, lifecycle, prefill_job, router_job
-from bulkhead.protocol import prefill as protocol_prefill
-from bulkhead.protocol import router as protocol_router
 from bulkhead.protocol.lifecycle import Actor, Event, IllegalTransition, advance
+from bulkhead.protocol.types import Phase
 from bulkhead.seams import Seams
+from bulkhead.verify.actors import decode as model_decode, prefill as model_prefill, router as model_router
+from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import explore
 from bulkhead.verify.world import default_world, small_world
 from tests.disagg.test_decode_guard import FakeTarget
 from tests.disagg.tickets import make_ticket
 
 ROOT = Path(__file__).resolve().parents[2]
-STEP_MODULES = (protocol_router, protocol_prefill, protocol_decode)
+STEP_MODULES = (model_router, model_prefill, model_decode)
 # Where the step functions' phase changes are made: the transition functions
 # the runtime calls too.
 JOB_MODULES = (router_job, prefill_job, decode_job)

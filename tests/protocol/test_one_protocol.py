@@ -9,6 +9,7 @@ from bulkhead.disagg import messages as wire
 from bulkhead.disagg.ticket import sign, verify
 from bulkhead.protocol import messages as protocol_messages
 from bulkhead.protocol.ticket import SignedTicket, Ticket
+from bulkhead.verify.actors import network
 from bulkhead.verify.checker import explore
 from bulkhead.verify.model import in_flight
 from bulkhead.verify.world import drain_world, small_world
@@ -64,6 +65,6 @@ def test_the_checkers_network_carries_only_protocol_messages():
             explore(world, world.protocol(), liveness=False)
     finally:
         checker.successors = original
-    allowed = set(protocol_messages.MESSAGES) | set(protocol_messages.DATA_MESSAGES)
+    allowed = set(protocol_messages.MESSAGES) | set(network.DATA_MESSAGES)
     assert seen and seen <= allowed
     assert {wire.Assign, wire.PagesGranted, wire.TransferDone, wire.Finalize, wire.DrainAck, wire.Output} <= seen

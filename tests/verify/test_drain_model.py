@@ -1,8 +1,9 @@
 """Drain in the protocol model: the operator may drain any worker at any
 moment; the router assigns it nothing more, and what it holds still ends
 through the drain ack or the lease (every page property, and liveness)."""
-from bulkhead.protocol import Guards, Variant, router_job
+from bulkhead.protocol import router_job
 from bulkhead.protocol.transitions import JobStep
+from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import explore
 from bulkhead.verify.world import drain_world
 

@@ -2,7 +2,7 @@
 counterexample in the same environment the real protocol survives."""
 import pytest
 
-from bulkhead.protocol import Guards
+from bulkhead.verify.actors.config import Guards
 from bulkhead.verify.scenarios import ablation_search
 
 EXPECTED = {

@@ -1,6 +1,7 @@
 """The real protocol: no violation and liveness over the whole small world,
 and the searches cover every handler of the running system."""
-from bulkhead.protocol import Guards, Variant, transitions
+from bulkhead.protocol import transitions
+from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import explore
 from bulkhead.verify.coverage import handler_coverage
 from bulkhead.verify.world import drain_world, small_world

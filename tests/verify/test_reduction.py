@@ -1,10 +1,14 @@
 """The checker drops control messages addressed to a DONE record. That is
 sound only if every step function ignores them: check it."""
-from bulkhead.protocol import (
-    MODEL_MAC, Assign, DrainAck, Endpoint, Envelope, Finalize, Manifest, Outcome, PagesGranted, PrefillState,
-    ProtocolConfig, RequestSpec, SignedTicket, Ticket, TransferDone, decode_addr, decode_initial, decode_step,
-    prefill_addr, prefill_step,
-)
+from bulkhead.protocol.manifest import Manifest
+from bulkhead.protocol.messages import Assign, DrainAck, Endpoint, Finalize, PagesGranted, TransferDone
+from bulkhead.protocol.ticket import SignedTicket, Ticket
+from bulkhead.protocol.types import Outcome
+from bulkhead.verify.actors.config import ProtocolConfig, RequestSpec
+from bulkhead.verify.actors.decode import decode_initial, decode_step
+from bulkhead.verify.actors.network import Envelope
+from bulkhead.verify.actors.prefill import PrefillState, prefill_step
+from bulkhead.verify.actors.values import MODEL_MAC, decode_addr, prefill_addr
 
 CONFIG = ProtocolConfig((4,), (4,), 8, 1)
 TICKET = SignedTicket(Ticket(RequestSpec(0, "A", 1, 1, 0, 0), 0, 1), MODEL_MAC)
@@ -20,7 +24,7 @@ def test_decode_ignores_control_messages_for_done_requests():
 
 
 def test_prefill_ignores_control_messages_for_done_requests():
-    from bulkhead.protocol import Quiesced
+    from bulkhead.verify.actors.events import Quiesced
     state = prefill_step(CONFIG, PrefillState(0), Envelope(prefill_addr(0), Finalize(0, Outcome.ABORTED))).state
     state = prefill_step(CONFIG, state, Quiesced(0)).state
     grant = PagesGranted(0, 0, 1, (), (), Endpoint("model", (0, 1)), float("inf"))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.protocol.types import Outcome, RequestSpec
+from bulkhead.protocol.types import Outcome
+from bulkhead.verify.actors.config import RequestSpec
 
 
 @dataclass(frozen=True)

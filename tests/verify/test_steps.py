@@ -1,15 +1,22 @@
 """Unit tests of single transitions: microseconds each, no checker."""
 from dataclasses import replace
 
-from bulkhead.protocol import (
-    GARBAGE, MODEL_MAC, ROUTER, ZERO, Assign, DecodeStep, DrainAck, Envelope, Finalize, Guards, HandedOver,
-    Landing, Ledger, LeaseExpired, Outcome, Output, PagesGranted, PageWrite, Phase, PrefillFailed, PrefillState,
-    PromptFailed, ProtocolConfig, Quiesced, RequestSpec, Reserved, RouterState, SignedTicket, Submit, Ticket,
-    TransferDone, TransferFailed,
-    decode_addr, decode_initial, decode_restart, decode_step, kv_origin, prefill_addr, prefill_step,
-    router_step,
+from bulkhead.protocol.messages import (
+    Assign, DrainAck, Finalize, Output, PagesGranted, PrefillFailed, TransferDone, TransferFailed,
 )
 from bulkhead.protocol.outputs import RequestOutput
+from bulkhead.protocol.ticket import SignedTicket, Ticket
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.config import Guards, ProtocolConfig, RequestSpec
+from bulkhead.verify.actors.decode import decode_initial, decode_restart, decode_step
+from bulkhead.verify.actors.events import (
+    DecodeStep, HandedOver, LeaseExpired, PromptFailed, Quiesced, Reserved, Submit,
+)
+from bulkhead.verify.actors.ledger_model import Ledger
+from bulkhead.verify.actors.network import Envelope, Landing, PageWrite
+from bulkhead.verify.actors.prefill import PrefillState, prefill_step
+from bulkhead.verify.actors.router import RouterState, router_step
+from bulkhead.verify.actors.values import GARBAGE, MODEL_MAC, ROUTER, ZERO, decode_addr, kv_origin, prefill_addr
 
 CONFIG = ProtocolConfig(prefill_pools=(4, 2), decode_pools=(4,), context_pages=8, rooms=1)
 FITS = RequestSpec(0, "A", prompt_pages=1, decode_pages=1, prefill=0, decode=0)
@@ -104,7 +111,8 @@ def _write(state, page, gen, payload=kv_origin(0, 1)):
 
 
 def _manifest_for(page, payload=kv_origin(0, 1)):
-    from bulkhead.protocol import Manifest, digest_of
+    from bulkhead.protocol.manifest import Manifest
+    from bulkhead.verify.actors.values import digest_of
     return Manifest(0, "A", 0, 1, 0, 1, (page,), (), (digest_of(payload),))
 
 
@@ -286,7 +294,7 @@ def test_a_transfer_that_fails_with_a_write_in_flight_is_never_acked():
     """The runtime's undrained step, now the model's (a fault): prefill
     reports the failure, frees its pages, and never acks; decode's lease
     fences the write that may still land."""
-    from bulkhead.protocol import WriteFailed
+    from bulkhead.verify.actors.events import WriteFailed
     state = _prefilled()
     state = prefill_step(CONFIG, state, _allocated()[1]).state
     assert find_phase(state) is Phase.TRANSFERRING

@@ -16,16 +16,17 @@ from dataclasses import dataclass, replace
 
 from bulkhead.protocol import prefill_job
 from bulkhead.protocol.manifest import Manifest
-from bulkhead.protocol.events import HandedOver, PromptFailed, Quiesced, Step, WriteFailed
 from bulkhead.protocol.messages import (
-    Assign, DrainAck, Envelope, Finalize, PagesGranted, PageWrite, PrefillFailed, TransferDone, TransferFailed,
+    Assign, DrainAck, Finalize, PagesGranted, PrefillFailed, TransferDone, TransferFailed,
 )
-from bulkhead.protocol.ticket import MODEL_MAC, Ticket
+from bulkhead.protocol.ticket import Ticket
 from bulkhead.protocol.transitions import Effect
-from bulkhead.protocol.types import cached_hash
-from bulkhead.protocol.types import (
-    ROUTER, Outcome, Phase, ProtocolConfig, Variant, decode_addr, digest_of,
-    find, kv_origin, upsert,
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.config import ProtocolConfig, Variant
+from bulkhead.verify.actors.events import HandedOver, PromptFailed, Quiesced, Step, WriteFailed
+from bulkhead.verify.actors.network import Envelope, PageWrite
+from bulkhead.verify.actors.values import (
+    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, upsert,
 )
 
 

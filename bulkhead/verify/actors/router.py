@@ -13,17 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bulkhead.protocol import router_job
+from bulkhead.protocol.messages import Assign, Finalize, Output, PrefillFailed, TransferFailed
+from bulkhead.protocol.ticket import SignedTicket, Ticket
 from bulkhead.protocol.transitions import Effect
-from bulkhead.protocol.events import (
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.config import ProtocolConfig, RequestSpec, Variant
+from bulkhead.verify.actors.events import (
     ClientAbort, ClientResponse, DeadlinePassed, DrainWorker, PeerLost, Step, Submit,
 )
-from bulkhead.protocol.messages import Assign, Envelope, Finalize, Output, PrefillFailed, TransferFailed
-from bulkhead.protocol.ticket import MODEL_MAC, SignedTicket, Ticket
-from bulkhead.protocol.types import cached_hash
-from bulkhead.protocol.types import (
-    Outcome, Phase, ProtocolConfig, RequestSpec, Variant, decode_addr, find,
-    prefill_addr, upsert,
-)
+from bulkhead.verify.actors.network import Envelope
+from bulkhead.verify.actors.values import MODEL_MAC, cached_hash, decode_addr, find, prefill_addr, upsert
 
 FIRST_EPOCH = 1  # retries would bump it; this version does not retry
 

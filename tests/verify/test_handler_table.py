@@ -1,4 +1,4 @@
-"""The handler table (bulkhead/protocol/handlers.py) is the runtime's:
+"""The handler table (bulkhead/verify/handlers.py) is the runtime's:
 every handler it names exists, calls exactly the transition functions it
 lists, and every message a dispatch table takes is in it. Without this the
 coverage `bulkhead verify` reports could describe a runtime that is not
@@ -12,8 +12,8 @@ from bulkhead.disagg import messages as m
 from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.prefill_worker import PrefillWorker
 from bulkhead.disagg.router import DisaggBackend
-from bulkhead.protocol.handlers import HANDLERS, by_actor
 from bulkhead.protocol.transitions import REGISTRY
+from bulkhead.verify.handlers import HANDLERS, by_actor
 
 RUNTIME = {"router": DisaggBackend, "prefill": PrefillWorker, "decode": DecodeWorker}
 CALL = re.compile(r"\b(router|prefill|decode)_job\.(\w+)\(")

@@ -13,19 +13,19 @@ from dataclasses import dataclass, replace
 from bulkhead.protocol import decode_job
 from bulkhead.protocol.decode_job import WAIT
 from bulkhead.protocol.manifest import Allocation, Manifest, identity_problems, mismatched_pages, write_admissible
-from bulkhead.protocol.ledger_model import Ledger
-from bulkhead.protocol.events import Committed, DecodeStep, LeaseExpired, PageRead, Reserved, Step, WriteLanded
 from bulkhead.protocol.messages import (
-    Assign, DrainAck, Endpoint, Envelope, Finalize, Landing, Output, PagesGranted, PageWrite, TransferDone,
-    TransferFailed,
+    Assign, DrainAck, Endpoint, Finalize, Output, PagesGranted, TransferDone, TransferFailed,
 )
 from bulkhead.protocol.outputs import RequestOutput
-from bulkhead.protocol.ticket import MODEL_MAC, Ticket
+from bulkhead.protocol.ticket import Ticket
 from bulkhead.protocol.transitions import Effect
-from bulkhead.protocol.types import cached_hash
-from bulkhead.protocol.types import (
-    ROUTER, Outcome, Phase, ProtocolConfig, Variant, decode_addr,
-    digest_of, find, kv_origin, prefill_addr, upsert,
+from bulkhead.protocol.types import Outcome, Phase
+from bulkhead.verify.actors.config import ProtocolConfig, Variant
+from bulkhead.verify.actors.events import Committed, DecodeStep, LeaseExpired, PageRead, Reserved, Step, WriteLanded
+from bulkhead.verify.actors.ledger_model import Ledger
+from bulkhead.verify.actors.network import Envelope, Landing, PageWrite
+from bulkhead.verify.actors.values import (
+    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, prefill_addr, upsert,
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bulkhead.protocol.types import ZERO, cached_hash
+from bulkhead.verify.actors.values import ZERO, cached_hash
 
 
 @cached_hash

@@ -3,7 +3,7 @@ functions (bulkhead.protocol.*_job) each one calls: what `bulkhead verify`
 reports its coverage against.
 
 A handler is what the runtime does on one message or event. `methods` are
-the runtime methods it runs (tests/protocol/test_handler_table.py checks
+the runtime methods it runs (tests/verify/test_handler_table.py checks
 that they exist, that their code calls exactly these transition functions,
 and that every message a dispatch table takes is listed here). A handler
 with no transition function changes no request's state: it relays a

@@ -1,4 +1,4 @@
-"""The checker's page ledger (protocol/ledger_model.py) and the runtime's
+"""The checker's page ledger (verify/actors/ledger_model.py) and the runtime's
 (kv/ledger.py) are two codes for one allocator: replay the same random
 operation sequences through both and require the same answers.
 
@@ -16,7 +16,7 @@ import random
 import pytest
 
 from bulkhead.kv.ledger import OutOfPages, PageLedger
-from bulkhead.protocol.ledger_model import Ledger
+from bulkhead.verify.actors.ledger_model import Ledger
 
 POOL = 12
 SEQUENCES = 2000
