@@ -3,6 +3,7 @@
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,13 @@ def test_it_reads_every_thread_of_a_process_and_counts_a_blocked_one():
     t.start()
     started.wait()
     try:
-        counters = cs.thread_counters(os.getpid())
+        # started is set just before the thread blocks: on a loaded machine it
+        # may not have blocked yet, so read until it has (bounded).
+        for _ in range(500):
+            counters = cs.thread_counters(os.getpid())
+            if counters.get(t.native_id) and counters[t.native_id].voluntary >= 1:
+                break
+            time.sleep(0.01)
         assert t.native_id in counters and threading.main_thread().native_id in counters
         assert counters[t.native_id].voluntary >= 1
         assert all(c.voluntary >= 0 and c.involuntary >= 0 and c.cpu_s >= 0 for c in counters.values())

@@ -145,7 +145,8 @@ def test_local_workers_are_given_one_lease_of_their_own_launch(monkeypatch, tmp_
     from bulkhead.engine.builder import EngineConfig
 
     started = []
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    # A stand-in process: spawn_workers logs each worker's pid.
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or argparse.Namespace(pid=0))
     monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))  # the lease directories land here
     engine = EngineConfig(tmp_path, "m", 1 << 20)
     args = argparse.Namespace(threads=None, prefill=1, decode=1, drain_lease=30.0, drain_deadline=60.0,
