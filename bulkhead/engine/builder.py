@@ -22,7 +22,7 @@ from bulkhead.kv.layout import DTYPE_BYTES, KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
-from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue
+from bulkhead.model import decode_kernel, decode_layers, linear_kernel, prefill_attention, prefill_glue, weight_format
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.loader import load_weights
 from bulkhead.model.row_invariance import invariant_row_multiple
@@ -40,7 +40,7 @@ GUARDS_OFF_WARNING = (
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
 # cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
-# aten's and the C prompt kernel's (q4-bf16in, q4-i16in) take any count unpadded.
+# aten's and the C prompt kernel's (q4-bf16in, q4-i16in, bf16) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 
@@ -76,18 +76,19 @@ class EngineConfig:
     safe_mode: bool = True
     threads: int | None = None
     # "auto": q4 decode over weights exactly on a 4-bit grid (the bundled
-    # Q4_1 SmolLM2), else oneDNN fp32 where this torch build runs it, else
-    # F.linear (bulkhead.model.linear_kernel).
+    # Q4_1 SmolLM2, a Q4_0 file), bf16 over weights stored in bf16, else
+    # oneDNN fp32 where this torch build runs it, else F.linear
+    # (bulkhead.model.linear_kernel).
     linear_kernel: str = "auto"
     # "auto": the C kernel that reads decode KV in place where it compiles
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
     # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-i16in, q4-bf16in-all) and decode attention c, else
+    # a q4 one (q4, q4-bf16in, q4-i16in, q4-bf16in-all) or bf16 and decode attention c, else
     # torch ops (bulkhead.model.decode_layers).
     decode_glue: str = "auto"
     # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all), else fp32 SDPA
+    # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all, bf16), else fp32 SDPA
     # (bulkhead.model.prefill_attention).
     prefill_attention: str = "auto"
     # "auto": a prompt pass's norms, rotary and SiLU in C where it builds
@@ -168,7 +169,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         torch.set_num_threads(cfg.threads)
     dtype = getattr(torch, cfg.dtype)
     mc, weights = load_weights(cfg.model_dir, dtype)
-    kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights)
+    kernel = linear_kernel.choose(cfg.linear_kernel, dtype, weights, weight_format.linear_format(cfg.model_dir))
     head = linear_kernel.choose_head(kernel, weights.lm_head)
     kv_dtype = resolve_kv_dtype(cfg)
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
