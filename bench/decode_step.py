@@ -40,16 +40,17 @@ from bulkhead.engine.scheduler import DecodeWork, StepPlan  # noqa: E402
 from bulkhead.kv.layout import KVLayout  # noqa: E402
 from bulkhead.kv.ledger import PageLedger  # noqa: E402
 from bulkhead.kv.pool import KVPool  # noqa: E402
-from bulkhead.model import decode_kernel, linear_kernel  # noqa: E402
+from bulkhead.model import decode_kernel, linear_kernel, weight_format  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 from bulkhead.model.llama import LlamaModel  # noqa: E402
 from bulkhead.model.loader import load_weights  # noqa: E402
 
 
 def build(kernel: str, head_kernel: str | None, max_requests: int, context: int, kv_dtype: str = "float32",
-          glue: str = "auto"):
-    mc, weights = load_weights(default_model_dir(), torch.float32)
-    chosen = linear_kernel.choose(kernel, torch.float32, weights)
+          glue: str = "auto", model_dir: Path | None = None):
+    model_dir = model_dir or default_model_dir()
+    mc, weights = load_weights(model_dir, torch.float32)
+    chosen = linear_kernel.choose(kernel, torch.float32, weights, weight_format.linear_format(model_dir))
     attention = decode_kernel.choose("auto", kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
     prepared = linear_kernel.prepare(weights, chosen, head_kernel)
     model = LlamaModel(mc, prepared, attention, glue)
@@ -78,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode-glue", default="", help="comma list, one per variant: auto, c or torch "
                                                       "('' = auto)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--cpu-time", action="store_true",
@@ -108,7 +110,8 @@ def main(argv=None) -> int:
     glues = (args.decode_glue.split(",") + [""] * count)[:count]
     variants = {}
     for k, h, kv, g in zip(kernels, heads, kv_dtypes, glues):
-        runner, pages, chosen = build(k, h or None, max(sizes), args.context, kv or "float32", g or "auto")
+        runner, pages, chosen = build(k, h or None, max(sizes), args.context, kv or "float32", g or "auto",
+                                      args.model)
         name = f"{chosen}" + (f"/head={h}" if h else "") + (f"/kv={kv}" if kv else "")
         variants[name + f"/glue={runner.model.decode_glue}"] = (runner, pages)
     times = {(v, n): [] for v in variants for n in sizes}

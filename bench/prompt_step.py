@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--linear-kernel", default="auto", help="comma list: variants to run interleaved")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the step in this thread's CPU time, not wall time: with --threads 1, what a step "
+                         "costs without the time a busy machine keeps it waiting (as bench/decode_step.py)")
     return ap
 
 
@@ -69,6 +73,9 @@ def build(model_dir: Path, kernel: str, prompts: int, tokens: int):
     return built.engine.runner, built.linear_kernel
 
 
+CLOCK = time.perf_counter  # main() sets time.thread_time for --cpu-time
+
+
 def step(runner, prompts: list[tuple[int, ...]]) -> float:
     """Seconds for one step computing every prompt whole; its pages go back afterwards."""
     ledger, page_size = runner.ledger, runner.page_size
@@ -77,9 +84,9 @@ def step(runner, prompts: list[tuple[int, ...]]) -> float:
         for i, ids in enumerate(prompts):
             pages = tuple(ledger.allocate(f"p{i}", "bench", -(-len(ids) // page_size)))
             works.append(PrefillWork(f"p{i}", "bench", 0, ids, pages, True))
-        start = time.perf_counter()
+        start = CLOCK()
         runner.run(StepPlan(tuple(works), (), ()))
-        return time.perf_counter() - start
+        return CLOCK() - start
     finally:
         for w in works:
             ledger.release(w.request_id)
@@ -107,12 +114,17 @@ def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_
 
 
 def main(argv=None) -> int:
+    global CLOCK
     args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    CLOCK = time.thread_time if args.cpu_time else time.perf_counter
     sizes = [int(x) for x in args.prompts.split(",")]
     if min(sizes) < 1 or args.tokens < 1 or args.reps < 1:
         parser().error("--prompts, --tokens and --reps must be positive")
     times = measure(args.linear_kernel.split(","), sizes, args.tokens, args.reps, args.model or default_model_dir())
-    print(f"threads {torch.get_num_threads()}, {args.tokens}-token prompts, {args.reps} reps interleaved, wall time")
+    print(f"threads {torch.get_num_threads()}, {args.tokens}-token prompts, {args.reps} reps interleaved, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
     for (v, n), ts in times.items():
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
         median = statistics.median(ts)

@@ -2,6 +2,7 @@
 
     python bench/quality.py                  # the table in docs/performance.md
     python bench/quality.py --tokens 16      # a quicker look
+    python bench/quality.py --model DIR --only "bf16 weights"   # another checkpoint (bench/checkpoints.py)
 
 A fixed prompt set (below). For each prompt the exact model (fp32 linear
 layers and lm_head throughout, `--linear-kernel onednn`) continues greedily
@@ -94,6 +95,12 @@ VARIANTS = {
         ("q4-bf16in-all", "bf16w", "bfloat16"),
     # Opt-in (--linear-kernel q4-bf16-prefill): prompts through oneDNN's bf16 GEMM.
     "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
+    # A checkpoint stored in bf16 (--model; bench/checkpoints.py bf16): its weights as stored,
+    # prompts' inputs rounded to bf16, decode rows' not (the bf16 kernel).
+    "bf16 weights, bf16-input prompts, fp32 prompt attention, fp32-input decode, bf16w lm_head, fp32 KV":
+        ("bf16", "bf16w", "float32", "auto", "torch"),
+    "bf16 weights, bf16-input prompts, bf16 prompt attention, fp32-input decode, bf16w lm_head, bf16 KV "
+    "(auto for a bf16 checkpoint)": ("bf16", "bf16w", "bfloat16"),
 }
 
 
@@ -159,9 +166,10 @@ def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
             "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "max_diff": float((r - g).abs().max())}
 
 
-def measure(tokens: int, variants: dict = VARIANTS) -> tuple[dict, dict]:
-    """({variant: totals over the prompt set}, {variant: README answer})."""
-    model_dir = default_model_dir()
+def measure(tokens: int, variants: dict = VARIANTS, model_dir: Path | None = None) -> tuple[dict, dict]:
+    """({variant: totals over the prompt set}, {variant: README answer}) for
+    the model at `model_dir` (the bundled SmolLM2 by default)."""
+    model_dir = model_dir or default_model_dir()
     config, weights = load_weights(model_dir, torch.float32)
     tok = Tokenizer(model_dir)
     prompts = [encode(tok, text, chat) for text, chat in PROMPTS]
@@ -191,11 +199,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=48, help="greedy tokens of the exact model per prompt")
     ap.add_argument("--only", default="", help="comma list: run only the variants whose names contain one of "
                                                "these (the reference always runs)")
+    ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2)")
     args = ap.parse_args(argv)
     wanted = [w for w in args.only.split(",") if w]
     variants = {name: v for i, (name, v) in enumerate(VARIANTS.items())
                 if i == 0 or not wanted or any(w in name for w in wanted)}
-    totals, answers = measure(args.tokens, variants)
+    totals, answers = measure(args.tokens, variants, args.model)
     print(f"{len(PROMPTS)} prompts, {args.tokens} tokens each, against {next(iter(variants))}\n")
     print("| variant | top-1 agreement | KL mean (nats) | KL max | max logit diff | README answer |")
     print("|---|---:|---:|---:|---:|---|")

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
 # cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
-# aten's and the C prompt kernel's (q4-bf16in, q4-i16in) take any count unpadded.
+# aten's and the C prompt kernel's (q4-bf16in, q4-i16in, bf16) take any count unpadded.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 

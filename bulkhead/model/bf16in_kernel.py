@@ -53,6 +53,8 @@ def load() -> ctypes.CDLL | None:
     shapes = [ctypes.c_int64] * 3 + [ctypes.c_int]  # M, N, K, threads
     for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul):  # x, weight, scratch, y
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + shapes
+    lib.linear_bf16_f32in.restype = ctypes.c_int  # x, weight, unused, y: linear_q4's signature
+    lib.linear_bf16_f32in.argtypes = [ctypes.c_void_p] * 4 + shapes
     lib.linear_bf16in_rounded.restype = ctypes.c_int
     lib.linear_bf16in_rounded.argtypes = [ctypes.c_void_p] * 3 + shapes  # rows already bf16: no scratch
     assert lib.block_outputs() == BLOCK
@@ -87,6 +89,22 @@ def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     rows = x.shape[0] if x.dim() == 2 else 0  # a wrong shape is refused by c_linear.call, below
     scratch = torch.empty(rows, k, dtype=torch.bfloat16)  # x rounded to bf16, once for every block
     return c_linear.call(lib.linear_bf16in, x, k, blocks * BLOCK, wb, scratch)
+
+
+def linear_bf16_f32in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32 for wb = pack(w): decode
+    rows of a bf16 checkpoint, x not rounded, every product and sum fp32 (the
+    numbers of head_kernel.linear_bf16w over the same bf16 weights)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the bf16-weight kernels are not available")
+    blocks, pairs = wb.shape[:2]
+    return c_linear.call(lib.linear_bf16_f32in, x, 2 * pairs, blocks * BLOCK, wb, NO_SECOND_WEIGHT)
+
+
+# The C decode layers hand every kernel two weight tensors (linear_q4's
+# signature); a bf16 weight is one, so its second is this empty one.
+NO_SECOND_WEIGHT = torch.empty(0)
 
 
 def silu_mul_fits(wb: torch.Tensor) -> bool:

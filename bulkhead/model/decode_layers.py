@@ -1,7 +1,8 @@
 """A decode step's transformer layers in one C call (csrc/decode_layers.c):
 the glue between the matmuls and attention in C, the matmuls through the
 4-bit kernel (bulkhead.model.q4_kernel, its 16-bit-integer-input twin
-under `q4-i16in` or its bf16-input one under `q4-bf16in-all`) and attention
+under `q4-i16in` or its bf16-input one under `q4-bf16in-all`), or a bf16
+checkpoint's (`bf16`: bf16in_kernel.linear_bf16_f32in), and attention
 through the C decode kernel (bulkhead.model.decode_kernel), the same kernels
 the torch path calls.
 
@@ -10,7 +11,8 @@ matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
 4-bit grid (`--linear-kernel q4`, `q4-bf16in`, `q4-i16in` (the bundled
-model's default on a CPU with AVX-512 VNNI and BF16) or `q4-bf16in-all`) and decode
+model's default on a CPU with AVX-512 VNNI and BF16) or `q4-bf16in-all`), or are a
+bf16 checkpoint's (`bf16`), and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the
 torch path's up to the order of two sums (the C file says which). Batch
@@ -103,7 +105,7 @@ class DecodeLayers:
         """Why the C layers cannot run this model, or None when they can:
         every layer's linear weights run the 4-bit kernel, decode attention
         is the C kernel, and the glue builds here."""
-        from bulkhead.model.linear_kernel import Q4Linear  # the linear kernels import this module's neighbours
+        from bulkhead.model.linear_kernel import BF16Linear, Q4Linear  # they import this module's neighbours
 
         if decode_attention != "c":
             return f"decode attention is {decode_attention}, not c"
@@ -112,8 +114,11 @@ class DecodeLayers:
         if weights.embed.dtype != torch.float32:
             return f"the model is {weights.embed.dtype}, not float32"
         linears = [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        if q4_kernel.load() is None or not all(isinstance(lin, Q4Linear) for lin in linears):
-            return "the linear layers do not run the q4 kernel"
+        if not all(isinstance(lin, Q4Linear) for lin in linears) and not all(isinstance(lin, BF16Linear)
+                                                                           for lin in linears):
+            return "the linear layers do not run the q4 kernel, nor all the bf16 one"
+        if isinstance(linears[0], Q4Linear) and q4_kernel.load() is None:
+            return "the q4 kernel cannot be built here"
         if len({lin.decode_inputs for lin in linears}) > 1:  # the C layers call one kernel for every matmul
             return "the linear layers mix decode kernels (fp32, bf16 or 16-bit integer inputs)"
         if linears[0].decode_fn() is None:

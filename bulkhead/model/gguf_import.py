@@ -3,6 +3,8 @@
 bulkhead's model code only loads safetensors directories; GGUF is an import
 format. The conversion goes through transformers' own GGUF reader (it
 dequantizes to fp32), runs once (~30 s for SmolLM2-135M) and is cached.
+Beside the weights it records each tensor's GGUF type (Q4_0, Q4_1, Q8_0,
+...; bulkhead.model.weight_format), which the fp32 values no longer say.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from bulkhead.model import weight_format
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
+        weight_format.record_gguf_formats(gguf_file, tmp, list(weight_format.stored_formats(tmp)))
         tokenizer.save_pretrained(tmp)
         steps.update()
         steps.close()

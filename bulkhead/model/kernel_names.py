@@ -5,14 +5,14 @@ imports torch) read them here; the kernel modules re-export them
 each one)."""
 
 KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
-           "q4-bf16-prefill")
+           "q4-bf16-prefill", "bf16")
 # The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in")
-Q4_KERNELS = ("q4", *BF16_INPUT_PROMPTS, "q4-bf16-prefill")
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in", "bf16")
+Q4_KERNELS = ("q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
 # The kernels whose lm_head takes bf16w.
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
+REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill", "bf16")
 # What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
 # (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
 DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
@@ -32,7 +32,9 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
                                 "fp32 scales",
                     "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums, outputs rounded to bf16; "
-                                       "decode rows as q4"}
+                                       "decode rows as q4",
+                    "bf16": "the checkpoint's bf16 weights as stored; prompts bf16 inputs, fp32 sums and outputs; "
+                            "decode rows fp32 inputs and sums"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
                   "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "

@@ -11,6 +11,7 @@
 | `q4-bf16in-all` | as `q4-bf16in` | the 4-bit grid weights rebuilt exactly from the nibbles, bf16 inputs, fp32 sums (bulkhead.model.q4_bf16in_kernel) | 4-bit and bf16 |
 | `q4-i16in` | as `q4-bf16in` | the 4-bit q times inputs quantized to 16-bit integers per group, exact int32 sums, fp32 scales (bulkhead.model.i16in_kernel) | 4-bit and bf16 |
 | `q4-bf16-prefill` | as `onednn-bf16` | as `q4` | bf16 and 4-bit |
+| `bf16` | bf16 inputs and weights, fp32 sums (bulkhead.model.bf16in_kernel) | the same bf16 weights, fp32 inputs and sums | bf16, once |
 
 The lm_head (its outputs are the logits) has kernels of its own (`choose_head`
 below): `fp32` (oneDNN over the fp32 weight, the exact model), `bf16w`
@@ -51,6 +52,14 @@ matmul: opt-in, never `auto`.
 `q4-bf16-prefill` (oneDNN's bf16 GEMM for prompts, which also rounds the
 weights and each output to bf16) is opt-in, never `auto`: it answered the
 README's question in French (0.08 nats from a tie in fp32).
+
+Weights stored in bf16 (a safetensors checkpoint's dtype:
+bulkhead.model.weight_format) take `bf16` on a CPU with AVX-512 BF16:
+held once, as stored (nothing is rounded), in the prompt kernel's packing;
+prompt rows as `q4-bf16in`'s (bf16 inputs, fp32 sums), decode rows with
+fp32 inputs and sums against the same bf16 weights (half fp32's bytes),
+the lm_head `bf16w` (exact for such a checkpoint). Its measured distance
+from the exact model is in docs/performance.md "Quality".
 
 For other weights `auto` is `int4` for weights near such a grid
 (`on_4bit_grid`) where this build runs it; otherwise `onednn` where this
@@ -260,6 +269,43 @@ class BF16InLinear(Linear):
         return bf16in_kernel.linear_bf16in_silu_mul(x.float(), self.wb)
 
 
+class BF16Linear(Linear):
+    """A bf16 checkpoint's layer (`bf16`): its weights held once, in bf16 as
+    stored (bf16in_kernel.pack rounds nothing), prompt rows through
+    BF16InLinear, decode rows with fp32 inputs and sums
+    (bf16in_kernel.linear_bf16_f32in), which the C decode layers call too."""
+
+    decode_inputs = "fp32"
+
+    def __init__(self, prefill: BF16InLinear):
+        self.prefill = prefill
+        self.packed = (prefill.wb, bf16in_kernel.NO_SECOND_WEIGHT)  # the C decode layers' two weight pointers
+        self.out_features, self.in_features = prefill.out_features, prefill.in_features
+
+    def decode_fn(self):
+        """The C function decode rows run (linear_q4's signature), or None where it cannot be loaded."""
+        lib = bf16in_kernel.load()
+        return None if lib is None else lib.linear_bf16_f32in
+
+    def __call__(self, x, b=None, decode=False):
+        if not decode:
+            return self.prefill(x, b)
+        y = bf16in_kernel.linear_bf16_f32in(x.float(), self.prefill.wb)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+    def silu_mul(self, x):
+        return self.prefill.silu_mul(x)
+
+
+def bf16_usable(weights, dtype: torch.dtype) -> bool:
+    """The bf16 kernels build here and every linear weight is a bf16 value
+    held exactly (a bf16 checkpoint, loaded into fp32) in a shape they take."""
+    if dtype != torch.float32 or bf16in_kernel.load() is None or weights is None:
+        return False
+    return all(bf16in_kernel.fits(w) and torch.equal(w.bfloat16().float(), w)
+               for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
+
 def q4_usable(weights) -> bool:
     """The 4-bit kernel builds here and every linear weight it would take
     lies exactly on a 4-bit grid (q4_kernel.grid)."""
@@ -307,13 +353,21 @@ def on_4bit_grid(weights) -> bool:
     return True
 
 
-def choose(kernel: str, dtype: torch.dtype, weights=None) -> str:
+def choose(kernel: str, dtype: torch.dtype, weights=None, stored: str | None = None) -> str:
     """Resolve "auto" to a kernel this build can run (int4 only for weights
-    given and on a 4-bit grid); refuse one it cannot run."""
+    given and on a 4-bit grid; bf16 only for weights `stored` as "BF16",
+    bulkhead.model.weight_format.linear_format); refuse one it cannot run."""
     if kernel not in KERNELS:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
     if kernel == "aten":
         return "aten"
+    if kernel == "bf16" or (kernel == "auto" and stored == "BF16"):
+        if bf16_usable(weights, dtype):
+            log.info("linear weights stored in bf16: bf16-weight kernels, bf16-input prompts")
+            return "bf16"
+        if kernel == "bf16":
+            raise RuntimeError("--linear-kernel bf16: its C kernel cannot be built here (no AVX-512 BF16), "
+                               "--dtype is not float32, or a linear weight is not a bf16 value")
     def bf16in_usable() -> bool:  # bf16-input prompts; oneDNN for an fp32 lm_head where bf16w cannot run
         return dtype == torch.float32 and bf16in_kernel.load() is not None and onednn_usable(dtype) \
             and q4_usable(weights)
@@ -450,6 +504,8 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "int4":
         prefill = OneDNNLinear(w, w.dtype)
         return Int4Linear(w, prefill) if Int4Linear.fits(w) else prefill
+    if kernel == "bf16":
+        return BF16Linear(BF16InLinear(bf16in_kernel.pack(w)))
     if kernel in Q4_KERNELS:
         packed = q4_kernel.pack(w)
         if packed is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache, q4_bf16in_kernel
-from bulkhead.model import q4_kernel
+from bulkhead.model import q4_kernel, weight_format
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
 from bulkhead.model.linear_kernel import BF16InLinear, BF16WeightLinear, Q4Linear, Q8I16InLinear
@@ -49,7 +49,8 @@ def entry_name(model_dir: Path, dtype: torch.dtype, asked: str) -> str:
 
 
 def cacheable(kernel: str, head: str) -> bool:
-    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in CACHED_HEADS
+    # Not yet `bf16` (a bf16 checkpoint's kernel): save() packs the 4-bit kernels' layers only.
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and kernel != "bf16" and head in CACHED_HEADS
 
 
 def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, ModelWeights, str, str] | None:
@@ -128,7 +129,7 @@ def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | 
              Path(model_dir).name)
     with heartbeat("laying the weights out", "checking each is on a 4-bit grid, then packing", log):
         mc, weights = load_weights(model_dir, dtype)
-        kernel = linear_kernel.choose(asked, dtype, weights)
+        kernel = linear_kernel.choose(asked, dtype, weights, weight_format.linear_format(model_dir))
         head = linear_kernel.choose_head(kernel, weights.lm_head, head_asked)
         laid = linear_kernel.prepare(weights, kernel, head)
         del weights

@@ -3,7 +3,9 @@ outputs (csrc/linear_q4.c), compiled and loaded as the lm_head's kernel is
 (bulkhead.model.head_kernel).
 
 Why: the bundled SmolLM2 ships as Q4_1, so each group of 32 inputs of an
-output holds w = q * d + m with q in 0..15. Packed that way a decode step
+output holds w = q * d + m with q in 0..15. A Q4_0 file's groups hold
+w = d * (q - 8), the same form with m = -8 d (packed with d > 0 and m the
+group's minimum, as below). Packed that way a decode step
 reads 4 bits a weight, as torch's int4 kernel does, but nothing else is
 rounded: `pack` refuses a weight it cannot rebuild bit for bit, and the
 kernel keeps the inputs and every sum in fp32. So the decode rows compute
@@ -45,13 +47,16 @@ def fits(w: torch.Tensor) -> bool:
 
 def _candidates(lo: torch.Tensor, hi: torch.Tensor) -> list[torch.Tensor]:
     """Scales to try per group: the fp16 value of the step (a GGUF block
-    stores its scale in fp16), the fp16 values either side of it, and the
-    fp32 step itself (a grid of fp32 scales)."""
+    stores its scale in fp16), the fp16 values either side of it, the fp32
+    step itself (a grid of fp32 scales), and last a Q4_0 block's |d|: its
+    quantizer maps the group's largest |w| to q = 0, so |w| there is 8 |d|
+    exactly, while its other end need not reach q = 15 (a step of
+    (max - min) / 15 then misses: about half of a Q4_0 file's groups)."""
     step = (hi - lo) / 15
     half = step.half()
     down = torch.nextafter(half, torch.zeros_like(half)).float()
     up = torch.nextafter(half, torch.full_like(half, float("inf"))).float()
-    return [half.float(), down, up, step]
+    return [half.float(), down, up, step, torch.maximum(hi.abs(), lo.abs()) / 8]
 
 
 # grid()'s answer per weight tensor, while the tensor lives: the engine asks

@@ -2,7 +2,8 @@
  * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
  * in C (the row ops of glue.h), the matmuls and attention through a 4-bit
  * kernel (linear_q4.c's, linear_i16in.c's under `q4-i16in` or
- * linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`: one signature)
+ * linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`, or a bf16
+ * checkpoint's linear_bf16_f32in in linear_bf16in.c: one signature)
  * and the decode-attention kernel (paged_decode_attention.c),
  * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
  *
@@ -49,7 +50,7 @@ typedef int64_t (*attention_fn)(const float *q, const void *k_pool, const void *
                                 int KVH, int hd, int page_size, float scale, int threads);
 
 typedef struct {
-    const uint8_t *qs;  /* q4_kernel.pack's two tensors */
+    const uint8_t *qs;  /* q4_kernel.pack's two tensors (bf16: bf16in_kernel.pack's, and an unused one) */
     const float *dm;
 } Q4;
 

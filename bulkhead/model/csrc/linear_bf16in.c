@@ -212,3 +212,85 @@ int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, uin
     return -1;
 #endif
 }
+
+/* Decode rows of a bf16 checkpoint on the same packed weight: y = x @ w.T
+ * with x fp32 (not rounded), the bf16 weights widened exactly to fp32, one
+ * fused multiply-add per (row, output, k), k in order, in fp32: the numbers
+ * of linear_bf16w.c (the lm_head's bf16-weight kernel), read from the prompt
+ * kernel's packing, so a bf16 model holds its weights once. A decode step at
+ * one request is bound by memory, and these weights are half fp32's bytes.
+ *
+ * A 32-bit lane of the packing holds an output's pair (w[2p] low, w[2p + 1]
+ * high): shifted left 16 bits it is w[2p] in fp32, masked it is w[2p + 1].
+ * The signature is linear_q4.c's (x, weight, second weight tensor, y, ...),
+ * so the C decode layers (decode_layers.c) call it as they call the 4-bit
+ * kernels; `unused` is that second tensor, which bf16 weights do not have.
+ * Batch invariance and NaN as linear_bf16w.c. */
+#define DECODE_RMAX 8 /* 8 rows x 2 sums and the 4 widened weight vectors fit the 32 registers */
+
+#ifdef __AVX512BF16__
+/* R a constant at each call (decode_rows' switch), so the sums stay in registers. */
+static inline __attribute__((always_inline)) void decode_block(const float *restrict x, int64_t K,
+                                                               const uint32_t *restrict wp, float *restrict y,
+                                                               int64_t ldy, const int R) {
+    __m512 acc[DECODE_RMAX][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t p = 0; p < K / 2; p++) {
+        __m512i v0 = _mm512_loadu_si512(wp + p * NB), v1 = _mm512_loadu_si512(wp + p * NB + 16);
+        __m512 even0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+        __m512 odd0 = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
+        __m512 even1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+        __m512 odd1 = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
+        for (int r = 0; r < R; r++) {
+            __m512 xe = _mm512_set1_ps(x[r * K + 2 * p]), xo = _mm512_set1_ps(x[r * K + 2 * p + 1]);
+            acc[r][0] = _mm512_fmadd_ps(xo, odd0, _mm512_fmadd_ps(xe, even0, acc[r][0]));
+            acc[r][1] = _mm512_fmadd_ps(xo, odd1, _mm512_fmadd_ps(xe, even1, acc[r][1]));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(y + r * ldy, acc[r][0]);
+        _mm512_storeu_ps(y + r * ldy + 16, acc[r][1]);
+    }
+}
+
+static void decode_rows(const float *x, int64_t K, const uint32_t *wp, float *y, int64_t ldy, int R) {
+    switch (R) {
+    case 1: decode_block(x, K, wp, y, ldy, 1); break;
+    case 2: decode_block(x, K, wp, y, ldy, 2); break;
+    case 3: decode_block(x, K, wp, y, ldy, 3); break;
+    case 4: decode_block(x, K, wp, y, ldy, 4); break;
+    case 5: decode_block(x, K, wp, y, ldy, 5); break;
+    case 6: decode_block(x, K, wp, y, ldy, 6); break;
+    case 7: decode_block(x, K, wp, y, ldy, 7); break;
+    default: decode_block(x, K, wp, y, ldy, DECODE_RMAX); break;
+    }
+}
+#endif
+
+/* x [M, K] fp32 contiguous; wb as linear_bf16in takes it; y [M, N] fp32
+ * contiguous. Returns 0, or -1 for a shape it does not take (or a CPU
+ * without AVX-512 BF16, where the prompt kernel beside it cannot run). */
+int linear_bf16_f32in(const float *x, const uint16_t *wb, const void *unused, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    (void)unused;
+#ifdef __AVX512BF16__
+    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
+    int64_t blocks = N / NB;
+    int threads = nthreads > 0 ? nthreads : 1;
+    (void)threads; /* unused where OpenMP is not built in */
+    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+#endif
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t r = 0; r < M; r += DECODE_RMAX) {
+            int rows = M - r < DECODE_RMAX ? (int)(M - r) : DECODE_RMAX;
+            decode_rows(x + r * K, K, (const uint32_t *)(wb + b * K * NB), y + r * N + b * NB, N, rows);
+        }
+    return 0;
+#else
+    (void)x; (void)wb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -1;
+#endif
+}
