@@ -280,20 +280,28 @@ class Engine:
         raise RuntimeError("engine did not become idle")
 
     def step(self) -> bool:
-        """Schedule, run, sample and emit: one step, flat (module docstring)."""
+        """Schedule, run, sample and emit: one step, flat (module docstring).
+        A slice of a pass in flight runs last, after the step's other passes
+        have sampled and emitted: a short prompt or a next token that waited
+        for this step does not wait for the slice too."""
         with self.lock:
             plan = self.scheduler.schedule()
             self._scrub()  # preemption released pages
             if plan is None:
                 return False
-            self._run_plan(plan)
+            slices = tuple(w for w in plan.prefills if w.layers is not None)
+            rest = StepPlan(tuple(w for w in plan.prefills if w.layers is None), plan.decode, plan.preempted)
+            for part in (rest, StepPlan(slices, (), ())):
+                if part.prefills or part.decode:
+                    self._run_plan(part)
             return True
 
     def _run_plan(self, plan: StepPlan) -> None:
         try:
             ids, logits = self.runner.run(plan)
             requests = [self.scheduler.requests[i] for i in ids]
-            tokens, logprobs = self.sampler.sample(requests, logits)
+            # A slice that does not end its pass samples nothing.
+            tokens, logprobs = self.sampler.sample(requests, logits) if requests else ([], [])
             for rid, start, rows in self.runner.prompt_rows:
                 req = self.scheduler.requests[rid]
                 got = prompt_logprobs(rows, start, req.prompt_token_ids, req.params.prompt_logprobs or 0)

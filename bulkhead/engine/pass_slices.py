@@ -3,10 +3,13 @@
 A 512-token chunk of SmolLM2 is one pass of a few hundred milliseconds (more
 on a prefill worker's share of the cores). Run whole, it makes another
 tenant's short prompt, and every decoding request's next token, wait it out.
-So when another tenant has work, the scheduler hands the pass out a slice of
-layers at a time, one slice per engine step: each step runs one slice of the
-paused pass beside everyone's decode rows and other tenants' short prompts,
-and the model runs a slice and returns. The pass's state between slices
+So the scheduler hands such a pass out a slice of layers at a time, one
+slice per engine step: a chunk longer than a slice while another tenant has
+work, and a chunk longer than whole_pass_tokens always (another tenant's
+prompt may arrive while it runs: it then waits one slice, not the pass).
+While another tenant has work, each step runs one slice of the paused pass
+beside everyone's decode rows and other tenants' short prompts; while nobody
+does, the slices run back to back. The model runs a slice and returns. The pass's state between slices
 (its hidden rows after layer k) is the runner's to keep; nothing re-enters
 the engine, and the pass computes exactly the numbers it would have run
 whole (the same ops, layer after layer), so batch invariance holds.

@@ -124,7 +124,7 @@ class ModelRunner:
                 parts.append(logits)
         self.prompt_rows = prompt_rows
         if not parts:
-            return ids, torch.empty(0, self.model.config.vocab_size)
+            return ids, torch.empty(0, 0)  # nothing to sample (a slice that does not end its pass)
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         # One sum instead of isfinite(): any NaN or inf makes the sum non-finite
         # (1.2 vs 0.03 ms for 16 rows of a 49k vocabulary, measured).

@@ -119,7 +119,11 @@ class Scheduler:
     # -- planning --------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         preempted: list[str] = []
-        decode = self._plan_decode(preempted)
+        flying = self.in_flight
+        # A pass in flight with nobody else waiting runs on alone: its tenant's
+        # decode rows ran beside its first slice (as beside a whole pass).
+        quiet = flying is not None and not self._contended(flying.work.tenant)
+        decode = [] if quiet else self._plan_decode(preempted)
         budget = self.config.token_budget - len(decode)
         prefills: list[PrefillWork] = []
         if self.in_flight is not None:  # its next slice first: its pages are held, it never waits
@@ -137,10 +141,15 @@ class Scheduler:
         return self.config.fair and any(r.tenant != tenant for r in self.requests.values())
 
     def _sliced(self, work: PrefillWork) -> PrefillWork:
-        """work, or its pass's first slice when it is long and another tenant waits."""
+        """work, or its pass's first slice: when it is longer than a slice and
+        another tenant waits, or longer than whole_pass_tokens whoever waits
+        (a prompt that arrives while it runs then waits one slice, not the
+        pass, though nobody waited when it was planned)."""
         cfg = self.config
         per = layers_per_slice(cfg.num_layers, len(work.token_ids), cfg.slice_tokens)
-        if per >= cfg.num_layers or self.in_flight is not None or not self._contended(work.tenant):
+        long = len(work.token_ids) > cfg.whole_pass_tokens
+        if per >= cfg.num_layers or self.in_flight is not None or not cfg.fair \
+                or not (long or self._contended(work.tenant)):
             return work
         self.in_flight = InFlightPass(work, per, cfg.num_layers)
         return self.in_flight.next_slice()

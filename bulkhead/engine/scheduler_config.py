@@ -40,6 +40,11 @@ class SchedulerConfig:
     # tokens of SmolLM2 is about 70 ms on two cores). 0 = whole passes
     # always (first come, first served never slices: nobody is let ahead).
     slice_tokens: int = 128
+    # A chunk over this runs in slices even while its tenant is alone: a
+    # prompt that arrives mid-pass waits one slice, not the pass. Chunks up
+    # to it run whole when nobody else waits, so two 256-token prompts still
+    # share one pass (RunnerConfig.batch_prompts).
+    whole_pass_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_running", "prefill_chunk", "max_waiting", "num_layers"):

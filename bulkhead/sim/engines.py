@@ -28,8 +28,9 @@ class SimGeometry:
     decode_pages: int = 10
     model_context: int = 64  # the model's own limit; each worker clamps to its pool
     prefill_chunk: int = 12  # longer prompts take two prefill steps: chunked prefill is exercised
-    # A chunk over this runs a layer a step while another tenant has work:
-    # passes in flight across steps (bulkhead.engine.pass_slices) are exercised.
+    # A chunk over this runs a layer a step (whole_pass_tokens too: whoever
+    # waits), so passes in flight across steps (bulkhead.engine.pass_slices)
+    # meet every fault the simulator injects.
     slice_tokens: int = 6
     decode_tile: int = 4
 
@@ -58,7 +59,8 @@ def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read,
                           page_size=geo.page_size, context_length=context, clamp_context_length=True,
                           max_running=8, prefill_chunk=geo.prefill_chunk, decode_tile=geo.decode_tile)
     scheduler = Scheduler(SchedulerConfig(page_size=geo.page_size, max_running=8, prefill_chunk=geo.prefill_chunk,
-                                          num_layers=layout.num_layers, slice_tokens=geo.slice_tokens),
+                                          num_layers=layout.num_layers, slice_tokens=geo.slice_tokens,
+                                          whole_pass_tokens=geo.slice_tokens),
                           ledger, reclaim=lambda: scrub_released(pool, ledger), cache_secret=b"sim")
     runner = ModelRunner(CanaryModel(VOCAB, worker, on_bad_read), pool, ledger,
                          RunnerConfig(decode_tile=geo.decode_tile, safe_mode=True))

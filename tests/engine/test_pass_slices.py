@@ -131,19 +131,42 @@ def test_layers_per_slice():
 
 
 def slicing_scheduler(**cfg):
-    return make(max_running=4, prefill_chunk=64, step_tokens=64, num_layers=4, slice_tokens=16, **cfg)
+    return make(max_running=4, prefill_chunk=64, step_tokens=64, num_layers=4, slice_tokens=16, whole_pass_tokens=32,
+                **cfg)
 
 
-def test_the_scheduler_slices_only_while_another_tenant_has_work():
+def test_a_chunk_over_a_slice_is_sliced_while_another_tenant_has_work():
     s = slicing_scheduler()
-    s.add(ticket("a-long", prompt_len=64, max_tokens=1, tenant="a"))
+    s.add(ticket("a-mid", prompt_len=24, max_tokens=1, tenant="a"))
     plan = s.schedule()
-    assert [w.layers for w in plan.prefills] == [None]  # a alone: the whole pass
+    assert [w.layers for w in plan.prefills] == [None]  # a alone, within two slices: the whole pass
     s = slicing_scheduler()
-    s.add(ticket("a-long", prompt_len=64, max_tokens=1, tenant="a"))
+    s.add(ticket("a-mid", prompt_len=24, max_tokens=1, tenant="a"))
     s.add(ticket("b-long", prompt_len=64, max_tokens=1, tenant="b"))
     plan = s.schedule()
-    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (0, 1))]  # b's waits: too long
+    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-mid", (0, 2))]  # b's waits: too long
+    s.check_integrity()
+
+
+def test_a_chunk_over_two_slices_is_sliced_alone_and_its_quiet_slices_carry_no_decode_rows():
+    """A prompt that arrives while such a pass runs waits one slice, not the
+    pass; while nobody else waits, its tenant's decode rows ran beside its
+    first slice and wait for the pass's end, as beside a whole pass."""
+    s = slicing_scheduler()
+    s.add(ticket("a-dec", prompt_len=4, max_tokens=9, tenant="a"))
+    complete_step(s, s.schedule())  # a-dec is decoding
+    s.add(ticket("a-long", prompt_len=64, max_tokens=1, tenant="a"))
+    plan = s.schedule()
+    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (0, 1))]
+    assert [w.request_id for w in plan.decode] == ["a-dec"]
+    complete_step(s, plan)
+    plan = s.schedule()
+    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (1, 2))] and not plan.decode
+    complete_step(s, plan)
+    s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))  # arrives mid-pass: runs at the next slice
+    plan = s.schedule()
+    assert [w.request_id for w in plan.prefills] == ["a-long", "b-short"]
+    assert [w.request_id for w in plan.decode] == ["a-dec"]  # contended: everyone's rows run again
     s.check_integrity()
 
 
