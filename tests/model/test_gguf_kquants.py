@@ -2,6 +2,8 @@
 the codes and scales rebuild gguf-py's dequantize bit for bit in the
 kernels' arithmetic."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +51,19 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
 def test_random_blocks_rebuild_gguf_pys_dequantize_bit_for_bit(type_name, seed):
     raw = random_tensor(type_name, 8, 1024, seed)
     found = DECODERS[type_name](raw, (8, 1024))
+    assert_bitwise(found.values(), gguf_values(raw, type_name))
+
+
+# Tensors quantized and dequantized by llama.cpp itself (the fixture's make_fixture.c says how).
+GGML_FIXTURE = Path(__file__).parents[1] / "fixtures" / "gguf_kquants" / "kquants_ggml.npz"
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_llama_cpps_own_k_quant_tensors_decode_to_its_own_dequantized_values(type_name):
+    with np.load(GGML_FIXTURE) as fixture:
+        raw, ggml_values = fixture[f"{type_name}_bytes"], fixture[f"{type_name}_ggml_values"]
+    found = DECODERS[type_name](raw, ggml_values.shape)
+    assert_bitwise(found.values(), torch.from_numpy(ggml_values))
     assert_bitwise(found.values(), gguf_values(raw, type_name))
 
 
