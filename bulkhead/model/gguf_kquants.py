@@ -14,6 +14,13 @@ each sub-block is one of the two forms bulkhead's kernels read:
 | Q5_K | 176 | w = q * d + m, q 0..31, G 32 | `exact`: no 5-bit kernel; fp32 values |
 | Q6_K | 210 | w = q * d, q -32..31, G 16 | `exact`: no kernel with groups of 16; fp32 values |
 | Q8_K | 292 | w = q * d, q int8, G 32 (d per 256) | `q8` if d has fp16 precision, else `exact` |
+| Q5_0 | 22 / 32 | w = q * d, q -16..15, G 32, d fp16 | `q8`: i16in_kernel's q8 grid (linear_q8_i16in) |
+| Q5_1 | 24 / 32 | w = q * d + m, q 0..31, G 32, d and m fp16 | `exact`: no 5-bit kernel; fp32 values |
+
+Q5_0 and Q5_1 are no K-quants, but a Q4_K_M file holds them: where a
+row is not whole super-blocks (SmolLM2-135M's 576 inputs), llama-quantize
+writes Q5_0 for Q4_K, Q5_1 for Q5_K and Q8_0 for Q6_K
+(llama-quant.cpp's tensor_type_fallback).
 
 Why it is exact: d and dmin are fp16 (11 significant bits), the
 multipliers 6-bit unsigned (Q4_K, Q5_K) or int8 (Q6_K), so d * sc has at
@@ -39,7 +46,9 @@ import numpy as np
 import torch
 
 QK_K = 256  # inputs per super-block, every K-quant
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292}  # gguf.GGML_QUANT_SIZES
+# type -> (inputs, bytes) per block, as gguf.GGML_QUANT_SIZES says
+BLOCKS = {"Q4_K": (QK_K, 144), "Q5_K": (QK_K, 176), "Q6_K": (QK_K, 210), "Q8_K": (QK_K, 292),
+          "Q5_0": (32, 22), "Q5_1": (32, 24)}
 
 Q4_GRID = "q4"  # q4_kernel.grid's convention: linear_q4 and linear_q4_i16in take it as it is
 Q8_GRID = "q8"  # i16in_kernel.q8_grid's: per 32 inputs, d of fp16 precision (linear_q8_i16in)
@@ -47,7 +56,7 @@ EXACT = "exact"  # no quantized kernel takes these codes yet: the exact path run
 
 
 class KQuantShapeError(ValueError):
-    """The bytes given are not whole super-blocks of the shape given."""
+    """The bytes given are not whole blocks of the shape given."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +93,8 @@ class ScaledCodes:
 
 
 def _super_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...] | None) -> torch.Tensor:
-    """raw as [rows, super-blocks per row, block bytes] uint8 (a copy: the reader's map is read-only)."""
-    size = BLOCK_BYTES[type_name]
+    """raw as [rows, blocks per row, block bytes] uint8 (a copy: the reader's map is read-only)."""
+    inputs, size = BLOCKS[type_name]
     raw = np.asarray(raw)
     if raw.dtype != np.uint8:
         raise KQuantShapeError(f"{type_name}: stored bytes must be uint8, got {raw.dtype}")
@@ -93,11 +102,11 @@ def _super_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...] | None
         rows, k = int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
     else:
         rows = raw.shape[0] if raw.ndim == 2 else 1
-        k = (raw.size // max(rows, 1)) // size * QK_K
-    if k % QK_K or raw.size != rows * (k // QK_K) * size:
-        raise KQuantShapeError(f"{type_name}: a row of {k} inputs must be whole super-blocks of {QK_K} "
+        k = (raw.size // max(rows, 1)) // size * inputs
+    if k % inputs or raw.size != rows * (k // inputs) * size:
+        raise KQuantShapeError(f"{type_name}: a row of {k} inputs must be whole blocks of {inputs} "
                                f"({size} bytes each), got {raw.size} bytes for {rows} rows")
-    return torch.from_numpy(raw.reshape(rows, k // QK_K, size).copy())
+    return torch.from_numpy(raw.reshape(rows, k // inputs, size).copy())
 
 
 def _half(field: torch.Tensor) -> torch.Tensor:
@@ -192,10 +201,37 @@ def decode_q8_k(raw: np.ndarray, shape: tuple[int, ...] | None = None) -> Scaled
     return ScaledCodes(family, q, scale)
 
 
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0/Q5_1's 4 bytes (a little-endian uint32) as 32 bits [rows, blocks, 32]: bit e is input e's."""
+    bit = torch.arange(8, dtype=torch.uint8)
+    return ((qh.unsqueeze(-1) >> bit) & 1).reshape(*qh.shape[:-1], 32)
+
+
+def decode_q5_0(raw: np.ndarray, shape: tuple[int, ...] | None = None) -> ScaledCodes:
+    """Q5_0 block (22 bytes): d fp16, 4 bytes of fifth bits, 16 bytes of
+    nibbles (input j low, j + 16 high); w = d * (q - 16). d keeps its sign
+    (the quantizer writes either; the q8 kernel's arithmetic has no use for it)."""
+    b = _super_blocks(raw, "Q5_0", shape)
+    low = torch.cat([b[..., 6:22] & 15, b[..., 6:22] >> 4], -1)
+    q = (low | (_fifth_bits(b[..., 2:6]) << 4)).view(torch.int8) - 16
+    return ScaledCodes(Q8_GRID, q, _half(b[..., 0:2]))
+
+
+def decode_q5_1(raw: np.ndarray, shape: tuple[int, ...] | None = None) -> AffineCodes:
+    """Q5_1 block (24 bytes): d fp16, m fp16, 4 bytes of fifth bits, 16
+    bytes of nibbles; w = d * q + m, q in 0..31 (d * q exact in fp32)."""
+    b = _super_blocks(raw, "Q5_1", shape)
+    low = torch.cat([b[..., 8:24] & 15, b[..., 8:24] >> 4], -1)
+    q = low | (_fifth_bits(b[..., 4:8]) << 4)
+    return AffineCodes(EXACT, q, _half(b[..., 0:2]), _half(b[..., 2:4]))
+
+
 # GGUF tensor type name -> decoder; merged into bulkhead.model.gguf_codes.DECODERS.
 DECODERS: dict[str, Callable[..., AffineCodes | ScaledCodes]] = {
     "Q4_K": decode_q4_k,
     "Q5_K": decode_q5_k,
     "Q6_K": decode_q6_k,
     "Q8_K": decode_q8_k,
+    "Q5_0": decode_q5_0,
+    "Q5_1": decode_q5_1,
 }

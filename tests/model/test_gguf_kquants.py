@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from bulkhead.model import gguf_kquants, q4_kernel
-from bulkhead.model.gguf_kquants import BLOCK_BYTES, DECODERS, EXACT, Q4_GRID, Q8_GRID, KQuantShapeError
+from bulkhead.model import gguf_kquants, i16in_kernel, q4_kernel
+from bulkhead.model.gguf_kquants import BLOCKS, DECODERS, EXACT, Q4_GRID, Q8_GRID, KQuantShapeError
 
 gguf = pytest.importorskip("gguf")
 
 # Where each type keeps its fp16 scales inside a super-block (byte offsets).
-HALF_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+HALF_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}
 
 
 def fp16_scales(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -27,10 +27,11 @@ def fp16_scales(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def random_tensor(type_name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
-    """[rows, bytes per row] uint8 of random super-blocks: every code and
-    6-bit or int8 scale byte random, every fp16 field a valid finite value."""
+    """[rows, bytes per row] uint8 of random blocks: every code and 6-bit
+    or int8 scale byte random, every fp16 field a valid finite value."""
     rng = np.random.default_rng(seed)
-    size, blocks = BLOCK_BYTES[type_name], rows * k // 256
+    inputs, size = BLOCKS[type_name]
+    blocks = rows * k // inputs
     raw = rng.integers(0, 256, (blocks, size), dtype=np.uint8)
     for at in HALF_FIELDS[type_name]:
         raw[:, at:at + 2] = fp16_scales(rng, blocks).view(np.uint8).reshape(blocks, 2)
@@ -46,7 +47,7 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))  # -0 and +0 told apart
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_blocks_rebuild_gguf_pys_dequantize_bit_for_bit(type_name, seed):
     raw = random_tensor(type_name, 8, 1024, seed)
@@ -65,6 +66,23 @@ def test_llama_cpps_own_k_quant_tensors_decode_to_its_own_dequantized_values(typ
     found = DECODERS[type_name](raw, ggml_values.shape)
     assert_bitwise(found.values(), torch.from_numpy(ggml_values))
     assert_bitwise(found.values(), gguf_values(raw, type_name))
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
+def test_gguf_pys_q5_0_and_q5_1_quantizers_output_decodes_to_its_values(type_name):
+    # gguf-py's Q5_0/Q5_1 quantizers match ggml's reference ones bit for bit (as its code says).
+    w = np.random.default_rng(1).standard_t(5, (8, 576)).astype(np.float32) * 0.02
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[type_name])
+    found = DECODERS[type_name](raw, w.shape)
+    assert_bitwise(found.values(), gguf_values(raw, type_name))
+    assert float((found.values() - torch.from_numpy(w)).abs().max()) < 0.02  # and they are w, quantized
+
+
+def test_q5_0_is_the_8_bit_kernels_grid():
+    found = gguf_kquants.decode_q5_0(random_tensor("Q5_0", 4, 64), (4, 64))
+    assert found.family == Q8_GRID and found.q.dtype == torch.int8 and found.q.shape == (4, 2, 32)
+    assert int(found.q.min()) == -16 and int(found.q.max()) == 15
+    assert torch.equal(found.d.half().float(), found.d)  # fp16 precision: q * d is one exact product
 
 
 def assert_products_exact(q: torch.Tensor, d: torch.Tensor):
@@ -156,3 +174,18 @@ def test_the_4_bit_kernel_runs_q4_k_codes_as_they_are(monkeypatch):
     x = torch.randn(3, 256)
     y = q4_kernel.linear_q4(x, q4_kernel.pack(w))
     torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-4)  # fp32 sums in another order
+
+
+needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None, reason="no AVX-512 VNNI or no compiler here")
+
+
+@needs_i16in
+def test_the_8_bit_kernel_runs_q5_0_codes_as_they_are(monkeypatch):
+    w = np.random.default_rng(2).standard_t(5, (64, 576)).astype(np.float32) * 0.02
+    found = gguf_kquants.decode_q5_0(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0), w.shape)
+    w = found.values()
+    monkeypatch.setitem(i16in_kernel._Q8_GRIDS, w, (found.q, found.d))  # what gguf-direct's remember_q8_grid does
+    x = torch.randn(3, 576)
+    y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
+    # Its inputs are rounded to 16 bits per group of 32 (tests/model/test_i16in_kernel.py bounds that).
+    torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
