@@ -29,7 +29,16 @@ exact in fp32, and w = q * d + m rounds once, where the kernel's
 fma(q, d, m) and gguf-py's `d * q - dm` both round it. `values()` is
 therefore gguf-py's dequantize bit for bit (tests/model/test_gguf_kquants.py).
 d * sc is not an fp16 value in general (17-18 bits): the scales stay fp32,
-as q4_kernel's packing and i16in_kernel's already store them.
+as q4_kernel's packing and i16in_kernel's already store them. A scale
+may be negative (llama.cpp's Q6_K and Q5_0 quantizers write either sign);
+the kernels' arithmetic does not depend on it.
+
+Q6_K has no exact quantized home today (measured on a 2048 x 8192 tensor
+of llama.cpp's own quantizer): i16in's q8 path has one scale per 32
+inputs, and only 3.4% of Q6_K's pairs of 16-groups share one with int8
+codes; bf16 holds 5.9% of its values. Its exact home would be int8 codes
+with an fp32 scale per 16 inputs (1.25 bytes a weight, against fp32's 4
+and the file's 0.82): the q8 kernel with a weight scale per half group.
 
 Each decoder takes the tensor's stored bytes ([rows, bytes per row] uint8,
 as gguf-py's GGUFReader maps them; any uint8 array of that many bytes) and
