@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg import messages as m
 from bulkhead.disagg.ticket import TicketError, verify
+from bulkhead.disagg.zmq_links import WorkerLink
 from bulkhead.engine.builder import BuiltEngine
 from bulkhead.engine.scheduler import TenantShares
 from bulkhead.protocol.lifecycle import IllegalTransition
@@ -43,7 +44,7 @@ class WorkerBase:
         self.name = signer.sender
         self.clock = clock  # every deadline, lease and heartbeat reads this
         self.seams = seams
-        self.link = seams.make_link(signer, router_address)
+        self.link = (seams.make_link or WorkerLink)(signer, router_address)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
         # Draining: the router sends no new request after its Drain. Leaving
