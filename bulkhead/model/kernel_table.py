@@ -43,11 +43,11 @@ EXACT = Row(FP32, (), "onednn", "onednn-fp32", "onednn-fp32", "fp32")
 BF16, VNNI = "avx512_bf16", "avx512_vnni"
 
 TABLE = (
-    #   formats       CPU features   linear       prompt      decode        lm_head
-    Row(GRID_4BIT,  (BF16, VNNI),  "q4-i16in",  "bf16-in",  "q4-i16in",   "q8-i16in"),
-    Row(GRID_4BIT,  (BF16,),       "q4-bf16in", "bf16-in",  "q4-f32in",   "bf16w"),
-    Row(GRID_4BIT,  (),            "q4",        "onednn-fp32", "q4-f32in", "bf16w"),
-    Row(("BF16",),  (BF16,),       "bf16",      "bf16-in",  "bf16-f32in", "bf16w"),
+    #   formats      CPU features  linear       prompt         decode        lm_head
+    Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
+    Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
+    Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
+    Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-f32in", "bf16w"),
     # TODO(kernel-table): F16 is held as fp32 today; a bf16-weight row loses
     # 3 mantissa bits, so it waits for an f16 micro-kernel or the quality gate.
     # TODO(kernel-table): Q6_K's kernels are the K-quant engineer's pick; until
