@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache, q4_bf16in_kernel
+from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache
 from bulkhead.model import q4_kernel, weight_format
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
@@ -37,7 +37,7 @@ CACHED_HEADS = ("q8-i16in", "bf16w")
 LINEARS = ("qkv", "o", "gate_up", "down")
 # The C libraries each cached kernel needs: a hit is used only where they load here.
 LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
-             "q4-bf16in-all": (bf16in_kernel, q4_bf16in_kernel), "q8-i16in": (i16in_kernel,),
+             "q8-i16in": (i16in_kernel,),
              "bf16w": (head_kernel,)}
 # Counted for tests: how many builds read an entry and how many wrote one.
 stats = {"hits": 0, "writes": 0}

@@ -1,6 +1,5 @@
 """Decode linear layers over 4-bit grid weights with fp32 inputs, sums and
-outputs (csrc/linear_q4.c), compiled and loaded as the lm_head's kernel is
-(bulkhead.model.head_kernel).
+outputs (csrc/linear_q4.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
 Why: the bundled SmolLM2 ships as Q4_1, so each group of 32 inputs of an
 output holds w = q * d + m with q in 0..15. A Q4_0 file's groups hold
@@ -16,29 +15,19 @@ kernel's bf16 inputs and bf16-rounded scales.
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from bulkhead.model import c_linear
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_q4.c"
-BLOCK = 32  # the C file's NB: outputs per packed block
-GROUP = 32  # the C file's G: inputs per scale/offset pair
+BLOCK = c_linear.BLOCK  # outputs per packed block
+GROUP = c_linear.GROUP  # inputs per scale/offset pair
 
 
-@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None."""
-    lib = c_linear.load_in_torch_team(SOURCE, "the 4-bit decode kernel")
-    if lib is None:
-        return None
-    lib.linear_q4.restype = ctypes.c_int
-    lib.linear_q4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    assert lib.block_outputs() == BLOCK and lib.group_inputs() == GROUP
-    return lib
+    """The C linear kernels (bulkhead.model.c_linear), or None."""
+    return c_linear.load()
 
 
 def fits(w: torch.Tensor) -> bool:
