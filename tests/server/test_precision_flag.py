@@ -8,7 +8,7 @@ import io
 import pytest
 
 from bulkhead.cli import build_parser, main
-from bulkhead.server.launch import _engine_config
+from bulkhead.launch.engine_flags import engine_config
 from bulkhead.server.serve_flags import check_precision_flags
 
 
@@ -17,10 +17,10 @@ def serve_args(*flags: str):
 
 
 def test_exact_gives_the_engine_the_fp32_reference_everywhere(tmp_path):
-    config = _engine_config(serve_args("--precision", "exact"), tmp_path, "m")
+    config = engine_config(serve_args("--precision", "exact"), tmp_path, "m")
     assert (config.linear_kernel, config.kv_dtype) == ("exact", "float32")
     assert config.prefill_attention == config.prefill_glue == "auto"  # auto beside exact layers: torch's fp32 ops
-    default = _engine_config(serve_args(), tmp_path, "m")
+    default = engine_config(serve_args(), tmp_path, "m")
     assert (default.linear_kernel, default.kv_dtype) == ("auto", "auto")
 
 
