@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig
 from bulkhead.kv.layout import parse_memory
-from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
+from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, resolve_model
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
 from bulkhead.server.http_server import BoundServer
@@ -56,8 +56,9 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     """Start the role args.role asks for. seams: components a test harness
     swaps in (bulkhead/seams.py); production passes none."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model_dir = args.model or default_model_dir()
-    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
+    model_dir = resolve_model(args.model)  # a .gguf file: its weights are read from it as stored
+    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None
+                                 else Path(args.model).name.removesuffix(".gguf"))
     if args.role in ("prefill", "decode"):
         from bulkhead.disagg.launch import serve_worker, worker_config_from_args
         from bulkhead.disagg.worker_config import WorkerConfig

@@ -14,6 +14,7 @@ from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.model.config import load_sampling_defaults
 from bulkhead.model.linear_kernel import HEAD_PRECISION, MATMUL_PRECISION
+from bulkhead.model.weight_format import describe as describe_weights
 from bulkhead.serving.memory import rss_bytes
 
 
@@ -68,6 +69,8 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "linear_kernel": built.linear_kernel,
         "matmul_precision": f"{MATMUL_PRECISION[built.linear_kernel]}; {HEAD_PRECISION[built.lm_head_kernel]}",
         "lm_head_kernel": built.lm_head_kernel,
+        # Each tensor group's stored format and the kernel that runs it (bulkhead.model.weight_format.describe).
+        "weights": describe_weights(cfg.model_dir, built.linear_kernel, built.lm_head_kernel),
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
         "prefill_attention": built.prefill_attention,
