@@ -85,10 +85,18 @@ def pack_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     for each input pair, outputs 0-15's two q then outputs 16-31's; d fp32
     [N/NB, K/G, NB]), or None if w is not exactly on an 8-bit grid."""
     found = q8_grid(w)
-    if found is None:
-        return None
-    q, d = found
-    n, k = w.shape
+    return None if found is None else pack_q8_grid(*found)
+
+
+def remember_q8_grid(w: torch.Tensor, found: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Record q8_grid(w)'s answer as the checkpoint stored it (a GGUF Q8_0
+    tensor's codes: bulkhead.model.gguf_codes), so that no pass searches for it."""
+    _Q8_GRIDS[w] = found
+
+
+def pack_q8_grid(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q8_grid()'s (q [N, K/G, G], d [N, K/G, 1]) laid out as pack_q8 says."""
+    n, k = q.shape[0], q.shape[1] * q.shape[2]
     nb = q4_kernel.BLOCK
     qb = q.reshape(n // nb, 2, nb // 2, k // 2, 2).permute(0, 3, 1, 2, 4).contiguous()
     return qb, d.reshape(n // nb, nb, -1).transpose(1, 2).contiguous()

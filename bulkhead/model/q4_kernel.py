@@ -93,14 +93,24 @@ def _solve_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.reshape(*shape, GROUP).to(torch.uint8), d.reshape(*shape, 1), lo.reshape(*shape, 1)
 
 
+def remember_grid(w: torch.Tensor, found: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    """Record grid(w)'s answer as the checkpoint stored it (a GGUF Q4_0/Q4_1
+    tensor's codes: bulkhead.model.gguf_codes), so that no pass searches for
+    it; a weight the kernel does not take (its shape, its dtype) keeps grid() None."""
+    if w.dtype == torch.float32 and fits(w):
+        _GRIDS[w] = found
+
+
 def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """w [N, K] laid out for the kernel: (qs uint8 [N/NB, K, NB/2], dm fp32
-    [N/NB, K/G, 2, NB]), or None if w is not exactly on a 4-bit grid."""
+    """w [N, K] laid out for the kernel (pack_grid), or None if w is not exactly on a 4-bit grid."""
     found = grid(w)
-    if found is None:
-        return None
-    q, d, m = found
-    n, k = w.shape
+    return None if found is None else pack_grid(*found)
+
+
+def pack_grid(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """grid()'s (q [N, K/G, G], d and m [N, K/G, 1]) laid out for the kernel:
+    (qs uint8 [N/NB, K, NB/2], dm fp32 [N/NB, K/G, 2, NB])."""
+    n, k = q.shape[0], q.shape[1] * q.shape[2]
     q = q.reshape(n // BLOCK, BLOCK, k).transpose(1, 2)  # [blocks, K, NB]
     qs = (q[..., : BLOCK // 2] | (q[..., BLOCK // 2:] << 4)).contiguous()
     dm = torch.stack([d.reshape(n // BLOCK, BLOCK, -1), m.reshape(n // BLOCK, BLOCK, -1)], 1)  # [blocks, 2, NB, K/G]

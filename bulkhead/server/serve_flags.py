@@ -70,13 +70,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _model_flags(g) -> None:
-    _flag(g, "--model", type=Path, default=None, metavar="DIR",
-          help="Llama, Qwen2 or Mistral safetensors directory (default: the bundled SmolLM2-135M-Instruct)")
+    _flag(g, "--model", type=Path, default=None, metavar="DIR|FILE.gguf",
+          help="Llama, Qwen2 or Mistral safetensors directory or GGUF file, its weights read as stored "
+               "(default: the bundled SmolLM2-135M-Instruct)")
     _flag(g, "--precision", choices=kernel_names.PRECISIONS, default="auto",
           help="auto = the fastest kernels for the weights' format and this CPU, within the documented bound; "
                "exact = the fp32 reference everywhere")
     _flag(g, "--model-id", default=None, metavar="NAME", more=True,
-          help="the name served in /v1/models (default: the directory's name)")
+          help="the name served in /v1/models (default: the directory's or file's name)")
     _flag(g, "--context-length", type=int, default=None, metavar="N",
           help="advertised context, prompt + max_tokens; refused at start-up if the KV pool cannot hold it "
                "(default: the model's)")
