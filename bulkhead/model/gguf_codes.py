@@ -40,7 +40,7 @@ KQUANTS_MODULE = "bulkhead.model.gguf_kquants"
 @dataclasses.dataclass(frozen=True)
 class Q4Codes:
     q: torch.Tensor  # [N, K/32, 32] uint8 in 0..15
-    d: torch.Tensor  # [N, K/32, 1] float32, >= 0, fp16 precision (q * d is exact in fp32)
+    d: torch.Tensor  # [N, K/32, 1] float32, >= 0 (fp16 for Q4_0/Q4_1; up to 17 bits for Q4_K): q * d exact in fp32
     m: torch.Tensor  # [N, K/32, 1] float32: the value q = 0 stands for
 
     def values(self) -> torch.Tensor:
@@ -198,4 +198,19 @@ def decode(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> Decoded:
     found = fn(raw)
     if isinstance(found, Values):
         return Values(found.w.reshape(shape))
+    if hasattr(found, "family"):  # a K-quant's codes (gguf_kquants): to the kernel family they fit exactly
+        return _from_kquant(found, shape)
     return found
+
+
+def _from_kquant(found, shape: tuple[int, ...]) -> Decoded:
+    """gguf_kquants' AffineCodes/ScaledCodes as this module's types: Q4_K's
+    groups of 32 are the 4-bit grid, Q5_0's the 8-bit one; anything without
+    an exact kernel (Q5_K, Q6_K, Q5_1) goes to the fp32 path as its exact values."""
+    from bulkhead.model import gguf_kquants
+
+    if found.family == gguf_kquants.Q4_GRID and found.q.shape[-1] == GROUP:
+        return Q4Codes(found.q, found.d, found.m)
+    if found.family == gguf_kquants.Q8_GRID and found.q.shape[-1] == GROUP:
+        return Q8Codes(found.q, found.d)
+    return Values(found.values().reshape(shape))

@@ -65,7 +65,8 @@ def test_float_tensors_are_their_stored_values(type_name):
         assert torch.equal(found.w.bfloat16().float(), found.w)
 
 
-def test_a_type_with_no_decoder_is_dequantized_by_gguf_py_and_named(caplog):
+def test_a_type_with_no_decoder_is_dequantized_by_gguf_py_and_named(caplog, monkeypatch):
+    monkeypatch.setattr(gguf_codes, "_kquant_decoders", dict)  # as if gguf_kquants had no Q5_0 decoder
     raw = stored("Q5_0")
     assert gguf_codes.fallback_types(["Q4_1", "Q5_0", "F32"]) == ["Q5_0"]
     found = gguf_codes.decode(raw, "Q5_0", (64, 256))
