@@ -25,18 +25,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from bulkhead.engine import commands as cmd
+from bulkhead.engine.command_handlers import HANDLERS
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.core_lease import CoreLease
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
 from bulkhead.engine.sampler import Sampler, prompt_logprobs
-from bulkhead.engine.scheduler import QueueFull, Scheduler
+from bulkhead.engine.scheduler import Scheduler
 from bulkhead.engine.step_plan import StepPlan
 from bulkhead.engine.stops import OutputTracker
-from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
-from bulkhead.kv.digest import page_digests
-from bulkhead.kv.ledger import OutOfPages
+from bulkhead.errors import BulkheadError, EngineFailure
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -191,72 +190,13 @@ class Engine:
             return
         while True:
             with self.lock:
-                handler = _HANDLERS.get(type(command))
+                handler = HANDLERS.get(type(command))
                 if handler is not None:  # Wake has none: it only unblocks the get above
                     handler(self, command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-
-    def _add(self, c: cmd.Add) -> None:
-        try:
-            req = self.scheduler.add(c.ticket)
-        except QueueFull as e:
-            c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), Overloaded(str(e))))
-            return
-        self._sinks[req.request_id] = c.sink
-        self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-
-    def _abort(self, c: cmd.Abort) -> None:
-        self._finish(c.request_id, FinishReason.ABORT)
-        self._scrub()
-
-    def _start_prefilled(self, c: cmd.StartPrefilled) -> None:
-        ticket, rid = c.ticket, c.ticket.request_id
-        try:
-            if c.sampler_state is not None:
-                self.sampler.set_state(rid, c.sampler_state)
-            req = self.scheduler.add_prefilled(ticket, c.first_token)
-        except Exception as e:  # fail this request closed; its pages go back scrubbed
-            log.exception("could not start decoding %s", rid)
-            self.sampler.forget(rid)
-            self.release_reserved(rid)
-            c.sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
-            return
-        self._sinks[rid] = c.sink
-        self._trackers[rid] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-        self._emit_token(req, c.first_token, c.first_logprobs, c.prompt_logprobs)
-
-    def _reserve(self, c: cmd.Reserve) -> None:
-        try:
-            pages = self.reserve(c.request_id, c.tenant, c.num_pages)
-        except OutOfPages:
-            c.result.set_result(None)  # the caller asks again once pages are freed
-            return
-        except Exception as e:
-            c.result.set_exception(e)
-            return
-        c.result.set_result((pages, [self.ledger.generation(p) for p in pages]))
-
-    def _release_reserved(self, c: cmd.ReleaseReserved) -> None:
-        self.release_reserved(c.request_id)
-
-    def _read_pages(self, c: cmd.ReadPages) -> None:
-        try:
-            owners = tuple(self.ledger.record(p).owner for p in c.pages)
-            generations = tuple(self.ledger.generation(p) for p in c.pages)
-            digests = tuple(page_digests(self.pool, list(c.pages))) if c.digests else None
-        except Exception as e:  # a page outside the pool: the caller fails closed
-            c.result.set_exception(e)
-            return
-        c.result.set_result(cmd.PageFacts(owners, generations, digests))
-
-    def _call(self, c: cmd.Call) -> None:
-        try:
-            c.result.set_result(c.fn())
-        except Exception as e:  # the caller decides what a failure means
-            c.result.set_exception(e)
 
     def run_once(self) -> bool:
         """Apply the queued commands and run at most one step on the caller's
@@ -402,11 +342,3 @@ class Engine:
             if self.runner.paused_passes != ({flying.work.request_id} if flying and flying.next_layer else set()):
                 raise AssertionError(f"paused passes {self.runner.paused_passes} != the scheduler's in flight")
 
-
-def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:
-    return RequestOutput(request_id, (), "", (), True, FinishReason.ERROR.value, prompt_tokens, 0, error)
-
-
-_HANDLERS = {cmd.Add: Engine._add, cmd.Abort: Engine._abort, cmd.StartPrefilled: Engine._start_prefilled,
-             cmd.Reserve: Engine._reserve, cmd.ReleaseReserved: Engine._release_reserved,
-             cmd.ReadPages: Engine._read_pages, cmd.Call: Engine._call}
