@@ -228,7 +228,35 @@ def vllm(name: str, python: Path, s: Settings, extra_args: list[str], dtype: str
             "args": extra_args, "command": command_line(cmd, env)}
     # Its first start compiles kernels: minutes on two cores, many more on busy ones.
     with child_server(f"{name}-{cores}-{malloc}", cmd, env, url, s, timeout=1800) as proc:
+        loaded = tcmalloc_loaded(process_tree(proc.pid))
+        if loaded != (malloc == "tcmalloc"):  # measure what the table claims, or nothing
+            raise RuntimeError(f"{name}: malloc setting {malloc!r}, but libtcmalloc is "
+                               f"{'mapped' if loaded else 'not mapped'} in its processes")
         yield Running(Endpoint(url, "bench"), proc.pid, info)
+
+
+def process_tree(root: int) -> list[int]:
+    """root and its descendants (vLLM's engine core is a child of its API server)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def tcmalloc_loaded(pids: list[int], proc: Path = Path("/proc")) -> bool:
+    """Whether every one of `pids` that can be read has libtcmalloc mapped."""
+    seen = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            seen.append("libtcmalloc" in (proc / str(pid) / "maps").read_text())
+    return bool(seen) and all(seen)
 
 
 def llama_server_cmd(binary: Path, s: Settings, port: int, slots: int) -> list[str]:

@@ -181,6 +181,17 @@ def test_vllm_is_compiled_and_bf16_on_the_model_given_and_its_command_line_is_qu
     assert line.startswith("LD_PRELOAD='/a b.so' VLLM_CPU_KVCACHE_SPACE=1 /venv/bin/python -m vllm.")
 
 
+def test_the_tcmalloc_setting_is_checked_in_every_process_of_the_server(tmp_path):
+    from bench.systems import process_tree, tcmalloc_loaded
+
+    for pid, maps in ((1, "7f00 r-xp /usr/lib/libtcmalloc_minimal.so.4\n"), (2, "7f00 r-xp /usr/lib/libc.so.6\n")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "maps").write_text(maps)
+    assert tcmalloc_loaded([1], tmp_path) and not tcmalloc_loaded([1, 2], tmp_path)
+    assert not tcmalloc_loaded([3], tmp_path)  # nothing readable: not shown to be loaded
+    assert process_tree(os.getpid())[0] == os.getpid()
+
+
 def test_every_system_serves_the_model_and_gguf_given():
     from pathlib import Path
 
