@@ -228,10 +228,10 @@ def vllm(name: str, python: Path, s: Settings, extra_args: list[str], dtype: str
             "args": extra_args, "command": command_line(cmd, env)}
     # Its first start compiles kernels: minutes on two cores, many more on busy ones.
     with child_server(f"{name}-{cores}-{malloc}", cmd, env, url, s, timeout=1800) as proc:
-        loaded = tcmalloc_loaded(process_tree(proc.pid))
-        if loaded != (malloc == "tcmalloc"):  # measure what the table claims, or nothing
-            raise RuntimeError(f"{name}: malloc setting {malloc!r}, but libtcmalloc is "
-                               f"{'mapped' if loaded else 'not mapped'} in its processes")
+        mapped = tcmalloc_mapped(process_tree(proc.pid))
+        if not mapped or set(mapped) != {malloc == "tcmalloc"}:  # measure what the table claims, or nothing
+            raise RuntimeError(f"{name}: malloc setting {malloc!r}, but libtcmalloc is mapped in "
+                               f"{sum(mapped)} of its {len(mapped)} readable processes")
         yield Running(Endpoint(url, "bench"), proc.pid, info)
 
 
@@ -250,13 +250,13 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def tcmalloc_loaded(pids: list[int], proc: Path = Path("/proc")) -> bool:
-    """Whether every one of `pids` that can be read has libtcmalloc mapped."""
+def tcmalloc_mapped(pids: list[int], proc: Path = Path("/proc")) -> list[bool]:
+    """For each of `pids` whose maps can be read, whether libtcmalloc is mapped in it."""
     seen = []
     for pid in pids:
         with contextlib.suppress(OSError):
             seen.append("libtcmalloc" in (proc / str(pid) / "maps").read_text())
-    return bool(seen) and all(seen)
+    return seen
 
 
 def llama_server_cmd(binary: Path, s: Settings, port: int, slots: int) -> list[str]:

@@ -182,13 +182,12 @@ def test_vllm_is_compiled_and_bf16_on_the_model_given_and_its_command_line_is_qu
 
 
 def test_the_tcmalloc_setting_is_checked_in_every_process_of_the_server(tmp_path):
-    from bench.systems import process_tree, tcmalloc_loaded
+    from bench.systems import process_tree, tcmalloc_mapped
 
     for pid, maps in ((1, "7f00 r-xp /usr/lib/libtcmalloc_minimal.so.4\n"), (2, "7f00 r-xp /usr/lib/libc.so.6\n")):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "maps").write_text(maps)
-    assert tcmalloc_loaded([1], tmp_path) and not tcmalloc_loaded([1, 2], tmp_path)
-    assert not tcmalloc_loaded([3], tmp_path)  # nothing readable: not shown to be loaded
+    assert tcmalloc_mapped([1, 2, 3], tmp_path) == [True, False]  # 3 unreadable: left out
     assert process_tree(os.getpid())[0] == os.getpid()
 
 
