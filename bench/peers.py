@@ -23,12 +23,14 @@ run in their best configuration for this CPU. Systems, one at a time:
                        no scrub, transfer digests or per-step checks
   bulkhead-lineage     colocated with the page-lineage log on (--lineage-log)
   transformers         `generate` over static batches of the concurrency's size
-  llama-cpp            llama.cpp's llama-server on the model's GGUF, one slot per
-                       client, continuous batching (optional: bench/setup_llama.sh)
+  llama-cpp            llama.cpp's llama-server on the GGUF file (--gguf), one slot per
+                       client, continuous batching, flash attention, every core
+                       (optional: bench/setup_llama.sh)
   vllm                 vLLM's CPU build, compiled, bf16 where the CPU has AVX-512 BF16
                        or AMX, else fp32 (optional: bench/setup_vllm.sh); measured with
-                       both cores and with one reserved, the better kept per level. It
-                       binds beyond loopback, so it runs in a private network namespace
+                       both cores and with one reserved, each with and without the
+                       TCMalloc preload its CPU docs recommend, the best kept per level.
+                       It binds beyond loopback, so it runs in a private network namespace
   vllm-fp32            the same in fp32 (the comparison for bulkhead-fp32)
 
 Prints one table per concurrency (output tok/s, median and p99 TTFT, median
@@ -75,7 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     csv_ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap.add_argument("--concurrency", type=csv_ints, default=[1, 4, 16], help="comma list (default 1,4,16)")
     ap.add_argument("--requests-per-level", default="2x",
-                    help="requests at each concurrency: a number, or Nx for N per client (default 2x)")
+                    help="requests at each concurrency: a number, or Nx for N per client, or a comma list "
+                         "with C:N entries for concurrency C (1:6,2x: six at one client, two per client "
+                         "elsewhere; default 2x)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=128)
@@ -92,21 +96,40 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                      "for a quick check; its figures are then not its best)")
     ap.add_argument("--vllm-cores", default=",".join(systems.VLLM_CORES),
                     help=f"vLLM core settings to measure, the better kept (default {','.join(systems.VLLM_CORES)})")
+    ap.add_argument("--vllm-malloc", default=",".join(systems.VLLM_MALLOCS),
+                    help=f"vLLM malloc settings to measure, the better kept (default {','.join(systems.VLLM_MALLOCS)})")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="Hugging Face directory every system but llama-server serves (default: the bundled SmolLM2)")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="GGUF file llama-server serves (default: the bundled SmolLM2's Q4_1)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--emit-json", type=Path, default=None, help=argparse.SUPPRESS)  # the netns child's results
     args = ap.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
     args.vllm_cores = [c for c in args.vllm_cores.split(",") if c]
+    args.vllm_malloc = [m for m in args.vllm_malloc.split(",") if m]
     if set(args.vllm_cores) - set(systems.VLLM_CORES) or not args.vllm_cores:
         ap.error(f"--vllm-cores takes a comma list of {', '.join(systems.VLLM_CORES)}")
+    if set(args.vllm_malloc) - set(systems.VLLM_MALLOCS) or not args.vllm_malloc:
+        ap.error(f"--vllm-malloc takes a comma list of {', '.join(systems.VLLM_MALLOCS)}")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         ap.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     return args
 
 
+def vllm_settings(cores: list[str], mallocs: list[str]) -> list[tuple[str, str]]:
+    """Every (cores, malloc) setting of vLLM to measure, cores varying slowest."""
+    return [(c, m) for c in cores for m in mallocs]
+
+
 def requests_for(spec: str, concurrency: int) -> int:
-    return int(spec[:-1]) * concurrency if spec.endswith("x") else int(spec)
+    """How many requests `spec` (--requests-per-level) sends at `concurrency`."""
+    entries = dict(e.split(":", 1) if ":" in e else ("", e) for e in spec.split(",") if e)
+    count = entries.get(str(concurrency), entries.get(""))
+    if count is None:
+        raise ValueError(f"--requests-per-level {spec!r} names no count for concurrency {concurrency}")
+    return int(count[:-1]) * concurrency if count.endswith("x") else int(count)
 
 
 def commit_label() -> str:
@@ -140,11 +163,12 @@ class Harness:
         from bulkhead.model.gguf_import import bundled_gguf_path, default_model_dir
 
         self.args = args
-        model_dir = default_model_dir()
+        model_dir = args.model or default_model_dir()
         context = max(2048, args.prompt_tokens + args.output_tokens + 64)
         if args.prefill_4096:
             context = max(context, PREFILL_TOKENS + 512)
-        self.settings = systems.Settings(model_dir, bundled_gguf_path(), args.kv_memory_gib, context, args.out)
+        gguf = args.gguf or bundled_gguf_path()
+        self.settings = systems.Settings(model_dir, gguf, args.kv_memory_gib, context, args.out)
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.prompts = {c: make_prompts(tokenizer, requests_for(args.requests_per_level, c), args.prompt_tokens, c)
                         for c in args.concurrency}
@@ -218,19 +242,21 @@ class Harness:
         return json.loads(out.strip().splitlines()[-1]), peak
 
     def run_vllm(self, name: str, python: Path) -> None:
-        """Each core setting in a namespace of its own; `name` is then the
-        better of them at each concurrency, `name[setting]` each one."""
+        """Each setting (cores x malloc) in a namespace of its own; `name` is
+        then the best of them at each concurrency, `name[setting]` each one."""
         dtype = "float32" if name == "vllm-fp32" else systems.vllm_best_dtype(systems.cpu_flags())
         extra = self.args.vllm_args.split()
-        for cores in self.args.vllm_cores:
-            variant = f"{name}[{cores}]"
+        settings = vllm_settings(self.args.vllm_cores, self.args.vllm_malloc)
+        for cores, malloc in settings:
+            variant = f"{name}[{cores},{malloc}]"
             try:
                 if os.environ.get(IN_NETNS):
-                    self.run_server(variant, systems.vllm(name, python, self.settings, extra, dtype, cores))
+                    self.run_server(variant, systems.vllm(name, python, self.settings, extra, dtype, cores, malloc))
                     continue
                 merged = self.run_in_netns(["--systems", name, "--vllm-python", str(python),
-                                            f"--vllm-args={self.args.vllm_args}", "--vllm-cores", cores])
-            except Exception as e:  # the other setting's figures still count
+                                            f"--vllm-args={self.args.vllm_args}", "--vllm-cores", cores,
+                                            "--vllm-malloc", malloc])
+            except Exception as e:  # the other settings' figures still count
                 self.failed[variant] = f"{type(e).__name__}: {e}"[:2000]
                 print(f"{variant}: FAILED: {self.failed[variant]}", flush=True)
                 continue
@@ -242,13 +268,13 @@ class Harness:
             self.failed |= merged["failed"]
         if os.environ.get(IN_NETNS):
             return
-        variants = {cores: self.levels[f"{name}[{cores}]"] for cores in self.args.vllm_cores
-                    if f"{name}[{cores}]" in self.levels}
+        variants = {f"{c},{m}": self.levels[f"{name}[{c},{m}]"] for c, m in settings
+                    if f"{name}[{c},{m}]" in self.levels}
         if variants:
             best = report.best_of(variants)
-            # The better setting first in the table, then each setting measured.
+            # The best setting first in the table, then each setting measured.
             self.levels = {**{k: v for k, v in self.levels.items() if not k.startswith(name + "[")},
-                           name: best, **{f"{name}[{c}]": v for c, v in variants.items()}}
+                           name: best, **{f"{name}[{v}]": by_c for v, by_c in variants.items()}}
 
     def run_in_netns(self, override: list[str]) -> dict:
         """Run this harness again inside a fresh network namespace with only
@@ -259,6 +285,7 @@ class Harness:
             cmd = [sys.executable, __file__, "--concurrency", ",".join(map(str, a.concurrency)),
                    "--requests-per-level", a.requests_per_level, "--prompt-tokens", str(a.prompt_tokens),
                    "--output-tokens", str(a.output_tokens), "--kv-memory-gib", str(a.kv_memory_gib),
+                   "--model", str(self.settings.model_dir), "--gguf", str(self.settings.gguf),
                    "--out", str(a.out), "--emit-json", str(out), *override]
             if a.prefill_4096:
                 cmd.append("--prefill-4096")  # the same context length as every other system
@@ -317,7 +344,8 @@ class Harness:
         return {
             "meta": {"commit": commit_label(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
                      "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
-                     "context_length": self.settings.context_length, "model": str(self.settings.model_dir)},
+                     "context_length": self.settings.context_length, "model": str(self.settings.model_dir),
+                     "gguf": str(self.settings.gguf)},
             "levels": self.levels, "headline": report.headline(self.levels),
             "guard_cost": report.guard_cost(self.levels), "lineage_cost": report.lineage_cost(self.levels),
             "prefill": self.prefill,
@@ -348,6 +376,9 @@ def main(argv=None) -> int:
     print(report.lineage_line(results["lineage_cost"]))
     for line in report.prefill_lines(harness.prefill):
         print(line)
+    for system, info in harness.infos.items():  # each peer named, with its exact command line
+        if "command" in info:
+            print(f"{system}: {info['package']}: {info['command']}")
     for system, why in {**harness.skipped, **harness.failed}.items():
         print(f"{system}: {'skipped' if system in harness.skipped else 'FAILED'}: {why.splitlines()[0]}")
     stem = args.out / f"peers-{results['meta']['commit']}"

@@ -14,8 +14,11 @@ order, so a drift over the run favours neither side. Reported per system and
 concurrency: the median output tok/s and its range over the rounds, and
 the median and range of the round-by-round ratios to the first system
 named (each ratio from one round, its two figures minutes apart), with the
-p99 time to first token's the same way. A level with any request that did
-not produce its tokens in any round is INVALID, not a figure. Each round's
+p99 time to first token's the same way. A peer measured in several settings
+(vLLM's `vllm[cores,malloc]`) gets a row per setting too. A level with any
+request that did not produce its tokens in any round is INVALID, not a
+figure. The load average (1, 5, 15 min) before and after each round is
+printed and kept: how busy the machine was while it ran. Each round's
 results and server logs stay in `--out` (bench/results/rounds-<commit>/
 round<N>), the aggregate beside them in rounds.json.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -61,6 +65,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 def round_order(systems: list[str], i: int) -> list[str]:
     """The order of round i, counted from 0: as named, reversed every other round."""
     return systems if i % 2 == 0 else systems[::-1]
+
+
+def with_settings(systems: list[str], rounds: list[dict]) -> list[str]:
+    """The systems named, each followed by its settings (`name[...]`) measured in every round."""
+    out = []
+    for system in systems:
+        out.append(system)
+        found = [k for k in (rounds[0] if rounds else {}) if k.startswith(system + "[")]
+        out += [k for k in found if all(k in levels for levels in rounds)]
+    return out
+
+
+def load_line(i: int, before: tuple, after: tuple) -> str:
+    fmt = lambda t: "/".join(f"{v:.2f}" for v in t)  # noqa: E731
+    return f"round {i + 1}: load average (1/5/15 min) before {fmt(before)}, after {fmt(after)}"
 
 
 def summary(levels: dict, system: str, c: int) -> dict | None:
@@ -118,25 +137,30 @@ def main(argv=None) -> int:
     stopping.exit_on_sigterm()
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     top = args.out or ROOT / "bench" / "results" / f"rounds-{commit_label()}"
-    rounds, failed = [], False
+    rounds, loads, failed = [], [], False
     for i in range(args.rounds):
         out = top / f"round{i + 1}"
         order = round_order(args.systems, i)
         print(f"round {i + 1} of {args.rounds}: {', '.join(order)}", flush=True)
+        before = os.getloadavg()
         # Stopped meanwhile, the round's bench/peers.py is asked to stop its servers (stopping.run_child).
         returncode = stopping.run_child([sys.executable, str(ROOT / "bench" / "peers.py"), "--systems",
                                          ",".join(order), "--concurrency", args.concurrency, "--out", str(out),
                                          *args.peers_args])
         failed |= returncode != 0
+        loads.append({"round": i + 1, "order": order, "load_before": before, "load_after": os.getloadavg()})
+        print(load_line(i, before, loads[-1]["load_after"]), flush=True)
         found = sorted(out.glob("peers-*.json"), key=lambda p: p.stat().st_mtime)
         if not found:
             print(f"round {i + 1}: bench/peers.py wrote no results (exit {returncode})", flush=True)
             return 1
         rounds.append(json.loads(found[-1].read_text())["levels"])
-    agg = aggregate(rounds, args.systems, concurrency)
-    (top / "rounds.json").write_text(json.dumps({"systems": args.systems, "rounds": args.rounds, "levels": agg},
-                                                indent=1))
+    agg = aggregate(rounds, with_settings(args.systems, rounds), concurrency)
+    (top / "rounds.json").write_text(json.dumps({"systems": args.systems, "rounds": args.rounds, "load": loads,
+                                                 "levels": agg}, indent=1))
     print()
+    for load in loads:
+        print(load_line(load["round"] - 1, load["load_before"], load["load_after"]))
     for line in table(agg, args.systems[0]):
         print(line)
     print(f"each round's results: {top}/round<N>; the aggregate: {top / 'rounds.json'}")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build bench/.llama-cpp/bin/llama-server: llama.cpp's own OpenAI-compatible
-# server, a peer for bench/peers.py (which skips it, saying so, when absent).
+# server, a peer for bench/peers.py (which skips it, saying so, when absent),
+# and llama-quantize beside it, which writes the K-quant GGUF files (Q4_K_M)
+# that gguf-py cannot.
 #
 # Not llama-cpp-python's server: that one serves one request at a time and,
 # by default, cuts a running stream short when the next request arrives, so
@@ -30,8 +32,9 @@ src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
-cmake --build "$work/build" --target llama-server -j "${JOBS:-$(nproc)}"
+cmake --build "$work/build" --target llama-server llama-quantize -j "${JOBS:-$(nproc)}"
 mkdir -p "$PREFIX/bin"
-cp "$work/build/bin/llama-server" "$PREFIX/bin/"
+cp "$work/build/bin/llama-server" "$work/build/bin/llama-quantize" "$PREFIX/bin/"
 "$PREFIX/bin/llama-server" --version
-echo "llama-server (llama.cpp from llama-cpp-python $VERSION): $PREFIX/bin/llama-server"
+test -x "$PREFIX/bin/llama-quantize"
+echo "llama-server, llama-quantize (llama.cpp from llama-cpp-python $VERSION): $PREFIX/bin/"

@@ -38,7 +38,7 @@ class Settings:
     """What every system gets alike."""
 
     model_dir: Path  # Hugging Face directory of the model (bulkhead, transformers, vLLM)
-    gguf: Path  # the same model as GGUF (llama-cpp-python)
+    gguf: Path  # the same model as GGUF (llama-server)
     kv_memory_gib: float  # KV cache budget, for the servers that size one up front
     context_length: int
     logs: Path
@@ -158,34 +158,107 @@ VLLM_CORES = {
     "both-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
     "reserved-core": {},
 }
+# vLLM's CPU install guide recommends preloading TCMalloc (Debian's
+# libtcmalloc-minimal4); glibc's malloc is the other setting measured.
+VLLM_MALLOCS = ("tcmalloc", "glibc")
+TCMALLOC_CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                       "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+                       "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+                       "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")
+
+
+def tcmalloc_path(candidates: tuple[str, ...] = TCMALLOC_CANDIDATES) -> Path | None:
+    """The TCMalloc library to preload, or None where none is installed."""
+    return next((Path(c) for c in candidates if Path(c).exists()), None)
+
+
+def vllm_env(s: Settings, cores: str, malloc: str, tcmalloc: Path | None, inherited_preload: str = "") -> dict:
+    """The environment of one vLLM setting: the KV budget, the cores, the malloc."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_memory_gib))), **VLLM_CORES[cores]}  # bulkhead's KV budget
+    if malloc == "tcmalloc":
+        if tcmalloc is None:
+            raise RuntimeError("no libtcmalloc to preload (apt-get install libtcmalloc-minimal4)")
+        env["LD_PRELOAD"] = ":".join(p for p in (str(tcmalloc), inherited_preload) if p)
+    return env
+
+
+def vllm_cmd(python: Path, s: Settings, port: int, dtype: str, extra_args: list[str]) -> list[str]:
+    """vLLM's OpenAI server, compiled (its default: no -O0, no --enforce-eager), in `dtype`."""
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir),
+            "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", dtype, "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
+
+
+def package_version(python: Path, names: tuple[str, ...] = ("vllm-cpu", "vllm")) -> str:
+    """`name version` of the first of `names` installed for `python` (the peer named in the output)."""
+    code = ("import importlib.metadata as m, sys\n"
+            "for n in sys.argv[1:]:\n"
+            "    try: print(n, m.version(n)); break\n"
+            "    except m.PackageNotFoundError: pass")
+    done = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() or "unknown"
+
+
+def command_line(cmd: list[str], env: dict) -> str:
+    """The command as one shell line, its environment first: what docs/performance.md quotes."""
+    import shlex
+
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, cmd)])
 
 
 @contextlib.contextmanager
-def vllm(name: str, python: Path, s: Settings, extra_args: list[str], dtype: str, cores: str):
-    """vLLM's CPU build (bench/setup_vllm.sh), compiled (its default: no -O0),
-    in `dtype`, with the cores given as VLLM_CORES[cores]. It binds beyond
-    loopback: the harness runs it only inside a private network namespace
-    (peers.py)."""
+def vllm(name: str, python: Path, s: Settings, extra_args: list[str], dtype: str, cores: str, malloc: str):
+    """vLLM's CPU build (bench/setup_vllm.sh), compiled, in `dtype`, with the
+    cores given as VLLM_CORES[cores] and `malloc` (VLLM_MALLOCS). It binds
+    beyond loopback: the harness runs it only inside a private network
+    namespace (peers.py)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir),
-           "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", dtype, "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
-    # The same KV budget as bulkhead's.
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_memory_gib))), **VLLM_CORES[cores]}
+    cmd = vllm_cmd(python, s, port, dtype, extra_args)
+    env = vllm_env(s, cores, malloc, tcmalloc_path(), os.environ.get("LD_PRELOAD", ""))
+    info = {"package": package_version(python), "dtype": dtype, "cores": cores, "malloc": malloc,
+            "args": extra_args, "command": command_line(cmd, env)}
     # Its first start compiles kernels: minutes on two cores, many more on busy ones.
-    with child_server(f"{name}-{cores}", cmd, env, url, s, timeout=1800) as proc:
-        yield Running(Endpoint(url, "bench"), proc.pid, {"dtype": dtype, "cores": cores, "args": extra_args})
+    with child_server(f"{name}-{cores}-{malloc}", cmd, env, url, s, timeout=1800) as proc:
+        mapped = tcmalloc_mapped(process_tree(proc.pid))
+        if not mapped or set(mapped) != {malloc == "tcmalloc"}:  # measure what the table claims, or nothing
+            raise RuntimeError(f"{name}: malloc setting {malloc!r}, but libtcmalloc is mapped in "
+                               f"{sum(mapped)} of its {len(mapped)} readable processes")
+        yield Running(Endpoint(url, "bench"), proc.pid, info)
+
+
+def process_tree(root: int) -> list[int]:
+    """root and its descendants (vLLM's engine core is a child of its API server)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def tcmalloc_mapped(pids: list[int], proc: Path = Path("/proc")) -> list[bool]:
+    """For each of `pids` whose maps can be read, whether libtcmalloc is mapped in it."""
+    seen = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            seen.append("libtcmalloc" in (proc / str(pid) / "maps").read_text())
+    return seen
 
 
 def llama_server_cmd(binary: Path, s: Settings, port: int, slots: int) -> list[str]:
     """llama.cpp's own server with one slot per concurrent client and
     continuous batching: every request decodes alongside the others. The
     context is split among the slots, so it is `slots` times the common one."""
-    threads = str(os.cpu_count())
+    threads = str(os.cpu_count())  # every core, for decode and for prompts
     return [str(binary), "--model", str(s.gguf), "--alias", "bench", "--host", "127.0.0.1", "--port", str(port),
             "--parallel", str(slots), "--cont-batching", "--ctx-size", str(s.context_length * slots),
-            "--threads", threads, "--threads-batch", threads]
+            "--flash-attn", "on", "--threads", threads, "--threads-batch", threads]
 
 
 @contextlib.contextmanager
@@ -198,8 +271,17 @@ def llama_cpp(binary: Path, s: Settings, slots: int):
     # Token ids as prompts and ignore_eos, as bulkhead and vLLM get; its
     # repeat penalty is pinned off so that it computes plain greedy.
     endpoint = Endpoint(url, "bench", extra=(("repeat_penalty", 1.0),))
-    with child_server("llama-cpp", llama_server_cmd(binary, s, port, slots), {}, url, s) as proc:
-        yield Running(endpoint, proc.pid, {"slots": slots})
+    cmd = llama_server_cmd(binary, s, port, slots)
+    info = {"package": binary_version(binary), "slots": slots, "gguf": str(s.gguf), "command": command_line(cmd, {})}
+    with child_server("llama-cpp", cmd, {}, url, s) as proc:
+        yield Running(endpoint, proc.pid, info)
+
+
+def binary_version(binary: Path) -> str:
+    """What `binary --version` says (llama.cpp prints `version: N (commit)` to stderr)."""
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.startswith("version")]
+    return f"llama.cpp {lines[0].split(':', 1)[1].strip()}" if lines else "llama.cpp (version unknown)"
 
 
 def binary_problem(binary: Path, setup: str) -> str | None:

@@ -3,6 +3,10 @@ ratios to the baseline, the guard cost, and the request bodies it sends;
 which levels count (every request produced its tokens); and the peers'
 best configurations."""
 
+import os
+
+import pytest
+
 from bench.peers import parse_args, requests_for
 from bench.report import best_of, best_peer, guard_cost, guard_line, headline, level_table, lineage_cost, lineage_line
 from bench.systems import VLLM_CORES, Settings, cpu_flags, llama_server_cmd, vllm_best_dtype
@@ -57,6 +61,10 @@ def test_lineage_cost_is_with_over_without_the_log_at_the_highest_common_concurr
 
 def test_requests_per_level_is_a_count_or_a_multiple_of_the_clients():
     assert requests_for("2x", 16) == 32 and requests_for("5", 16) == 5
+    # The issue's workload: one client with six requests in a row, 16 clients with two each.
+    assert requests_for("1:6,2x", 1) == 6 and requests_for("1:6,2x", 16) == 32
+    with pytest.raises(ValueError, match="concurrency 4"):
+        requests_for("1:6,16:2x", 4)
 
 
 def test_each_server_is_asked_for_exactly_the_output_length_its_own_way():
@@ -137,6 +145,60 @@ def test_vllm_is_measured_with_both_cores_and_with_one_reserved_and_compiled_by_
     assert "vllm" in args.systems and "vllm-fp32" in args.systems and "vllm-bf16" not in args.systems
 
 
+def test_vllm_is_measured_with_and_without_the_tcmalloc_preload_under_each_core_setting():
+    from pathlib import Path
+
+    from bench.peers import vllm_settings
+    from bench.systems import tcmalloc_path, vllm_env
+
+    args = parse_args([])
+    assert args.vllm_malloc == ["tcmalloc", "glibc"]
+    assert vllm_settings(args.vllm_cores, args.vllm_malloc) == [
+        ("both-cores", "tcmalloc"), ("both-cores", "glibc"), ("reserved-core", "tcmalloc"), ("reserved-core", "glibc")]
+    s = Settings(Path("/m"), Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
+    lib = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    env = vllm_env(s, "both-cores", "tcmalloc", lib, inherited_preload="/other.so")
+    assert env["LD_PRELOAD"] == f"{lib}:/other.so" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "LD_PRELOAD" not in vllm_env(s, "reserved-core", "glibc", lib)
+    with pytest.raises(RuntimeError, match="libtcmalloc"):  # asked for, not there: no silent glibc figure
+        vllm_env(s, "both-cores", "tcmalloc", None)
+    assert tcmalloc_path(("/nonexistent/libtcmalloc.so.4",)) is None
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm-malloc", "jemalloc"])
+
+
+def test_vllm_is_compiled_and_bf16_on_the_model_given_and_its_command_line_is_quoted_whole():
+    from pathlib import Path
+
+    from bench.systems import command_line, vllm_cmd
+
+    s = Settings(Path("/ckpt/bf16"), Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
+    cmd = vllm_cmd(Path("/venv/bin/python"), s, 8000, "bfloat16", [])
+    assert cmd[cmd.index("--model") + 1] == "/ckpt/bf16" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert not set(cmd) & {"-O0", "--enforce-eager"}
+    line = command_line(cmd, {"LD_PRELOAD": "/a b.so", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert line.startswith("LD_PRELOAD='/a b.so' VLLM_CPU_KVCACHE_SPACE=1 /venv/bin/python -m vllm.")
+
+
+def test_the_tcmalloc_setting_is_checked_in_every_process_of_the_server(tmp_path):
+    from bench.systems import process_tree, tcmalloc_mapped
+
+    for pid, maps in ((1, "7f00 r-xp /usr/lib/libtcmalloc_minimal.so.4\n"), (2, "7f00 r-xp /usr/lib/libc.so.6\n")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "maps").write_text(maps)
+    assert tcmalloc_mapped([1, 2, 3], tmp_path) == [True, False]  # 3 unreadable: left out
+    assert process_tree(os.getpid())[0] == os.getpid()
+
+
+def test_every_system_serves_the_model_and_gguf_given():
+    from pathlib import Path
+
+    args = parse_args(["--model", "/ckpt/bf16", "--gguf", "/ckpt/q4_0.gguf"])
+    assert args.model == Path("/ckpt/bf16") and args.gguf == Path("/ckpt/q4_0.gguf")
+    assert parse_args([]).model is None  # the bundled SmolLM2, resolved by the harness
+
+
 def test_llama_server_gets_a_slot_per_client_and_the_context_for_each():
     from pathlib import Path
 
@@ -145,3 +207,5 @@ def test_llama_server_gets_a_slot_per_client_and_the_context_for_each():
     assert cmd[cmd.index("--parallel") + 1] == "16" and "--cont-batching" in cmd
     assert cmd[cmd.index("--ctx-size") + 1] == str(2048 * 16)
     assert cmd[cmd.index("--model") + 1] == "/m.gguf"
+    assert cmd[cmd.index("--flash-attn") + 1] == "on"
+    assert cmd[cmd.index("--threads") + 1] == cmd[cmd.index("--threads-batch") + 1] == str(os.cpu_count())

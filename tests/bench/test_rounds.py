@@ -3,7 +3,7 @@ ratios taken within each round."""
 
 import pytest
 
-from bench.rounds import aggregate, parse_args, round_order, table
+from bench.rounds import aggregate, parse_args, round_order, table, with_settings
 
 
 def level(tok_s, p99=2.0, invalid=None):
@@ -68,10 +68,24 @@ def test_main_runs_the_rounds_in_alternating_order_and_keeps_each_rounds_results
         return 0
 
     monkeypatch.setattr(rounds.stopping, "run_child", fake_peers)
+    loads = iter([(1.0, 2.0, 3.0), (4.0, 5.0, 6.0)] * 3)
+    monkeypatch.setattr(rounds.os, "getloadavg", lambda: next(loads))
     monkeypatch.setattr(rounds.stopping, "exit_on_sigterm", lambda: None)  # not this test process's handler
     assert rounds.main(["--systems", "a,b", "--rounds", "3", "--out", str(tmp_path / "out")]) == 0
     assert orders == [["a", "b"], ["b", "a"], ["a", "b"]]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["round1", "round2", "round3", "rounds.json"]
     saved = json.loads((tmp_path / "out" / "rounds.json").read_text())
     assert saved["levels"]["b"]["16"]["ratio"] == [0.8, 0.8, 0.8]
-    assert "0.80x (0.80x-0.80x)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "0.80x (0.80x-0.80x)" in printed
+    # How loaded the machine was: before and after each round, printed and kept.
+    assert saved["load"][1] == {"round": 2, "order": ["b", "a"], "load_before": [1.0, 2.0, 3.0],
+                                "load_after": [4.0, 5.0, 6.0]}
+    assert "round 3: load average (1/5/15 min) before 1.00/2.00/3.00, after 4.00/5.00/6.00" in printed
+
+
+def test_each_setting_of_a_peer_measured_in_every_round_gets_its_own_row():
+    rounds = [{"a": {}, "vllm": {}, "vllm[both-cores,tcmalloc]": {}, "vllm[reserved-core,glibc]": {}},
+              {"a": {}, "vllm": {}, "vllm[both-cores,tcmalloc]": {}}]
+    # A setting missing from a round (it failed to start) would pool fewer rounds than the rest: left out.
+    assert with_settings(["a", "vllm"], rounds) == ["a", "vllm", "vllm[both-cores,tcmalloc]"]
