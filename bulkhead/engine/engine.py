@@ -20,6 +20,7 @@ import contextlib
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from bulkhead.engine.sampler import Sampler, prompt_logprobs
 from bulkhead.engine.scheduler import QueueFull, Scheduler
 from bulkhead.engine.step_plan import StepPlan
 from bulkhead.engine.stops import OutputTracker
-from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
+from bulkhead.errors import AdapterUnavailable, BulkheadError, EngineFailure, Overloaded
 from bulkhead.kv.digest import page_digests
 from bulkhead.kv.ledger import OutOfPages
 from bulkhead.kv.pool import KVPool
@@ -201,8 +202,14 @@ class Engine:
 
     def _add(self, c: cmd.Add) -> None:
         try:
+            self._acquire_adapter(c.ticket)
+        except AdapterUnavailable as e:
+            c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), e))
+            return
+        try:
             req = self.scheduler.add(c.ticket)
         except QueueFull as e:
+            self._release_adapter(c.ticket.adapter.digest if c.ticket.adapter else None)
             c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), Overloaded(str(e))))
             return
         self._sinks[req.request_id] = c.sink
@@ -217,7 +224,17 @@ class Engine:
         try:
             if c.sampler_state is not None:
                 self.sampler.set_state(rid, c.sampler_state)
-            req = self.scheduler.add_prefilled(ticket, c.first_token)
+            self._acquire_adapter(ticket)
+            try:
+                req = self.scheduler.add_prefilled(ticket, c.first_token)
+            except Exception:
+                self._release_adapter(ticket.adapter.digest if ticket.adapter else None)
+                raise
+        except AdapterUnavailable as e:  # the adapter's weights changed since admission: refused, not decoded
+            self.sampler.forget(rid)
+            self.release_reserved(rid)
+            c.sink(_error_output(rid, len(ticket.prompt_token_ids), e))
+            return
         except Exception as e:  # fail this request closed; its pages go back scrubbed
             log.exception("could not start decoding %s", rid)
             self.sampler.forget(rid)
@@ -351,6 +368,7 @@ class Engine:
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer
+        self._release_adapter(req.adapter)
         if self.lineage.enabled:
             self.lineage.request_end(rid, req.tenant, "prefilled")
         sink = self._sinks.pop(rid, None)
@@ -361,9 +379,19 @@ class Engine:
                                len(req.prompt_token_ids), 1, held_pages=held,
                                sampler_state=state, prompt_logprobs=prompt_lps))
 
+    def _acquire_adapter(self, ticket: Admitted) -> None:
+        if ticket.adapter is not None:
+            self.runner.adapters.acquire(ticket.adapter)
+
+    def _release_adapter(self, digest: str | None) -> None:
+        if digest is not None:
+            self.runner.adapters.release(digest)
+
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
         req = self.scheduler.finish(request_id, reason)
         self.runner.drop_pass(request_id)  # a pass in flight: its paused rows go with it
+        if req is not None:
+            self._release_adapter(req.adapter)
         sink = self._sinks.pop(request_id, None)
         self._trackers.pop(request_id, None)
         self._prompt_lps.pop(request_id, None)
@@ -401,6 +429,9 @@ class Engine:
             flying = self.scheduler.in_flight
             if self.runner.paused_passes != ({flying.work.request_id} if flying and flying.next_layer else set()):
                 raise AssertionError(f"paused passes {self.runner.paused_passes} != the scheduler's in flight")
+            using = Counter(r.adapter for r in self.scheduler.requests.values() if r.adapter is not None)
+            if self.runner.adapters.users != dict(using):
+                raise AssertionError(f"adapters held {self.runner.adapters.users} != the live requests' {dict(using)}")
 
 
 def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
+from bulkhead.engine.adapter_store import AdapterStore
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.batch import PagedBatch, SequenceSlice
 from bulkhead.model.llama import LlamaModel, PassState
+from bulkhead.model.lora_rows import LoraRows
 
 
 class NonFiniteLogits(RuntimeError):
@@ -56,10 +58,12 @@ class RunnerConfig:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: KVPool, ledger: PageLedger, config: RunnerConfig,
-                 lease: AbstractContextManager | None = None):
+                 lease: AbstractContextManager | None = None, adapters: AdapterStore | None = None):
         """lease: held around each run, where workers on one host take turns
-        with its cores (bulkhead.engine.core_lease); None = never waits."""
+        with its cores (bulkhead.engine.core_lease); None = never waits.
+        adapters: the LoRA weights of the requests that run under one, by digest."""
         self.model = model
+        self.adapters = adapters if adapters is not None else AdapterStore(model.config)
         self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger
@@ -179,9 +183,12 @@ class ModelRunner:
         seqs: list[SequenceSlice] = []
         logit_rows: list[int] = []
         ids: list[str] = []
+        row_adapters: list = []  # each row's LoRA weights, None for the base model's
 
-        def add_sequence(request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool) -> None:
+        def add_sequence(request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool,
+                         adapter: str | None) -> None:
             row = len(tokens)
+            row_adapters.extend([self.adapters.get(adapter) if adapter else None] * len(seq_tokens))
             for i, tok in enumerate(seq_tokens):
                 pos = start + i
                 tokens.append(tok)
@@ -202,13 +209,13 @@ class ModelRunner:
             if len(works) != 1 and (not self.config.batch_prompts or any(w.all_logits for w in works)):
                 raise ValueError(f"a prefill pass computes one chunk here, not {len(works)}")
             for w in works:
-                add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
+                add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples, w.adapter)
             if works[0].all_logits:  # every row of the chunk, in order (the sampling row is the last)
                 logit_rows = list(range(len(tokens)))
             multiple = self.config.prefill_row_bucket
         else:
             for w in works:
-                add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True)
+                add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True, w.adapter)
             multiple = self.config.decode_row_multiple or self.config.decode_tile
             tile = 0 if self.config.decode_row_multiple else self.config.decode_tile
         if multiple:
@@ -234,5 +241,6 @@ class ModelRunner:
             decode=decode,
             decode_page_offset=as_long([s.page_offset for s in seqs]) if decode else None,
             decode_kv_len=as_long([s.kv_len for s in seqs]) if decode else None,
+            lora=LoraRows.of(row_adapters),
         )
         return batch, ids

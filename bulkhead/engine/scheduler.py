@@ -78,10 +78,10 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
-                      next(self._arrivals))
+                      next(self._arrivals), adapter=ticket.adapter.digest if ticket.adapter else None)
         if self.cache is not None:
             # Never the whole prompt: its last token must be computed for logits.
-            salt = tenant_salt(self._cache_secret, ticket.tenant, ticket.cache_salt)
+            salt = tenant_salt(self._cache_secret, ticket.tenant, ticket.cache_salt, req.adapter)
             req.prefix_hashes = page_hashes(salt, req.prompt_token_ids, self.config.page_size,
                                             max_pages=(len(req.prompt_token_ids) - 1) // self.config.page_size)
         self.requests[req.request_id] = req
@@ -102,7 +102,8 @@ class Scheduler:
         self.awaiting_remote_kv.pop(ticket.request_id, None)  # its pages are the running request's now
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
                       next(self._arrivals), output_token_ids=[first_token],
-                      num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING)
+                      num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING,
+                      adapter=ticket.adapter.digest if ticket.adapter else None)
         req.charged = req.num_tokens  # the prefill worker's engine charged the prompt
         self.requests[req.request_id] = req
         self.waiting.join(req.tenant)
@@ -238,7 +239,7 @@ class Scheduler:
                            samples=end == req.num_tokens,
                            # once: a recompute after a preemption has sent its prompt logprobs already
                            all_logits=wants_prompt_logprobs and not req.output_token_ids
-                           and req.num_computed < len(req.prompt_token_ids))
+                           and req.num_computed < len(req.prompt_token_ids), adapter=req.adapter)
 
     def _plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
         work = []
@@ -248,7 +249,7 @@ class Scheduler:
             if not self._grow(req, req.num_computed + 1, preempted, Preempt.ANY):
                 continue
             work.append(DecodeWork(req.request_id, req.tenant, req.num_computed, req.token_at(req.num_computed),
-                                   tuple(self.page_table(req))))
+                                   tuple(self.page_table(req)), req.adapter))
         return work
 
     def _has_room_for(self, req: Request, tokens: int) -> bool:

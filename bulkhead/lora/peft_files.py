@@ -186,8 +186,19 @@ def _check_tensors(weights: Path, header: dict, base: BaseShapes, rank: int,
 
 
 def _digest(weights: Path, rank: int, scaling: float) -> str:
-    h = hashlib.sha256(f"lora r={rank} scaling={scaling!r}\n".encode())
+    h = _digest_start(rank, scaling)
     with weights.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def digest_of(data: bytes, rank: int, scaling: float) -> str:
+    """The digest of weights read into memory: what a worker checks the bytes it loads against."""
+    h = _digest_start(rank, scaling)
+    h.update(data)
+    return h.hexdigest()
+
+
+def _digest_start(rank: int, scaling: float):
+    return hashlib.sha256(f"lora r={rank} scaling={scaling!r}\n".encode())
