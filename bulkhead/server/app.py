@@ -17,8 +17,8 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
-from bulkhead.engine.admission import Admitted, Rejection
-from bulkhead.errors import BulkheadError, InvalidRequest, NotFound, RateLimited
+from bulkhead.engine.admission import AdapterRef, Admitted, Rejection
+from bulkhead.errors import BulkheadError, InvalidRequest, RateLimited
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.admin_routes import add_admin_routes
@@ -30,7 +30,9 @@ from bulkhead.server.dashboard_history import FirstTokenTimes
 from bulkhead.server.fleet_routes import add_fleet_routes
 from bulkhead.server.inflight import InFlight, InFlightRequests, client_request_id, until_cancelled
 from bulkhead.server.limiter import TenantLimiter
+from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
+from bulkhead.server.model_names import model_list, resolve_model
 from bulkhead.server.params import (
     DEFAULT_MAX_TOKENS, chat_messages, completion_prompts, prompt_only, sampling_params, schema_error,
     validate_common,
@@ -39,7 +41,7 @@ from bulkhead.server.probes import add_probe_routes
 from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter, envelope, sse, usage
-from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest
 from bulkhead.server.structured import GrammarCompiler, request_grammar
 from bulkhead.server.tool_stream import HeldChoice
 from bulkhead.server.tools import ToolPlan, template_messages, tool_plan
@@ -59,6 +61,8 @@ class ServerState:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # True once the HTTP server was told to exit: /ready answers 503 (launch.py points it at uvicorn's flag)
     stopping: Callable[[], bool] = lambda: False
+    # Each tenant's LoRA adapters (keys.toml [tenants.NAME.adapters]); None: keys are off, no adapters.
+    adapters: AdapterRegistry | None = None
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
@@ -160,28 +164,24 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
-        tenant_of(request)
-        return {"object": "list", "data": [{
-            "id": state.model_id, "object": "model", "created": 0, "owned_by": "bulkhead",
-            "max_model_len": backend.limits.context_length,
-        }]}
+        return model_list(tenant_of(request), state.model_id, backend.limits.context_length, state.adapters)
 
     add_request_routes(app, state.inflight, tenant_of)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         tenant = tenant_of(request)
-        _check_model(body)
+        adapter = resolve_model(body.model, tenant, state.model_id, state.adapters)
         limits = backend.limits
         validate_common(body, limits)
         grammar = request_grammar(body, grammars)
         prompts = completion_prompts(body, limits, tok.encode)
-        return await _serve(request, body, tenant, prompts, limits, chat=False, grammar=grammar)
+        return await _serve(request, body, tenant, prompts, limits, chat=False, grammar=grammar, adapter=adapter)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         tenant = tenant_of(request)
-        _check_model(body)
+        adapter = resolve_model(body.model, tenant, state.model_id, state.adapters)
         limits = backend.limits
         validate_common(body, limits)
         tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
@@ -195,15 +195,10 @@ def create_app(state: ServerState) -> FastAPI:
         except ChatTemplateError as e:
             raise InvalidRequest(str(e), param="messages") from None
         return await _serve(request, body, tenant, [tok.encode(text)], limits, chat=True, grammar=grammar,
-                            tools=tools)
-
-    def _check_model(body: _SamplingFields) -> None:
-        if body.model is not None and body.model != state.model_id:
-            raise NotFound(f"model {body.model!r} does not exist; this server serves {state.model_id!r}",
-                           param="model", code="model_not_found")
+                            tools=tools, adapter=adapter)
 
     async def _serve(request: Request, body, tenant: str, prompts: list[list[int]], limits, chat: bool,
-                     grammar: str | None = None, tools: ToolPlan | None = None):
+                     grammar: str | None = None, tools: ToolPlan | None = None, adapter: AdapterRef | None = None):
         # rid names the engine's requests (unique server-wide); public_id is
         # what the client sees and addresses, unique only within its tenant.
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -224,7 +219,7 @@ def create_app(state: ServerState) -> FastAPI:
                     metrics.requests.labels(tenant, endpoint, str(decision.error.status)).inc()
                     log.info("%s tenant=%s rejected: %s", rid, tenant, decision.error.code)
                     raise decision.error
-                tickets.append(decision if client_id is None else replace(decision, client_id=client_id))
+                tickets.append(replace(decision, client_id=client_id, adapter=adapter))
         prompt_tokens = sum(len(p) for p in prompts)
         try:  # before anything is submitted: a refused request holds no page
             state.limiter.check(tenant, sum(len(t.prompt_token_ids) + t.params.max_tokens for t in tickets))
@@ -266,6 +261,8 @@ class _Run:
         self.entry = entry
         self.tools = tools  # an answer may be tool calls: parsed once whole, then sent
         self.kind = "chat.completion" if chat else "text_completion"
+        # What the response names as its model: the adapter the request named, else the base model.
+        self.model = tickets[0].adapter.name if tickets[0].adapter is not None else state.model_id
         self.started = time.monotonic()
         self.first_token = False
         # echo (completions): each choice's text starts with its prompt; with
@@ -363,12 +360,12 @@ class _Run:
                 c["text"] = texts[i]
             choices.append(c)
         self._done(200, sum(counts))
-        return envelope(self.kind, self.entry.request_id, self.state.model_id, choices,
+        return envelope(self.kind, self.entry.request_id, self.model, choices,
                         usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        model = self.state.model_id
+        model = self.model
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
         echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig
 from bulkhead.kv.layout import parse_memory
+from bulkhead.lora.peft_files import BaseShapes
+from bulkhead.lora.registry import AdapterRegistry
+from bulkhead.model.config import load_model_config
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.auth import KeyStore
@@ -30,6 +33,17 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _adapters(keys: KeyStore | None, model_dir: Path) -> AdapterRegistry | None:
+    """The tenants' LoRA adapters, following keys.toml (none without keys: adapters belong to tenants)."""
+    if keys is None:
+        return None
+    registry = AdapterRegistry(BaseShapes.of(load_model_config(model_dir))).follow(keys)
+    if registry.loaded():
+        log.info("LoRA adapters: %d (%s)", len(registry.loaded()),
+                 ", ".join(sorted(f"{a.tenant}/{a.name}" for a in registry.loaded())))
+    return registry
 
 
 def _engine_config(args, model_dir: Path, model_id: str, role: str | None = None) -> EngineConfig:
@@ -79,7 +93,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         log.error("refusing to start: %s", problem)
         return 2
     try:
-        keys = KeyStore.from_sources(args.api_keys)
+        keys = KeyStore.from_sources(args.api_keys, model_id)
     except (OSError, ValueError) as e:  # a mistake in keys.toml names its line: refuse to start
         log.error("refusing to start: %s", e)
         return 2
@@ -108,7 +122,8 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         backend = LocalBackend(built, model_id, auth)
     else:
         backend, workers = _router_backend(args, model_dir, model_id, auth, seams)
-    state = ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens)
+    state = ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens,
+                        adapters=_adapters(keys, model_dir))
     app = create_app(state)
     if keys is None:
         log.warning("no API keys: serving one tenant 'default' on loopback only")
