@@ -38,6 +38,9 @@ MAX_BYTES = 256 << 20
 MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 FLOAT_DTYPES = {"F32", "F16", "BF16"}
+# The model runs q/k/v as one matmul and gate/up as one (bulkhead.model.lora_weights fuses deltas the same way).
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+         "down": ("down_proj",)}
 # PEFT's name for each delta, with or without the adapter's own name ("default") that some versions add.
 _TENSOR = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight")
 # Config keys whose presence (set to something other than these values) means weights beyond LoRA deltas.
@@ -74,6 +77,19 @@ class AdapterFiles:
     tensors: dict[str, tuple[int, str, str]]  # tensor name -> (layer, module, "A" or "B")
     digest: str  # hex SHA-256 of the weights file and the scaling
     nbytes: int  # the weights file's size
+
+
+def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
+    """The bytes a worker holds for the adapter once loaded (fp32, fused: LoraWeights.nbytes)."""
+    total = 0
+    for layer in range(base.num_layers):
+        for modules in FUSED.values():
+            present = [m for m in modules if (layer, m) in files.targets]
+            if present:
+                in_f = base.linears[present[0]][1]
+                out_f = sum(base.linears[m][0] for m in modules)
+                total += 4 * files.rank * len(present) * (in_f + out_f)
+    return total
 
 
 def read_adapter(path: Path, base: BaseShapes, max_rank: int = MAX_RANK, max_bytes: int = MAX_BYTES) -> AdapterFiles:

@@ -18,7 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkhead.lora.peft_files import MAX_BYTES, MAX_RANK, AdapterFiles, AdapterRefused, BaseShapes, read_adapter
+from bulkhead.lora.peft_files import (MAX_BYTES, MAX_RANK, AdapterFiles, AdapterRefused, BaseShapes, read_adapter,
+                                      resident_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,17 @@ class AdapterRegistry:
         """The tenant's own adapters, for its /v1/models."""
         self._refresh()
         return sorted(self._by_tenant.get(tenant, {}))
+
+    def info(self) -> dict:
+        """/server_info's `adapters` (operator key only): each tenant's adapters, what each costs, what was refused."""
+        tenants: dict[str, dict] = {}
+        for a in self.loaded():
+            tenants.setdefault(a.tenant, {})[a.name] = {
+                "rank": a.files.rank, "scaling": a.files.scaling, "modules": len(a.files.targets),
+                "digest": a.files.digest[:16], "file_bytes": a.files.nbytes,
+                "resident_bytes": resident_bytes(a.files, self.base)}
+        return {"tenants": tenants, "refused": list(self.problems),
+                "resident_bytes": sum(e["resident_bytes"] for t in tenants.values() for e in t.values())}
 
     def loaded(self) -> list[Adapter]:
         """Every tenant's adapters: operator views only."""

@@ -24,12 +24,8 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load as load_safetensors
 
-from bulkhead.lora.peft_files import WEIGHTS_FILE, AdapterFiles, AdapterRefused, digest_of
+from bulkhead.lora.peft_files import FUSED, WEIGHTS_FILE, AdapterFiles, AdapterRefused, digest_of
 from bulkhead.model.config import ModelConfig
-
-# Which fused linear each module's delta joins, and the order of its rows there.
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-         "down": ("down_proj",)}
 
 
 class AdapterMismatch(RuntimeError):

@@ -150,6 +150,8 @@ def create_app(state: ServerState) -> FastAPI:
         operator_only(request)
         body = backend.info()
         body["tenants"] = state.tenants_info()
+        if state.adapters is not None:
+            body["adapters"] = state.adapters.info()
         if body["tenants"].get("keys_stale"):
             body["warnings"] = ["keys file unreadable: revocations written in it are NOT in force ("
                                 + body["tenants"]["reload_error"] + ")"]
