@@ -80,15 +80,14 @@ class AdapterFiles:
 
 
 def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
-    """The bytes a worker holds for the adapter once loaded (fp32, fused: LoraWeights.nbytes)."""
+    """The bytes a worker holds for the adapter once loaded (fp32: LoraWeights.nbytes)."""
     total = 0
     for layer in range(base.num_layers):
         for modules in FUSED.values():
             present = [m for m in modules if (layer, m) in files.targets]
             if present:
                 in_f = base.linears[present[0]][1]
-                out_f = sum(base.linears[m][0] for m in modules)
-                total += 4 * files.rank * len(present) * (in_f + out_f)
+                total += 4 * files.rank * sum(in_f + base.linears[m][0] for m in present)
     return total
 
 

@@ -44,20 +44,27 @@ class LoraRows:
         row's delta; y is updated in place and returned."""
         for weights, rows in self.groups:
             delta = weights.layers[layer].get(linear)
-            if delta is not None:
-                y.index_add_(0, rows, _tiled_delta(x.index_select(0, rows).float(), delta.a, delta.b).to(y.dtype))
+            if delta is None:
+                continue
+            u = _tiled(x.index_select(0, rows).float(), delta.a)  # [tiles, TILE, R]
+            for part in delta.parts:
+                d = _tiled_mm(u[:, :, part.ranks[0]:part.ranks[1]], part.b)
+                y[:, part.cols[0]:part.cols[1]].index_add_(0, rows, d.reshape(-1, d.shape[-1])[:len(rows)].to(y.dtype))
         return y
 
     def touches(self, layer: int, linear: str) -> bool:
         return any(linear in weights.layers[layer] for weights, _ in self.groups)
 
 
-def _tiled_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _tiled(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """x [n, in] @ a.T, as [tiles, TILE, R]: rows zero-padded to whole tiles."""
     n = x.shape[0]
     tiles = -(-n // TILE)
     if tiles * TILE != n:
         x = torch.cat([x, x.new_zeros(tiles * TILE - n, x.shape[1])])
-    x = x.view(tiles, TILE, -1)
-    u = torch.bmm(x, a.t().expand(tiles, *a.t().shape))  # [tiles, TILE, R]
-    d = torch.bmm(u, b.t().expand(tiles, *b.t().shape))  # [tiles, TILE, out]
-    return d.reshape(tiles * TILE, -1)[:n]
+    return _tiled_mm(x.view(tiles, TILE, -1), a)
+
+
+def _tiled_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [tiles, TILE, k] @ w.T [k, out]: one matmul of one shape per tile."""
+    return torch.bmm(x, w.t().expand(x.shape[0], *w.t().shape))

@@ -3,13 +3,15 @@
 The model runs q, k and v as one matmul (LayerWeights.qkv) and gate and up
 as one (gate_up), so an adapter's deltas are fused the same way: for each
 layer and each fused linear, A [R, in] stacks the targeted modules' lora_A
-rows and B [out, R] places each module's scaled lora_B in its rows of the
-fused output (zero where a module has no delta), so that
+rows (one matmul for all of them: they share the input), and each module's
+scaled lora_B [out_m, r] adds `u[:, its r columns] @ B_m.T` to its own
+columns of the fused output:
 
-    y += (x @ A.T) @ B.T
+    u = x @ A.T;  y[:, cols_m] += u[:, rank_m] @ B_m.T
 
-adds every module's `scaling * B_m @ A_m @ x` to its own columns. Values
-are fp32, whatever the file stored (bf16 and fp16 widen exactly).
+No zero blocks are held, so an adapter costs exactly its own numbers
+(bulkhead.lora.peft_files.resident_bytes). Values are fp32, whatever the
+file stored (bf16 and fp16 widen exactly).
 
 The bytes are read once, hashed, and only then parsed: the digest checked
 is the digest of the weights used (a file swapped after validation cannot
@@ -33,9 +35,16 @@ class AdapterMismatch(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ModuleB:
+    cols: tuple[int, int]  # the module's columns [start, stop) of the fused output
+    ranks: tuple[int, int]  # its columns [start, stop) of u = x @ A.T
+    b: torch.Tensor  # [out_m, r] fp32, scaling folded in
+
+
+@dataclass(frozen=True)
 class FusedDelta:
-    a: torch.Tensor  # [R, in] fp32
-    b: torch.Tensor  # [out, R] fp32, scaling folded in
+    a: torch.Tensor  # [R, in] fp32: the targeted modules' lora_A stacked
+    parts: tuple[ModuleB, ...]
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ class LoraWeights:
             a, b = deltas.get((layer, module), (None, None))
             deltas[(layer, module)] = (t, b) if side == "A" else (a, t * files.scaling)
         layers = tuple(_fuse(deltas, layer, config) for layer in range(config.num_layers))
-        nbytes = sum(d.a.nbytes + d.b.nbytes for fused in layers for d in fused.values())
+        nbytes = sum(d.a.nbytes + sum(p.b.nbytes for p in d.parts) for fused in layers for d in fused.values())
         return cls(got, layers, nbytes)
 
 
@@ -76,13 +85,12 @@ def _fuse(deltas, layer: int, config: ModelConfig) -> dict[str, FusedDelta]:
         if not present:
             continue
         a = torch.cat([deltas[(layer, m)][0] for m in present])
-        b = torch.zeros(sum(widths[m] for m in modules), a.shape[0])
-        row, col = 0, 0
+        parts, col, rank = [], 0, 0
         for m in modules:
             if m in present:
-                lb = deltas[(layer, m)][1]
-                b[row:row + widths[m], col:col + lb.shape[1]] = lb
-                col += lb.shape[1]
-            row += widths[m]
-        fused[name] = FusedDelta(a.contiguous(), b.contiguous())
+                b = deltas[(layer, m)][1]
+                parts.append(ModuleB((col, col + widths[m]), (rank, rank + b.shape[1]), b.contiguous()))
+                rank += b.shape[1]
+            col += widths[m]
+        fused[name] = FusedDelta(a.contiguous(), tuple(parts))
     return fused

@@ -11,7 +11,7 @@ import pytest
 from bulkhead.lora.peft_files import BaseShapes
 from bulkhead.model.config import load_model_config
 from tests.server_process import ServerProcess
-from tests.lora.adapter_files import write_adapter
+from bench.lora_adapters import write_adapter
 
 KEYS = {"sk-a": "alpha", "sk-b": "beta", "sk-g": "gamma"}
 PROMPT = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bulkhead.lora.peft_files import AdapterRefused, read_adapter
-from tests.lora.adapter_files import TINY, write_adapter
+from bench.lora_adapters import TINY, write_adapter
 
 
 def test_a_valid_adapter_reads_with_its_scaling_targets_and_digest(tmp_path):

@@ -5,7 +5,7 @@ import time
 
 from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.server.auth import KeyStore
-from tests.lora.adapter_files import TINY, write_adapter
+from bench.lora_adapters import TINY, write_adapter
 
 KEYS = """
 [keys]

@@ -15,7 +15,7 @@ from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
 from bulkhead.lora.peft_files import MODULES, BaseShapes, read_adapter
 from bulkhead.model.loader import load_model
-from tests.lora.adapter_files import write_adapter
+from bench.lora_adapters import write_adapter
 
 IDS = list(range(200, 232))
 

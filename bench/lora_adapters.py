@@ -1,5 +1,5 @@
-"""Write PEFT LoRA directories for tests: adapter_config.json and
-adapter_model.safetensors in PEFT's own names, made here (nothing is downloaded)."""
+"""Write PEFT LoRA directories (adapter_config.json and adapter_model.safetensors
+in PEFT's own names), made here: nothing is downloaded. The tests and bench/lora.py use them."""
 
 from __future__ import annotations
 
