@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None, seams=None) -> int:
     args = build_parser(serve_arguments=command in (None, "serve")).parse_args(argv)
     if args.command == "serve":
         from bulkhead.seams import PRODUCTION
-        from bulkhead.server.launch import serve
+        from bulkhead.launch.serve import serve
 
         return serve(args, seams or PRODUCTION)
     if args.command == "convert":

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "fastapi", "bulkhead.engine.engine", "bulkhead.server.launch")
+HEAVY = ("torch", "fastapi", "bulkhead.engine.engine", "bulkhead.launch.serve")
 
 PROBE = """
 import sys

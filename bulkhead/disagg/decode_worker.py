@@ -137,8 +137,9 @@ class DecodeWorker(WorkerBase):
         """Pages go first to the tenant the engine's fair queue has served
         least (its virtual counter, weighted by the ticket's share), in
         arrival order within a tenant: under a full pool a heavy tenant's
-        backlog of grants does not hold a light tenant's first one back."""
-        counters = self.engine.scheduler.waiting.counters  # read-only from this thread: single lookups
+        backlog of grants does not hold a light tenant's first one back. The
+        counters are the engine thread's copy (EngineChannel), a tick old at most."""
+        counters = self.channel.latest.service
         tenant_of = {rid: job.ticket.tenant for rid in rids if (job := self.jobs.get(rid)) is not None}
         return sorted(rids, key=lambda rid: counters.get(tenant_of.get(rid, ""), 0.0))
 

@@ -26,7 +26,7 @@ from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Phase
 from bulkhead.protocol.ticket import Ticket
-from bulkhead.disagg.transfer import TransferError, page_digests
+from bulkhead.disagg.transfer import TransferError, make_source, page_digests
 from bulkhead.disagg.worker_common import WorkerBase
 from bulkhead.engine.outputs import RequestOutput
 
@@ -166,7 +166,8 @@ class PrefillWorker(WorkerBase):
     def _source(self, transfer: m.Endpoint):
         name = transfer.backend
         if name not in self.sources:
-            self.sources[name] = self.seams.make_source(name, **self.source_options.get(name, {}))
+            build = self.seams.make_source or make_source  # a harness's (bulkhead/seams.py), or disagg's own
+            self.sources[name] = build(name, **self.source_options.get(name, {}))
         return self.sources[name]
 
     def _finalize(self, rid: str) -> None:

@@ -97,7 +97,7 @@ class DisaggBackend(Backend):
 
     @property
     def workers(self) -> dict[str, Worker]:
-        """Registered workers by name (server/launch.py waits for them all)."""
+        """Registered workers by name (bulkhead/launch/disaggregated.py waits for them all)."""
         return self.registry.workers
 
     @property

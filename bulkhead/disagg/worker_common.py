@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from bulkhead.disagg.engine_channel import EngineChannel
 from bulkhead.disagg.signing import Signer
 from bulkhead.disagg import messages as m
 from bulkhead.disagg.ticket import TicketError, verify
+from bulkhead.disagg.zmq_links import WorkerLink
 from bulkhead.engine.builder import BuiltEngine
-from bulkhead.engine.scheduler import TenantShares
 from bulkhead.protocol.lifecycle import IllegalTransition
 from bulkhead.protocol.ticket import SignedTicket, Ticket
 from bulkhead.seams import PRODUCTION, Seams
@@ -43,7 +44,7 @@ class WorkerBase:
         self.name = signer.sender
         self.clock = clock  # every deadline, lease and heartbeat reads this
         self.seams = seams
-        self.link = seams.make_link(signer, router_address)
+        self.link = (seams.make_link or WorkerLink)(signer, router_address)
         self.lock = threading.Lock()  # guards the per-request job tables
         self.registered = False
         # Draining: the router sends no new request after its Drain. Leaving
@@ -54,11 +55,9 @@ class WorkerBase:
         self._left = False
         self.counters: dict[str, int] = {}
         self._last_beat = 0.0
-        # Each tenant's (weight, KV share) from the last verified ticket: the
-        # router's tenant table, as the fair queue and KV quotas read it.
-        self.tenant_shares: dict[str, tuple[float, float | None]] = {}
-        self.engine.scheduler.shares = TenantShares(weight=lambda t: self.tenant_shares.get(t, (1.0, None))[0],
-                                                    kv_share=lambda t: self.tenant_shares.get(t, (1.0, None))[1])
+        # The only way to the engine thread: commands (each tenant's weight and
+        # KV share from its verified tickets; the fair queue's figures back).
+        self.channel = EngineChannel(self.engine)
 
     def send(self, message) -> None:
         """One typed message to the router (bulkhead/disagg/messages.py)."""
@@ -75,7 +74,7 @@ class WorkerBase:
             self.count("tickets_refused")
             self.send(refusal(signed.request_id, str(e)))
             return None
-        self.tenant_shares[ticket.tenant] = (ticket.weight, ticket.kv_share)
+        self.channel.tell_share(ticket.tenant, ticket.weight, ticket.kv_share)  # in force before its request
         if ticket.admitted.client_id is not None:
             self.lineage.named(ticket.request_id, ticket.tenant, ticket.admitted.client_id)
         return ticket
@@ -105,11 +104,12 @@ class WorkerBase:
 
     def info(self) -> dict:
         """Its /server_info body, sent with every heartbeat; `tenants` is the
-        scheduler's per-tenant service, queue and pages (operators only)."""
+        scheduler's per-tenant service, queue and pages (operators only), as
+        the engine thread last published them (EngineChannel)."""
         with self.lock:  # jobs by protocol phase: /dashboard's transfers in flight
             phases = [job.phase.value for job in self.jobs.values() if job.phase is not None]
         return engine_info(self.built, self.model_id, self.role) | {
-            "name": self.name, "tenants": self.engine.scheduler.tenant_stats(),
+            "name": self.name, "tenants": dict(self.channel.latest.tenants),
             "jobs_by_phase": {p: phases.count(p) for p in sorted(set(phases))},
             "draining": self.draining, "drained": self.draining and self.holds_nothing()}
 
@@ -171,11 +171,7 @@ class WorkerBase:
         return None
 
     def heartbeat(self) -> m.Heartbeat:
-        counters = dict(self.counters)
-        cache = self.engine.scheduler.cache
-        if cache is not None:
-            counters |= {"prefix_cache_hit_pages": cache.hits, "prefix_cache_miss_pages": cache.misses,
-                         "prefix_cache_pages": cache.num_pages}
+        counters = dict(self.counters) | self.channel.latest.prefix_cache
         lineage = self.lineage.stats()
         if lineage is not None:
             counters |= {f"lineage_{k}": v for k, v in lineage.items() if isinstance(v, int)}
@@ -183,6 +179,7 @@ class WorkerBase:
         return m.Heartbeat(self.info(), counters, vars(self.signer.stats).copy())
 
     def on_tick(self) -> None:
+        self.channel.refresh()  # for the next heartbeat and grant order
         now = self.clock()
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now

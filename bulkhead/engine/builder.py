@@ -14,6 +14,7 @@ import torch
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.core_lease import CoreLease
 from bulkhead.engine.engine import Engine
+from bulkhead.engine.engine_parts import OWN_PARTS, EngineParts
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.grammar_mask import GrammarMasks
 from bulkhead.engine.sampler import Sampler
@@ -25,15 +26,15 @@ from bulkhead.kv.pool import KVPool, release_unscrubbed
 from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig  # noqa: F401  (re-exported)
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
 from bulkhead.model import decode_kernel, linear_kernel, machine_cache, prefill_attention, prefill_glue
+from bulkhead.model.config import ModelConfig, load_sampling_defaults
+from bulkhead.model.kernel_names import HEAD_PRECISION, MATMUL_PRECISION
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.prepared_weights import load_laid_out
 from bulkhead.model.row_invariance import invariant_row_multiple
 from bulkhead.model.tokenizer import Tokenizer
-from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.serving.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
-
 
 
 # Prefill row counts are rounded up to this with the oneDNN kernels, which
@@ -71,19 +72,80 @@ class BuiltEngine:
     prefill_attention: str = "torch"  # what "auto" resolved to
     prefill_glue: str = "torch"  # what "auto" resolved to
 
+    # Read here, so /server_info's body (bulkhead.serving.info, which imports no model) needs none.
+    @property
+    def matmul_precision(self) -> str:
+        return f"{MATMUL_PRECISION[self.linear_kernel]}; {HEAD_PRECISION[self.lm_head_kernel]}"
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return load_sampling_defaults(self.config.model_dir)
+
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]
 
 
+@dataclass(frozen=True)
+class _Model:
+    """The model as loaded, and what each "auto" resolved to."""
+    config: ModelConfig
+    model: LlamaModel
+    kernel: str
+    head: str
+    kv_dtype: str
+    attention: str
+    prompt_attention: str
+
+
 def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False,
-                 seams: Seams = PRODUCTION, lineage: LineageSink = NULL_SINK) -> BuiltEngine:
+                 seams: EngineParts = OWN_PARTS, lineage: LineageSink = NULL_SINK) -> BuiltEngine:
     """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
     transfer backend shares with the prefill worker (decode role). seams:
-    the scrub, scheduler and engine a test harness may wrap (bulkhead/seams.py).
-    lineage: where the ledger, the scrub, the prefix cache and the engine
-    record what touches tenant KV (bulkhead.lineage; default: nowhere)."""
+    the scrub, scheduler and engine a test harness may wrap (EngineParts;
+    bulkhead/seams.py's record is one). lineage: where the ledger, the
+    scrub, the prefix cache and the engine record what touches tenant KV
+    (bulkhead.lineage; default: nowhere)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    m = _load_model(cfg)
+    mc = m.config
+    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, m.kv_dtype)
+    num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
+    decision = _gate_context(cfg, mc, num_pages)  # before the pool is allocated: a misconfigured worker fails fast
+    pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
+    ledger = PageLedger(num_pages, lineage)
+    pool.lineage = lineage
+    tokenizer = Tokenizer(cfg.model_dir)
+    limits = Limits(context_length=decision.context_length, pool_tokens=pool.num_tokens, page_size=cfg.page_size,
+                    vocab_size=mc.vocab_size)
+    scheduler = _make_scheduler(cfg, mc, pool, ledger, seams)
+    row_multiple = _decode_row_multiple(m.model, cfg)
+    runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
+                                 prefill_row_bucket=0 if m.kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
+                                 batch_prompts=prompts_share_passes(m.kernel, m.head, m.model.prefill_glue),
+                                 safe_mode=cfg.safe_mode and cfg.guards)
+    lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
+    runner = ModelRunner(m.model, pool, ledger, runner_config, lease)
+    sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
+    engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
+                                      prefill_only=prefill_only, lease=lease))
+    log.info(
+        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
+        "lm_head %s; decode attention %s; decode glue %s; prefill attention %s; prefill glue %s", num_pages,
+        cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20, m.kv_dtype, cfg.scrub_mode,
+        decision.context_length, m.kernel, m.head, m.attention, m.model.decode_glue, m.prompt_attention,
+        m.model.prefill_glue,
+    )
+    if not cfg.guards:
+        log.warning(GUARDS_OFF_WARNING)
+    release_freed_heap()  # the fp32 weights and the layout's temporaries (bulkhead.serving.memory)
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, m.kernel,
+                       m.attention, m.head, m.model.decode_glue, m.prompt_attention, m.model.prefill_glue)
+
+
+def _load_model(cfg: EngineConfig) -> _Model:
+    """The weights laid out for the chosen kernels, and the attention and
+    glue each "auto" resolves to on this machine."""
     dtype = getattr(torch, cfg.dtype)
     mc, laid_out, kernel, head = load_laid_out(cfg.model_dir, dtype, cfg.linear_kernel)
     kv_dtype = resolve_kv_dtype(cfg)
@@ -92,10 +154,12 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
     model = LlamaModel(mc, laid_out, attention, cfg.decode_glue, prompt_attention,
                        prefill_glue.choose(cfg.prefill_glue, kernel, dtype))
-    del laid_out
-    layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, kv_dtype)
-    num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
-    # The gate runs before the pool is allocated: a misconfigured worker fails fast.
+    return _Model(mc, model, kernel, head, kv_dtype, attention, prompt_attention)
+
+
+def _gate_context(cfg: EngineConfig, mc: ModelConfig, num_pages: int):
+    """The context length the pool can hold (kv.capacity's gate), refused
+    past the model's own maximum."""
     decision = gate_context_length(
         cfg.context_length or mc.max_position_embeddings, num_pages * cfg.page_size, cfg.clamp_context_length
     )
@@ -104,21 +168,15 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
             f"--context-length {decision.context_length} exceeds the model's "
             f"max_position_embeddings {mc.max_position_embeddings}"
         )
-    pool = (pool_factory or KVPool)(layout, num_pages, cfg.scrub_mode)
-    ledger = PageLedger(num_pages, lineage)
-    pool.lineage = lineage
-    tokenizer = Tokenizer(cfg.model_dir)
-    limits = Limits(
-        context_length=decision.context_length,
-        pool_tokens=pool.num_tokens,
-        page_size=cfg.page_size,
-        vocab_size=mc.vocab_size,
-    )
+    return decision
+
+
+def _make_scheduler(cfg: EngineConfig, mc: ModelConfig, pool: KVPool, ledger: PageLedger, seams: EngineParts):
     if cfg.guards:
         reclaim = lambda: seams.scrub(pool, ledger)  # noqa: E731
     else:
         reclaim = lambda: release_unscrubbed(ledger)  # noqa: E731
-    scheduler = seams.make_scheduler(
+    return seams.make_scheduler(
         SchedulerConfig(page_size=cfg.page_size, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
                         prefix_cache=cfg.prefix_cache, step_tokens=cfg.step_tokens, fair=cfg.fair,
                         kv_quotas=cfg.kv_quotas, num_layers=mc.num_layers, slice_tokens=cfg.slice_tokens),
@@ -126,27 +184,6 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
         reclaim=reclaim,
         cache_secret=os.urandom(32),  # per process: cache keys mean nothing elsewhere
     )
-    row_multiple = _decode_row_multiple(model, cfg)
-    runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
-                                 prefill_row_bucket=0 if kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
-                                 batch_prompts=prompts_share_passes(kernel, head, model.prefill_glue),
-                                 safe_mode=cfg.safe_mode and cfg.guards)
-    lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
-    runner = ModelRunner(model, pool, ledger, runner_config, lease)
-    sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))
-    engine = seams.wrap_engine(Engine(scheduler, runner, sampler, pool, tokenizer,
-                                      prefill_only=prefill_only, lease=lease))
-    log.info(
-        "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s, scrub=%s); context length %d; linear kernel %s; "
-        "lm_head %s; decode attention %s; decode glue %s; prefill attention %s; prefill glue %s", num_pages,
-        cfg.page_size, pool.num_tokens, num_pages * layout.bytes_per_page / 2**20, kv_dtype, cfg.scrub_mode,
-        decision.context_length, kernel, head, attention, model.decode_glue, prompt_attention, model.prefill_glue,
-    )
-    if not cfg.guards:
-        log.warning(GUARDS_OFF_WARNING)
-    release_freed_heap()  # the fp32 weights and the layout's temporaries (bulkhead.serving.memory)
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, kernel, attention,
-                       head, model.decode_glue, prompt_attention, model.prefill_glue)
 
 
 # The KV cache's default element type. bf16 halves the bytes decode attention

@@ -18,7 +18,9 @@ carries a Future the engine resolves.
                                               prefill-only hand-over kept
     ReadPages         decode (link thread)    owners, generations and digests of reserved pages,
                                               for the coverage check before a commit
-    Call              tests and tools only    run a function on the engine thread
+    Call              tests, tools, workers   run a function on the engine thread; workers
+                      (link thread)           tell tenants' shares and copy the fair queue's
+                                              figures this way (disagg/engine_channel.py)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ body of one engine, reported by the colocated backend and by every worker.
 
 It sits between the two so that imports point one way: `server` and `disagg`
 both import this package and neither imports the other (only the launcher,
-`server/launch.py`, knows both). `backend.py` loads no torch, so the router
-process, which computes nothing, can import it.
+`bulkhead/launch/`, knows both). It imports no engine and no model (the
+engine imports `memory.py`), and loads no torch, so the router process,
+which computes nothing, can import it.
 """

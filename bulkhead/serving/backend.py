@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from bulkhead.engine.admission import Admitted, Limits
-from bulkhead.engine.outputs import RequestOutput
+from bulkhead.protocol.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from bulkhead.model.tokenizer import Tokenizer
     from bulkhead.serving.fleet_metrics import FleetFigures
+
+# The engine's and the model's types, by name only: this package sits below
+# both and imports neither (tests/test_layout.py), so an implementation
+# passes them in.
+Limits = Any  # bulkhead.engine.admission.Limits
+Admitted = Any  # bulkhead.engine.admission.Admitted
+Tokenizer = Any  # bulkhead.model.tokenizer.Tokenizer
 
 
 class Backend(ABC):

@@ -2,19 +2,38 @@
 
 Reported by the colocated backend (server.local_backend) and by every
 disaggregated worker (disagg.worker_common), whose router compares the
-pairing keys across workers. It reads a built engine, so it loads torch:
-only processes that hold an engine import it.
+pairing keys across workers. It reads a built engine (engine.builder's
+BuiltEngine, typed here by the Protocol below: serving sits below the
+engine and the model and imports neither), so only processes that hold an
+engine call it.
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from bulkhead import __version__
-from bulkhead.engine.builder import BuiltEngine
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
 from bulkhead.kv.prefix_cache import CACHE_OWNER
-from bulkhead.model.config import load_sampling_defaults
-from bulkhead.model.linear_kernel import HEAD_PRECISION, MATMUL_PRECISION
 from bulkhead.serving.memory import rss_bytes
+
+
+class BuiltEngine(Protocol):
+    """What this body reads of bulkhead.engine.builder.BuiltEngine."""
+    engine: Any  # engine.engine.Engine: its ledger, pool, scheduler.config, stats and lineage
+    limits: Any  # engine.admission.Limits
+    config: Any  # engine.engine_config.EngineConfig
+    clamped: bool
+    layout: Any  # kv.layout.KVLayout
+    decode_row_multiple: int
+    linear_kernel: str
+    lm_head_kernel: str
+    decode_attention: str
+    decode_glue: str
+    prefill_attention: str
+    prefill_glue: str
+    matmul_precision: str  # the linear kernel's and the lm_head's, as model.kernel_names words them
+    sampling_defaults: dict  # the model's generation_config.json temperature/top_p/top_k
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
@@ -66,7 +85,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "decode_tile": cfg.decode_tile,
         "decode_row_multiple": built.decode_row_multiple,  # 0 = fixed tiles of decode_tile rows
         "linear_kernel": built.linear_kernel,
-        "matmul_precision": f"{MATMUL_PRECISION[built.linear_kernel]}; {HEAD_PRECISION[built.lm_head_kernel]}",
+        "matmul_precision": built.matmul_precision,
         "lm_head_kernel": built.lm_head_kernel,
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
@@ -77,7 +96,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         # "off" only under --unsafe-no-guards (benchmark only): no scrub, digests or per-step checks.
         "guards": "on" if cfg.guards else "off",
         "max_n": limits.max_n,
-        "sampling_defaults": load_sampling_defaults(cfg.model_dir),
+        "sampling_defaults": built.sampling_defaults,
         "engine_failures": built.engine.stats.failures,
         "lineage": built.engine.lineage.stats(),  # None: no --lineage-log
         # This process's resident set and its KV pool (bulkhead.serving.memory).

@@ -40,13 +40,17 @@ def decode(make_engine):
 
 
 def test_a_worker_schedules_by_the_share_its_ticket_carries(decode):
-    shares = decode.engine.scheduler.shares
-    assert (shares.weight("alpha"), shares.kv_share("alpha")) == (1.0, None)  # before any ticket
+    """The link thread writes nothing the scheduler reads: the share reaches
+    the engine as a command, in force once the engine thread takes it."""
+    before = decode.engine.scheduler.shares
     ticket = sign(replace(make_ticket(tenant="alpha"), weight=3.0, kv_share=0.25), KEY)
     decode.on_message(m.encode(m.Assign("r1", ticket)))
     assert "r1" in decode.jobs
+    assert (before.weight("alpha"), before.kv_share("alpha")) == (1.0, None)  # not yet: still queued
+    decode.engine.run_once()
+    shares = decode.engine.scheduler.shares
     assert (shares.weight("alpha"), shares.kv_share("alpha")) == (3.0, 0.25)
-    assert shares.weight("beta") == 1.0
+    assert (shares.weight("beta"), shares.kv_share("beta")) == (1.0, None)
 
 
 def test_decode_grants_pages_to_the_least_served_tenant_first(decode, monkeypatch):
@@ -63,6 +67,13 @@ def test_decode_grants_pages_to_the_least_served_tenant_first(decode, monkeypatc
         return Future()  # never completes: only the order matters here
 
     monkeypatch.setattr(decode.engine, "reserve_pages", reserve)
+    decode._grant_pending()
+    # The link thread read nothing of the live fair queue: no snapshot yet, arrival order.
+    assert asked == ["heavy-1", "heavy-2", "light-1"]
+    asked.clear()
+    decode.pending.extend(["heavy-1", "heavy-2", "light-1"])
+    decode.channel.refresh()
+    decode.engine.run_once()  # the engine thread publishes its counters
     decode._grant_pending()
     assert asked == ["light-1", "heavy-1", "heavy-2"]  # fair first, then arrival order
 

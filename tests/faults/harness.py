@@ -46,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from bulkhead.disagg.transfer import make_source
 from bulkhead.disagg.zmq_links import WorkerLink
 from bulkhead.engine.admission import Rejection, admit
 from bulkhead.engine.scheduler import Scheduler
@@ -141,7 +142,7 @@ class Injector:
     def seams(self) -> Seams:
         return Seams(
             make_link=lambda signer, address: FaultyLink(self, signer, address),
-            make_source=lambda name, **opts: FaultySource(self, PRODUCTION.make_source(name, **opts)),
+            make_source=lambda name, **opts: FaultySource(self, make_source(name, **opts)),
             make_transfer_executor=lambda: LateExecutor(self, PRODUCTION.make_transfer_executor()),
             wrap_engine=self._remember_engine,
             scrub=self._scrub,

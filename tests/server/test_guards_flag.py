@@ -10,14 +10,15 @@ from bulkhead.cli import build_parser
 from bulkhead.engine.builder import GUARDS_OFF_WARNING, build_engine
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.local_backend import LocalBackend
-from bulkhead.server.launch import _engine_config, serve
+from bulkhead.launch.engine_flags import engine_config
+from bulkhead.launch.serve import serve
 from tests.conftest import write_keys_file
 
 
 def server_info(model_dir, *flags) -> dict:
     args = build_parser().parse_args(["serve", "--role", "colocated", "--model", str(model_dir),
                                       "--kv-memory", "64MiB", *flags])
-    built = build_engine(_engine_config(args, model_dir, "tiny"))
+    built = build_engine(engine_config(args, model_dir, "tiny"))
     app = create_app(ServerState(LocalBackend(built, "tiny", "single_tenant_loopback"), None))
     with TestClient(app) as http:
         return http.get("/server_info").json()
