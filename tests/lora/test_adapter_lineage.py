@@ -21,7 +21,8 @@ def test_every_page_handed_to_an_adapter_request_names_the_adapter_until_it_ends
     log.request_end("r1", "alpha", "stop")
     log.allocated("r1", "alpha", [6], [1])  # an id reused after the end names nothing old
     log.close()
-    handed = [(r["pages"], r.get("adapter")) for r in records(tmp_path / "l.jsonl") if r["kind"] in ("alloc", "cache_hit")]
+    handed = [(r["pages"], r.get("adapter")) for r in records(tmp_path / "l.jsonl")
+              if r["kind"] in ("alloc", "cache_hit")]
     assert handed == [([1, 2], SQL), ([3], None), ([4], SQL), ([5], SQL), ([6], None)]
     assert request_story([tmp_path / "l.jsonl"], "r1").adapter == SQL
     assert request_story([tmp_path / "l.jsonl"], "base").adapter is None
