@@ -104,7 +104,7 @@ def test_bulkhead_keeps_adapters_private_as_the_probe_sees_it(tmp_path, tiny_mod
     (owner under the base model 0.91, a finding; under load, so near the limit)."""
     from bulkhead.lora.peft_files import BaseShapes
     from bulkhead.model.config import load_model_config
-    from tests.lora.adapter_files import write_adapter
+    from bench.lora_adapters import write_adapter
     from tests.server_process import ServerProcess
 
     adapter = write_adapter(tmp_path / "sql", BaseShapes.of(load_model_config(tiny_model_dir)), rank=8, seed=1)

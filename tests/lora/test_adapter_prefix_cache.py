@@ -15,7 +15,7 @@ from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.lora.peft_files import BaseShapes, read_adapter
 from tests.engine.builders import complete_step
-from tests.lora.adapter_files import write_adapter
+from bench.lora_adapters import write_adapter
 
 PS = 4
 PROMPT = tuple(range(100, 114))  # 14 tokens: 3 full pages can be cached (never the last token)

@@ -22,7 +22,7 @@ from bulkhead.lora.peft_files import BaseShapes, read_adapter
 from bulkhead.model.config import load_model_config
 from tests.disagg.cluster_tools import arm, disarm, total, wait_for, wait_workers_idle
 from tests.faults.adapter_swap import swap_weights
-from tests.lora.adapter_files import write_adapter
+from bench.lora_adapters import write_adapter
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
