@@ -93,6 +93,8 @@ class ServerState:
         for (tenant, limit), n in sorted(self.limiter.throttled.items()):
             throttled.setdefault(tenant, {})[limit] = n
         body["throttled"] = throttled
+        if self.adapters is not None:  # each tenant's LoRA adapters by name
+            body["adapters"] = {t: self.adapters.names(t) for t in {a.tenant for a in self.adapters.loaded()}}
         return body
 
 
