@@ -6,8 +6,9 @@
 `q4_0`: every Q4_1 tensor of the bundled GGUF (the linear layers)
 dequantized and requantized with gguf-py's Q4_0 quantizer, the rest (the
 Q8_0 token embedding, the F32 norms) copied as stored, every metadata field
-kept: what the issue's llama-server row ran. Serve it after `bulkhead
-convert`, or point `--model` at the directory `import_gguf` below writes.
+kept: what the issue's llama-server row ran. Serve it as it is (`bulkhead
+serve --model OUT.gguf`: its tensors are read as stored), or after `bulkhead
+convert` (`import_gguf` below: a dequantized fp32 directory).
 
 `bf16`: the bundled model's tensors with Gaussian noise of NOISE times each
 tensor's standard deviation added, saved in bf16 with the tokenizer: a
@@ -70,10 +71,11 @@ def requantize_gguf(src: Path, dst: Path, to: str = "Q4_0", take: tuple[str, ...
 
 
 def write_gguf(dst: Path, linear_type: str, layers: int = 2, hidden: int = 64, ff: int = 128, heads: int = 4,
-               kv_heads: int = 2, seed: int = 0) -> Path:
+               kv_heads: int = 2, seed: int = 0, types: dict[str, str] | None = None) -> Path:
     """A random Llama of these shapes as a GGUF: linear weights in `linear_type`
     (gguf-py's quantizer), the token embedding Q8_0 (tied lm_head), norms F32,
-    the bundled file's tokenizer and chat template."""
+    the bundled file's tokenizer and chat template. `types`: a GGUF type per
+    matrix kind instead ({"ffn_down": "BF16", "token_embd": "F16", ...})."""
     import gguf
 
     src = gguf.GGUFReader(bundled_gguf_path())
@@ -95,6 +97,8 @@ def write_gguf(dst: Path, linear_type: str, layers: int = 2, hidden: int = 64, f
 
     def quantized(name: str, rows: int, cols: int, qtype) -> None:
         w = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
+        kind = name.split(".")[-2]
+        qtype = gguf.GGMLQuantizationType[types[kind]] if types and kind in types else qtype
         writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
 
     quantized("token_embd.weight", vocab, hidden, q8)
@@ -121,20 +125,23 @@ def _write(writer) -> None:
 def bf16_checkpoint(out: Path, model_dir: Path | None = None, noise: float = NOISE, seed: int = 0) -> Path:
     """The model at `model_dir` (the bundled SmolLM2) as bf16 safetensors with noise added (module doc)."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
+
+    from bulkhead.model.config import load_model_config
+    from bulkhead.model.loader import read_tensors
 
     model_dir = Path(model_dir or default_model_dir())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
-    for f in sorted(model_dir.glob("*.safetensors")):
-        tensors = load_file(str(f))
-        for name, t in tensors.items():
-            t = t.float()
-            if t.dim() == 2:  # the matrices; the norms' weights stay as they are, in bf16
-                t = t + torch.randn(t.shape, generator=gen) * (noise * float(t.std()))
-            tensors[name] = t.bfloat16().contiguous()
-        save_file(tensors, str(out / f.name), metadata={"format": "pt"})
+    mc = load_model_config(model_dir)
+    tensors = read_tensors(model_dir, mc.num_heads, mc.num_kv_heads)  # a GGUF's: its tensors' exact values
+    for name in sorted(tensors):
+        t = tensors[name].float()
+        if t.dim() == 2:  # the matrices; the norms' weights stay as they are, in bf16
+            t = t + torch.randn(t.shape, generator=gen) * (noise * float(t.std()))
+        tensors[name] = t.bfloat16().contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for item in model_dir.iterdir():
         if item.suffix != ".safetensors" and item.is_file() and not item.name.startswith("bulkhead_"):
             shutil.copy(item, out / item.name)

@@ -14,15 +14,11 @@ run in their best configuration for this CPU. Systems, one at a time:
 
   bulkhead             colocated, every isolation guard on (the baseline); for the
                        bundled 4-bit SmolLM2 its decode reads 4-bit weights
-  bulkhead-fp32        the same with fp32 linear layers throughout: the exact model
+  bulkhead-fp32        the same with --precision exact: the exact fp32 model
   bulkhead-disagg      router + 1 prefill + 1 decode process, guards on
   bulkhead-fp32-prompts  colocated with prompts through oneDNN fp32 (--linear-kernel q4;
                        the default's prompts round their inputs to bf16 where the CPU
                        has AVX-512 BF16)
-  bulkhead-bf16-prefill  colocated with prompts in bf16 (--linear-kernel q4-bf16-prefill,
-                       opt-in: not the exact model's prompts)
-  bulkhead-bf16-decode   colocated with decode rows' inputs in bf16 too (--linear-kernel
-                       q4-bf16in-all, opt-in); bulkhead-disagg-bf16-decode the same, disaggregated
   bulkhead-no-guards   colocated with --unsafe-no-guards (benchmark only):
                        no scrub, transfer digests or per-step checks
   bulkhead-lineage     colocated with the page-lineage log on (--lineage-log)
@@ -67,8 +63,7 @@ from bench.workload import ID_HIGH, ID_LOW, Prompt, closed_loop, make_prompts, r
 # Guards on and off, and the lineage log on, run back to back: each cost is a
 # ratio to "bulkhead", on a machine whose load drifts.
 SYSTEMS = ("bulkhead", "bulkhead-no-guards", "bulkhead-lineage", "bulkhead-fp32", "bulkhead-disagg",
-           "bulkhead-bf16-prefill", "bulkhead-fp32-prompts", "bulkhead-bf16-decode", "bulkhead-disagg-bf16-decode",
-           "transformers", "llama-cpp", "vllm", "vllm-fp32")
+           "bulkhead-fp32-prompts", "transformers", "llama-cpp", "vllm", "vllm-fp32")
 # vLLM flags that keep it from its best speed: a figure measured with them is not its best.
 VLLM_HANDICAPS = ("-O0", "--enforce-eager")
 IN_NETNS = "BULKHEAD_BENCH_NETNS"  # set inside the namespace the vLLM run makes for itself

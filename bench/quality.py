@@ -57,9 +57,7 @@ PROMPTS = (
 # is the reference.
 VARIANTS = {
     "exact fp32 (onednn)": ("onednn", "fp32"),
-    "int4 decode, fp32 lm_head": ("int4", "fp32"),
     "fp32 layers, bf16w lm_head": ("onednn", "bf16w"),
-    "int4 decode, bf16w lm_head": ("int4", "bf16w"),
     "q4 decode, fp32 lm_head": ("q4", "fp32"),
     "q4 decode, bf16w lm_head": ("q4", "bf16w"),
     "q4 decode, bf16w lm_head, bf16 KV (fp32 prompts: --linear-kernel q4)": ("q4", "bf16w", "bfloat16"),
@@ -90,11 +88,6 @@ VARIANTS = {
     # The rows above run a prompt's norms, rotary and SiLU in C (the default,
     # bulkhead.model.prefill_glue); this one through torch ops.
     "the default, prompt glue through torch ops": ("q4-i16in", "q8-i16in", "bfloat16", "auto", "auto", "torch"),
-    # Opt-in (--linear-kernel q4-bf16in-all): decode rows' inputs rounded to bf16 as well.
-    "bf16-input prompts and decode rows, bf16 prompt attention, bf16w lm_head, bf16 KV":
-        ("q4-bf16in-all", "bf16w", "bfloat16"),
-    # Opt-in (--linear-kernel q4-bf16-prefill): prompts through oneDNN's bf16 GEMM.
-    "bf16 prompts, q4 decode, bf16w lm_head, bf16 KV": ("q4-bf16-prefill", "bf16w", "bfloat16"),
     # A checkpoint stored in bf16 (--model; bench/checkpoints.py bf16): its weights as stored,
     # prompts' inputs rounded to bf16, decode rows' not (the bf16 kernel).
     "bf16 weights, bf16-input prompts, fp32 prompt attention, fp32-input decode, bf16w lm_head, fp32 KV":
@@ -117,7 +110,7 @@ class Runner:
         pages = self.layout.pages_for_tokens(max_tokens)
         self.pool, self.ledger = KVPool(self.layout, pages), PageLedger(pages)
         # Decode rows padded to 2, the multiple the engine measures for oneDNN fp32
-        # (int4 and bf16w give a row the same numbers at any count).
+        # (bf16w gives a row the same numbers at any count).
         self.runner = ModelRunner(model, self.pool, self.ledger,
                                   RunnerConfig(decode_row_multiple=2, prefill_row_bucket=PREFILL_ROW_BUCKET))
         self.n = 0

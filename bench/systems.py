@@ -50,19 +50,11 @@ BULKHEAD_FLAGS = {
     "bulkhead": ["--role", "colocated"],
     # The exact fp32 model: oneDNN fp32 linear layers for decode too (the
     # default reads 4-bit ones for the bundled SmolLM2) and an fp32 KV cache.
-    "bulkhead-fp32": ["--role", "colocated", "--linear-kernel", "onednn", "--kv-dtype", "float32"],
+    "bulkhead-fp32": ["--role", "colocated", "--precision", "exact"],
     "bulkhead-disagg": ["--role", "local", "--prefill", "1", "--decode", "1"],
     # Prompts through oneDNN fp32 (--linear-kernel q4): the default's decode,
     # without its bf16-input prompt kernel (what that kernel buys).
     "bulkhead-fp32-prompts": ["--role", "colocated", "--linear-kernel", "q4"],
-    # Opt-in: decode rows' inputs rounded to bf16 too (--linear-kernel
-    # q4-bf16in-all): what bf16 dot products buy a decode step.
-    "bulkhead-bf16-decode": ["--role", "colocated", "--linear-kernel", "q4-bf16in-all"],
-    "bulkhead-disagg-bf16-decode": ["--role", "local", "--prefill", "1", "--decode", "1",
-                                    "--linear-kernel", "q4-bf16in-all"],
-    # Opt-in: prompts through bf16 matmuls (what they would buy; they fail
-    # the quality gate's README answer, docs/performance.md "Quality").
-    "bulkhead-bf16-prefill": ["--role", "colocated", "--linear-kernel", "q4-bf16-prefill"],
     # Benchmark only: the guard cost is this system against "bulkhead".
     "bulkhead-no-guards": ["--role", "colocated", "--unsafe-no-guards"],
     # The lineage log's cost is this system against "bulkhead" (the log and

@@ -65,10 +65,15 @@ def main(argv: list[str] | None = None, seams=None) -> int:
     """seams: test harnesses only (bulkhead/seams.py); the command line never sets it."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(serve_arguments=command in (None, "serve")).parse_args(argv)
+    parser = build_parser(serve_arguments=command in (None, "serve"))
+    args = parser.parse_args(argv)
     if args.command == "serve":
         from bulkhead.seams import PRODUCTION
         from bulkhead.launch.serve import serve
+        from bulkhead.server.serve_flags import check_precision_flags
+
+        if (problem := check_precision_flags(args)) is not None:
+            parser.error(problem)  # a usage error: exit status 2, before any model loads
 
         return serve(args, seams or PRODUCTION)
     if args.command == "convert":

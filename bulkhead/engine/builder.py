@@ -27,6 +27,7 @@ from bulkhead.engine.engine_config import GUARDS_OFF_WARNING, EngineConfig  # no
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
 from bulkhead.model import decode_kernel, linear_kernel, machine_cache, prefill_attention, prefill_glue
 from bulkhead.model.config import ModelConfig, load_sampling_defaults
+from bulkhead.model.weight_format import describe as describe_weights
 from bulkhead.model.kernel_names import HEAD_PRECISION, MATMUL_PRECISION
 from bulkhead.model.llama import LlamaModel
 from bulkhead.model.prepared_weights import load_laid_out
@@ -80,6 +81,11 @@ class BuiltEngine:
     @property
     def sampling_defaults(self) -> dict:
         return load_sampling_defaults(self.config.model_dir)
+
+    @property
+    def weights_info(self) -> dict:
+        """Each tensor group's stored format and the kernel that runs it (/server_info's `weights`)."""
+        return describe_weights(self.config.model_dir, self.linear_kernel, self.lm_head_kernel)
 
 
 PoolFactory = Callable[[KVLayout, int, str], KVPool]

@@ -35,19 +35,19 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
-    # "auto": q4 decode over weights exactly on a 4-bit grid (the bundled
-    # Q4_1 SmolLM2), else oneDNN fp32 where this torch build runs it, else
-    # F.linear (bulkhead.model.linear_kernel).
+    # "auto": the kernel table's pick for the weights' format and this CPU
+    # (bulkhead.model.kernel_table); "exact": oneDNN fp32 where this torch
+    # build runs it, else F.linear (bulkhead.model.linear_kernel).
     linear_kernel: str = "auto"
     # "auto": the C kernel that reads decode KV in place where it compiles
     # here, else torch (bulkhead.model.decode_kernel).
     decode_attention: str = "auto"
     # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-i16in, q4-bf16in-all) and decode attention c, else
+    # a q4 one (q4, q4-bf16in, q4-i16in) or bf16 and decode attention c, else
     # torch ops (bulkhead.model.decode_layers).
     decode_glue: str = "auto"
     # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-i16in, q4-bf16in-all), else fp32 SDPA
+    # layers round inputs to bf16 (q4-bf16in, q4-i16in, bf16), else fp32 SDPA
     # (bulkhead.model.prefill_attention).
     prefill_attention: str = "auto"
     # "auto": a prompt pass's norms, rotary and SiLU in C where it builds

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bulkhead.engine.engine_config import EngineConfig
 from bulkhead.kv.layout import parse_memory
+from bulkhead.server.serve_flags import precise_kernel, precise_kv_dtype
 
 
 def engine_config(args, model_dir: Path, model_id: str, role: str | None = None) -> EngineConfig:
@@ -18,10 +19,10 @@ def engine_config(args, model_dir: Path, model_id: str, role: str | None = None)
         page_size=args.page_size, context_length=args.context_length,
         clamp_context_length=args.clamp_context_length, scrub_mode=args.scrub_mode, dtype=args.dtype,
         max_running=args.max_running, prefill_chunk=args.prefill_chunk, decode_tile=args.decode_tile,
-        safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=args.linear_kernel,
+        safe_mode=not args.no_safe_mode, threads=args.threads, linear_kernel=precise_kernel(args),
         decode_attention=args.decode_attention, decode_glue=args.decode_glue,
         prefill_attention=args.prefill_attention, prefill_glue=args.prefill_glue,
-        guards=not args.unsafe_no_guards, kv_dtype=args.kv_dtype,
+        guards=not args.unsafe_no_guards, kv_dtype=precise_kv_dtype(args),
         step_tokens=args.step_tokens, fair=args.fairness == "vtc", kv_quotas=not args.no_kv_quotas,
         slice_tokens=0 if args.no_interjection else EngineConfig.slice_tokens,
         prefix_cache=args.prefix_cache == "on" or (args.prefix_cache == "auto" and role == "prefill"),

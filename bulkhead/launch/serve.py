@@ -11,7 +11,7 @@ import uvicorn
 from bulkhead.launch.adapters import tenant_adapters
 from bulkhead.launch.engine_flags import engine_config
 from bulkhead.launch.refusals import check_lineage_flags, load_keys, log_keys
-from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, default_model_dir
+from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, resolve_model
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.app import ServerState, create_app
 from bulkhead.server.http_server import BoundServer
@@ -23,8 +23,9 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     """Start the role args.role asks for. seams: components a test harness
     swaps in (bulkhead/seams.py); production passes none."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model_dir = args.model or default_model_dir()
-    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None else Path(model_dir).name)
+    model_dir = resolve_model(args.model)  # a .gguf file: its weights are read from it as stored
+    model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None
+                                 else Path(args.model).name.removesuffix(".gguf"))
     if args.role in ("prefill", "decode"):
         return _serve_worker(args, model_dir, model_id, seams)
     if (problem := check_lineage_flags(args)) is not None:

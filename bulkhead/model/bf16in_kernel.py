@@ -1,6 +1,5 @@
 """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
-outputs (csrc/linear_bf16in.c), compiled and loaded as the decode kernel is
-(bulkhead.model.q4_kernel).
+outputs (csrc/linear_bf16.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
 Why: a prompt's pass is bound by arithmetic, and oneDNN's fp32 GEMM already
 runs at the two cores' fp32 peak; AVX-512 BF16's dot product does twice the
@@ -24,41 +23,24 @@ passes' bit for bit, without writing the [rows, 2 I] gate_up output,
 reading it back, or rounding act in a pass of its own (docs/performance.md).
 
 Where the CPU has no AVX-512 BF16 (the C file builds without it and says so
-in `available()`), `load()` is None and prompts stay on oneDNN fp32.
+in `has_avx512_bf16()`), `load()` is None and prompts stay on oneDNN fp32.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 
 from bulkhead.model import c_linear
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_bf16in.c"
-BLOCK = 32  # the C file's NB: outputs per packed block; N must be a multiple of it
+BLOCK = c_linear.BLOCK  # outputs per packed block; N must be a multiple of it
 
 
-@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None
-    where it cannot be built or this CPU has no AVX-512 BF16."""
-    # -ffp-contract=off: its SiLU rounds as csrc/prefill_glue.c's does (glue.h).
-    lib = c_linear.load_for_isa_in_torch_team(
-        SOURCE, "the bf16-input prompt kernel: prompts stay fp32", "AVX-512 BF16", ("-ffp-contract=off",))
-    if lib is None:
-        return None
-    shapes = [ctypes.c_int64] * 3 + [ctypes.c_int]  # M, N, K, threads
-    for fn in (lib.linear_bf16in, lib.linear_bf16in_silu_mul):  # x, weight, scratch, y
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + shapes
-    lib.linear_bf16_f32in.restype = ctypes.c_int  # x, weight, unused, y: linear_q4's signature
-    lib.linear_bf16_f32in.argtypes = [ctypes.c_void_p] * 4 + shapes
-    lib.linear_bf16in_rounded.restype = ctypes.c_int
-    lib.linear_bf16in_rounded.argtypes = [ctypes.c_void_p] * 3 + shapes  # rows already bf16: no scratch
-    assert lib.block_outputs() == BLOCK
-    return lib
+    """The C linear kernels (bulkhead.model.c_linear), or None where they
+    cannot be built or this CPU has no AVX-512 BF16."""
+    return c_linear.load_with("avx512_bf16")
 
 
 def fits(w: torch.Tensor) -> bool:

@@ -1,25 +1,25 @@
-"""What the blocked C linear kernels share (csrc/linear_bf16w.c for the
-lm_head, csrc/linear_bf16in.c for prompt rows, csrc/linear_q4.c for 4-bit
-decode rows, csrc/linear_q4_bf16in.c for them under `q4-bf16in-all` and
-csrc/linear_i16in.c under `q4-i16in`): how each is built and loaded to run
-in torch's OpenMP team (the prompt-attention kernel loads the same way), and
-how a call checks its input and shapes. The kernels differ in how they read
-a weight, and the prompt kernel also takes a scratch buffer, passed after
-the weight.
+"""The one C library of linear kernels (csrc/linear.c: one driver, a
+micro-kernel per weight format), how it is built and loaded to run in
+torch's OpenMP team (the prompt-attention kernel loads the same way), and
+how a call checks its input and shapes. The format modules
+(bulkhead.model.q4_kernel, i16in_kernel, bf16in_kernel, head_kernel) pack
+weights for it and load it through `load()` / `load_with()` here; the
+kernel table (bulkhead.model.kernel_table) says which runs where.
 
-Each splits its outputs into blocks of 32 and hands the blocks out to the
-team's threads as they free up (OpenMP's dynamic schedule), not in two fixed
-halves: on a 2-core machine a thread is taken off its core whenever another
-thread wakes (the HTTP server's, a link's, the other worker's), and with
-fixed halves its partner then waited at the end of the call for the whole
-time. Which thread computes a block never changes its numbers. Measured:
-colocated at 16 clients, two alternating pairs of runs, 274.7 vs 234.7 and
-270.5 vs 253.8 tok/s (docs/performance.md).
+The driver hands the outputs' blocks of 32 to the team's threads as they
+free up (OpenMP's dynamic schedule), not in two fixed halves: on a 2-core
+machine a thread is taken off its core whenever another thread wakes (the
+HTTP server's, a link's, the other worker's), and with fixed halves its
+partner then waited at the end of the call for the whole time. Which thread
+computes a block never changes its numbers. Measured: colocated at 16
+clients, two alternating pairs of runs, 274.7 vs 234.7 and 270.5 vs 253.8
+tok/s (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import subprocess
 from pathlib import Path
@@ -29,6 +29,46 @@ import torch
 from bulkhead.model import decode_kernel
 
 log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "linear.c"
+# The instructions a format's micro-kernel needs, as /proc/cpuinfo names them
+# (bulkhead.model.kernel_table), and what the engine keeps without them.
+FEATURE_FALLBACK = {"avx512_bf16": "prompts stay fp32", "avx512_vnni": "decode rows stay on q4's fp32 inputs"}
+_SHAPES = [ctypes.c_int64] * 3 + [ctypes.c_int]  # M, N, K, threads
+# Every entry point's pointer arguments (x, weights, scratch, y), before _SHAPES.
+_POINTERS = {"linear_q4": 4, "linear_q4_i16in": 4, "linear_q8_i16in": 4, "linear_bf16w": 3, "linear_bf16in": 4,
+             "linear_bf16in_rounded": 3, "linear_bf16in_silu_mul": 4, "linear_bf16_f32in": 4}
+BLOCK = 32  # the C driver's NB: outputs per packed block
+GROUP = 32  # its G: inputs per scale group
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The linear kernels' library in torch's OpenMP team, or None where it
+    cannot be built. -ffp-contract=off: its SiLU rounds as
+    csrc/prefill_glue.c's does (glue.h); every other product in it is an
+    explicit fused multiply-add."""
+    lib = load_in_torch_team(SOURCE, "the C linear kernels: linear layers stay on oneDNN fp32",
+                             ("-ffp-contract=off",))
+    if lib is None:
+        return None
+    for name, pointers in _POINTERS.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * pointers + _SHAPES
+    assert lib.block_outputs() == BLOCK and lib.group_inputs() == GROUP
+    return lib
+
+
+@functools.cache
+def load_with(feature: str) -> ctypes.CDLL | None:
+    """load() where its micro-kernels on `feature` ("avx512_bf16",
+    "avx512_vnni") were built, which -march=native does where this CPU has
+    it; None otherwise (logged once)."""
+    lib = load()
+    if lib is not None and not getattr(lib, f"has_{feature}")():
+        log.info("no %s on this CPU: %s", feature, FEATURE_FALLBACK[feature])
+        return None
+    return lib
 
 
 def load_in_torch_team(source: Path, what: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:

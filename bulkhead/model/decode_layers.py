@@ -1,7 +1,7 @@
 """A decode step's transformer layers in one C call (csrc/decode_layers.c):
 the glue between the matmuls and attention in C, the matmuls through the
-4-bit kernel (bulkhead.model.q4_kernel, its 16-bit-integer-input twin
-under `q4-i16in` or its bf16-input one under `q4-bf16in-all`), or a bf16
+4-bit kernel (bulkhead.model.q4_kernel, or its 16-bit-integer-input twin
+under `q4-i16in`), or a bf16
 checkpoint's (`bf16`: bf16in_kernel.linear_bf16_f32in), and attention
 through the C decode kernel (bulkhead.model.decode_kernel), the same kernels
 the torch path calls.
@@ -10,8 +10,8 @@ Why: at one request the ~600 small torch ops a step makes around its
 matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
-4-bit grid (`--linear-kernel q4`, `q4-bf16in`, `q4-i16in` (the bundled
-model's default on a CPU with AVX-512 VNNI and BF16) or `q4-bf16in-all`), or are a
+4-bit grid (`--linear-kernel q4`, `q4-bf16in` or `q4-i16in`, the bundled
+model's default on a CPU with AVX-512 VNNI and BF16), or are a
 bf16 checkpoint's (`bf16`), and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
 model runs its decode layers through torch as before. Its numbers equal the

@@ -1,14 +1,20 @@
-"""Import a GGUF checkpoint into a Hugging Face safetensors directory.
+"""GGUF checkpoints as model directories.
 
-bulkhead's model code only loads safetensors directories; GGUF is an import
-format. The conversion goes through transformers' own GGUF reader (it
-dequantizes to fp32), runs once (~30 s for SmolLM2-135M) and is cached.
-Beside the weights it records each tensor's GGUF type (Q4_0, Q4_1, Q8_0,
-...; bulkhead.model.weight_format), which the fp32 values no longer say.
+`bulkhead serve --model FILE.gguf` (and the bundled model) read the weights
+from the GGUF file itself, as stored (bulkhead.model.gguf_weights). What
+the file holds besides (the config and the tokenizer) goes through
+transformers' GGUF reader once into a cached directory, `model_dir_for`,
+which names the file in GGUF_POINTER; the loader reads the weights there.
+
+`bulkhead convert` still writes a whole Hugging Face safetensors directory
+(`convert_gguf`: transformers dequantizes every tensor to fp32, ~30 s for
+SmolLM2-135M) and records each tensor's GGUF type beside it
+(bulkhead.model.weight_format), for tools that want one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -51,6 +57,73 @@ def bundled_gguf_path() -> Path:
     if not files:
         raise FileNotFoundError(f"no .gguf file inside {Path(spec.origin).parent}")
     return files[0]
+
+
+GGUF_POINTER = "bulkhead_gguf.json"  # in a model directory: {"gguf": the file whose tensors are the weights}
+
+
+def gguf_pointer(model_dir: Path) -> dict | None:
+    """{"gguf": the file a model directory takes its weights from, "table":
+    its tensors (gguf_weights.tensor_table)}, or None (a safetensors directory)."""
+    pointer = Path(model_dir) / GGUF_POINTER
+    return json.loads(pointer.read_text()) if pointer.exists() else None
+
+
+def gguf_of(model_dir: Path) -> Path | None:
+    """The GGUF file a model directory takes its weights from, or None (a safetensors directory)."""
+    pointer = gguf_pointer(model_dir)
+    return None if pointer is None else Path(pointer["gguf"])
+
+
+def model_dir_for(gguf_file: Path) -> Path:
+    """The cached config-and-tokenizer directory of a GGUF file, imported on
+    first use; keyed by the file's path, size and modification time, so a
+    changed file is imported again."""
+    gguf_file = Path(gguf_file).resolve()
+    stat = gguf_file.stat()
+    ident = hashlib.sha256(f"{gguf_file}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_root() / "models" / f"{gguf_file.stem}-{ident}"
+    if not (out / GGUF_POINTER).exists():
+        import_config(gguf_file, out)
+    return out
+
+
+def resolve_model(model: Path | None) -> Path:
+    """`--model`'s value as a model directory: a directory as it is, a .gguf
+    file through model_dir_for, none the bundled model (default_model_dir)."""
+    if model is None:
+        return default_model_dir()
+    return model_dir_for(model) if Path(model).suffix == ".gguf" and Path(model).is_file() else Path(model)
+
+
+def import_config(gguf_file: Path, out_dir: Path) -> Path:
+    """Write `gguf_file`'s config, generation config and tokenizer into
+    `out_dir` (transformers' GGUF reader, a few seconds: no tensor is read)
+    and GGUF_POINTER naming the file. Through a temporary sibling, renamed."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from bulkhead.model.gguf_weights import tensor_table
+
+    log.info("importing the config and tokenizer of %s -> %s (once)", gguf_file.name, out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with heartbeat(f"importing {gguf_file.name}'s tokenizer", "once per file"):
+        config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / GGUF_POINTER).write_text(json.dumps({"gguf": str(gguf_file), "table": tensor_table(gguf_file)}))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
@@ -127,10 +200,8 @@ DEFAULT_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_model_dir() -> Path:
-    """The bundled SmolLM2 as a cached Hugging Face directory, converting on first use."""
-    out = cache_root() / "models" / DEFAULT_MODEL_ID
-    if not (out / "config.json").exists():
-        convert_gguf(bundled_gguf_path(), out)
+    """The bundled SmolLM2's model directory (model_dir_for its GGUF file), with its sampling defaults."""
+    out = model_dir_for(bundled_gguf_path())
     gen_path = out / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
     if any(k not in gen for k in DEFAULT_MODEL_SAMPLING):

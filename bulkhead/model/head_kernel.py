@@ -1,6 +1,5 @@
 """The lm_head on bf16 weights with fp32 inputs, sums and logits
-(csrc/linear_bf16w.c), compiled and loaded as the decode-attention kernel is
-(bulkhead.model.decode_kernel).
+(csrc/linear_bf16w.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
 Why: at one request the lm_head reads its whole weight for one row of
 logits; SmolLM2's is 49,152 x 576, 113 MB in fp32, so the layer is bound by
@@ -14,30 +13,18 @@ docs/performance.md and gated in tests/model.
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 
 from bulkhead.model import c_linear
 
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_bf16w.c"
-BLOCK = 32  # the C file's NB: outputs per packed block; N must be a multiple of it
+BLOCK = c_linear.BLOCK  # outputs per packed block; N must be a multiple of it
 
 
-@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None."""
-    lib = c_linear.load_in_torch_team(SOURCE, "the bf16-weight lm_head kernel: the lm_head stays fp32")
-    if lib is None:
-        return None
-    lib.linear_bf16w.restype = ctypes.c_int
-    lib.linear_bf16w.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                 ctypes.c_int64, ctypes.c_int]
-    lib.block_outputs.restype = ctypes.c_int
-    assert lib.block_outputs() == BLOCK
-    return lib
+    """The C linear kernels (bulkhead.model.c_linear), or None."""
+    return c_linear.load()
 
 
 def fits(w: torch.Tensor) -> bool:

@@ -1,6 +1,6 @@
 """Linear layers with their inputs as 16-bit integers per group of 32
-(csrc/linear_i16in.c), compiled and loaded as the other linear kernels are
-(bulkhead.model.c_linear): decode rows over the 4-bit grid weights
+(csrc/linear_i16in.h, run by csrc/linear.c's driver:
+bulkhead.model.c_linear): decode rows over the 4-bit grid weights
 (`linear_q4_i16in`, the decode kernel of `--linear-kernel q4-i16in`), and
 the lm_head over 8-bit grid weights (`linear_q8_i16in`, its `q8-i16in`
 kernel under q4-i16in, where the lm_head is a GGUF Q8_0 tensor).
@@ -22,37 +22,23 @@ integer dot product does twice the multiply-adds. Its inputs are quantized
 as the decode rows' are.
 
 Where the CPU has no AVX-512 VNNI (the C file builds without it and says so
-in `available()`), `load()` is None: decode rows stay on linear_q4, the
+in `has_avx512_vnni()`), `load()` is None: decode rows stay on linear_q4, the
 lm_head on bf16w.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from bulkhead.model import c_linear, q4_kernel
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_i16in.c"
-
-
-@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library in torch's OpenMP team, or None where it cannot be built
-    or this CPU has no AVX-512 VNNI."""
-    lib = c_linear.load_for_isa_in_torch_team(
-        SOURCE, "the 16-bit-input decode kernel: decode rows stay on q4's fp32 inputs", "AVX-512 VNNI")
-    if lib is None:
-        return None
-    for fn in (lib.linear_q4_i16in, lib.linear_q8_i16in):
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    assert lib.block_outputs() == q4_kernel.BLOCK and lib.group_inputs() == q4_kernel.GROUP
-    return lib
+    """The C linear kernels (bulkhead.model.c_linear), or None where they
+    cannot be built or this CPU has no AVX-512 VNNI."""
+    return c_linear.load_with("avx512_vnni")
 
 
 def linear_q4_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -99,10 +85,18 @@ def pack_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     for each input pair, outputs 0-15's two q then outputs 16-31's; d fp32
     [N/NB, K/G, NB]), or None if w is not exactly on an 8-bit grid."""
     found = q8_grid(w)
-    if found is None:
-        return None
-    q, d = found
-    n, k = w.shape
+    return None if found is None else pack_q8_grid(*found)
+
+
+def remember_q8_grid(w: torch.Tensor, found: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Record q8_grid(w)'s answer as the checkpoint stored it (a GGUF Q8_0
+    tensor's codes: bulkhead.model.gguf_codes), so that no pass searches for it."""
+    _Q8_GRIDS[w] = found
+
+
+def pack_q8_grid(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q8_grid()'s (q [N, K/G, G], d [N, K/G, 1]) laid out as pack_q8 says."""
+    n, k = q.shape[0], q.shape[1] * q.shape[2]
     nb = q4_kernel.BLOCK
     qb = q.reshape(n // nb, 2, nb // 2, k // 2, 2).permute(0, 3, 1, 2, 4).contiguous()
     return qb, d.reshape(n // nb, nb, -1).transpose(1, 2).contiguous()

@@ -4,35 +4,32 @@ imports torch) read them here; the kernel modules re-export them
 (bulkhead.model.linear_kernel and the attention and glue modules document
 each one)."""
 
-KERNELS = ("auto", "onednn", "aten", "onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in",
-           "q4-bf16-prefill", "bf16")
+# "exact" is the exact fp32 path, `--precision exact`: it resolves to onednn
+# (aten without oneDNN). bulkhead.model.kernel_table says which "auto" picks.
+KERNELS = ("auto", "exact", "onednn", "aten", "q4", "q4-bf16in", "q4-i16in", "bf16")
+EXACT_KERNELS = ("onednn", "aten")
 # The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-bf16in-all", "q4-i16in", "bf16")
-Q4_KERNELS = ("q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill")
-# The kernels whose lm_head takes bf16w.
-REDUCED = ("onednn-bf16", "int4", "q4", "q4-bf16in", "q4-bf16in-all", "q4-i16in", "q4-bf16-prefill", "bf16")
-# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel), bf16
-# (q4_bf16in_kernel's nibble twin) or 16-bit integers (i16in_kernel).
-DECODE_INPUTS = {"q4-bf16in-all": "bf16", "q4-i16in": "i16"}
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-i16in", "bf16")
+Q4_KERNELS = ("q4", "q4-bf16in", "q4-i16in")
+# The kernels that are not the exact fp32 model (their lm_head may take bf16w).
+REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16")
+# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel) or
+# 16-bit integers (i16in_kernel).
+DECODE_INPUTS = {"q4-i16in": "i16"}
 HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
 # lm_head kernels that run each row alone, the same operations whatever its
 # batch mates (Q8I16InLinear, BF16WeightLinear); fp32's oneDNN GEMM does not.
 ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
-MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32", "onednn-bf16": "bf16",
-                    "int4": "decode rows: int4 weights, bf16 inputs; prompts fp32",
+MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
                     "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums "
                                  "and outputs; decode rows as q4",
-                    "q4-bf16in-all": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows bf16 "
-                                     "inputs, 4-bit weights rebuilt exactly, fp32 sums",
                     "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
                                 "fp32 scales",
-                    "q4-bf16-prefill": "prompts bf16 inputs and weights, fp32 sums, outputs rounded to bf16; "
-                                       "decode rows as q4",
                     "bf16": "the checkpoint's bf16 weights as stored; prompts bf16 inputs, fp32 sums and outputs; "
                             "decode rows fp32 inputs and sums"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
@@ -40,6 +37,9 @@ HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "
                               "exact int32 sums, fp32 scales and logits"}
 
+# --precision: auto = the kernel table's pick; exact = the fp32 reference
+# everywhere (linear kernel "exact", lm_head fp32, a float32 KV cache).
+PRECISIONS = ("auto", "exact")
 # --decode-attention, --decode-glue, --prefill-attention and --prefill-glue.
 DECODE_ATTENTION = ("auto", "c", "torch")  # bulkhead.model.decode_kernel
 DECODE_GLUE = ("auto", "c", "torch")  # bulkhead.model.decode_layers (LlamaModel's decode_glue)

@@ -1,4 +1,7 @@
-"""Load a Hugging Face safetensors directory into bulkhead's fused weights."""
+"""Load a model directory into bulkhead's fused weights: a Hugging Face
+safetensors directory, or one whose weights stay in a GGUF file
+(bulkhead.model.gguf_import.GGUF_POINTER), read as stored
+(bulkhead.model.gguf_weights) with the stored codes handed to the kernels."""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from bulkhead.model import gguf_weights
 from bulkhead.model.config import ModelConfig, load_model_config
+from bulkhead.model.gguf_import import gguf_pointer
 from bulkhead.model.linear_kernel import prepare
 from bulkhead.model.llama import LayerWeights, LlamaModel, ModelWeights
 
@@ -22,19 +27,31 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> ModelWeights:
+def read_tensors(model_dir: Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+    """{Hugging Face name: tensor} of a model directory: a GGUF's in fp32,
+    exactly gguf-py's dequantize (q/k rows in Hugging Face's order)."""
+    pointer = gguf_pointer(model_dir)
+    if pointer is None:
+        return _read_tensors(Path(model_dir))
+    decoded = gguf_weights.read(pointer["gguf"], num_heads, num_kv_heads, pointer.get("table"))
+    return {name: d.values() for name, d in decoded.items()}
+
+
+def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                  mapped: bool = True) -> ModelWeights:
     def take(name: str, own: bool = True) -> torch.Tensor:
         """The tensor in `dtype`; own=True copies it out of the file's
         mapping where it still reads it (an fp32 tensor of an fp32 file), so
         that the whole mapping goes once the weights are laid out: an
         embedding that kept it alive held the file's 540 MB resident in
-        every worker. own=False: the caller copies it (torch.cat)."""
+        every worker. own=False: the caller copies it (torch.cat).
+        mapped=False: `tensors` are in memory of their own (a GGUF's, decoded), none is copied."""
         try:
             t = tensors.pop(name)
         except KeyError:
             raise KeyError(f"checkpoint lacks tensor {name!r}") from None
         out = t.to(dtype).contiguous()
-        return out.clone() if own and out.data_ptr() == t.data_ptr() else out
+        return out.clone() if mapped and own and out.data_ptr() == t.data_ptr() else out
 
     layers = []
     for i in range(config.num_layers):
@@ -66,7 +83,13 @@ def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[M
     """The config and the plain (not yet laid-out) weights of a directory."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
-    return config, build_weights(config, _read_tensors(model_dir), dtype)
+    pointer = gguf_pointer(model_dir)
+    if pointer is None:
+        return config, build_weights(config, _read_tensors(model_dir), dtype)
+    decoded = gguf_weights.read(pointer["gguf"], config.num_heads, config.num_kv_heads, pointer.get("table"))
+    weights = build_weights(config, {name: d.values() for name, d in decoded.items()}, dtype, mapped=False)
+    gguf_weights.remember_codes(weights, decoded)
+    return config, weights
 
 
 def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten",

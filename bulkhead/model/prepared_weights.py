@@ -1,10 +1,11 @@
 """The model's weights laid out for the chosen kernels, cached per machine.
 
-Why: laying out the bundled SmolLM2 for the default kernels means proving
-every linear weight lies exactly on a 4-bit grid (q4_kernel.grid, a pass
-over 106M weights), packing it twice (4-bit for decode rows, bf16 for
-prompt rows) and the lm_head once (8-bit): most of a warm start's time, in
-each worker, every start, for the same answer. A start that finds this
+Why: laying out the bundled SmolLM2 for the default kernels means reading
+its GGUF's codes as stored (bulkhead.model.gguf_weights; a safetensors
+checkpoint's 4-bit grid is searched for in its fp32 values instead,
+q4_kernel.grid), packing every linear weight twice (4-bit for decode rows,
+bf16 for prompt rows) and the lm_head once (8-bit): most of a warm start's
+time, in each worker, every start, for the same answer. A start that finds this
 machine's entry (bulkhead.model.machine_cache: keyed by the CPU, the model's
 files, bulkhead/model's sources and the kernel asked for) reads the packed
 tensors instead, and never holds the fp32 weights at all.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache, q4_bf16in_kernel
+from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache
 from bulkhead.model import q4_kernel, weight_format
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
@@ -37,7 +38,7 @@ CACHED_HEADS = ("q8-i16in", "bf16w")
 LINEARS = ("qkv", "o", "gate_up", "down")
 # The C libraries each cached kernel needs: a hit is used only where they load here.
 LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
-             "q4-bf16in-all": (bf16in_kernel, q4_bf16in_kernel), "q8-i16in": (i16in_kernel,),
+             "q8-i16in": (i16in_kernel,),
              "bf16w": (head_kernel,)}
 # Counted for tests: how many builds read an entry and how many wrote one.
 stats = {"hits": 0, "writes": 0}
@@ -127,7 +128,7 @@ def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | 
 
     log.info("loading %s and laying its weights out for the kernels (once per machine where they are cached)",
              Path(model_dir).name)
-    with heartbeat("laying the weights out", "checking each is on a 4-bit grid, then packing", log):
+    with heartbeat("laying the weights out", "decoding them as stored, then packing", log):
         mc, weights = load_weights(model_dir, dtype)
         kernel = linear_kernel.choose(asked, dtype, weights, weight_format.linear_format(model_dir))
         head = linear_kernel.choose_head(kernel, weights.lm_head, head_asked)

@@ -1,6 +1,5 @@
 """Decode linear layers over 4-bit grid weights with fp32 inputs, sums and
-outputs (csrc/linear_q4.c), compiled and loaded as the lm_head's kernel is
-(bulkhead.model.head_kernel).
+outputs (csrc/linear_q4.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
 Why: the bundled SmolLM2 ships as Q4_1, so each group of 32 inputs of an
 output holds w = q * d + m with q in 0..15. A Q4_0 file's groups hold
@@ -16,29 +15,19 @@ kernel's bf16 inputs and bf16-rounded scales.
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from bulkhead.model import c_linear
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_q4.c"
-BLOCK = 32  # the C file's NB: outputs per packed block
-GROUP = 32  # the C file's G: inputs per scale/offset pair
+BLOCK = c_linear.BLOCK  # outputs per packed block
+GROUP = c_linear.GROUP  # inputs per scale/offset pair
 
 
-@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The library in torch's OpenMP team (bulkhead.model.c_linear), or None."""
-    lib = c_linear.load_in_torch_team(SOURCE, "the 4-bit decode kernel")
-    if lib is None:
-        return None
-    lib.linear_q4.restype = ctypes.c_int
-    lib.linear_q4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    assert lib.block_outputs() == BLOCK and lib.group_inputs() == GROUP
-    return lib
+    """The C linear kernels (bulkhead.model.c_linear), or None."""
+    return c_linear.load()
 
 
 def fits(w: torch.Tensor) -> bool:
@@ -104,14 +93,24 @@ def _solve_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.reshape(*shape, GROUP).to(torch.uint8), d.reshape(*shape, 1), lo.reshape(*shape, 1)
 
 
+def remember_grid(w: torch.Tensor, found: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    """Record grid(w)'s answer as the checkpoint stored it (a GGUF Q4_0/Q4_1
+    tensor's codes: bulkhead.model.gguf_codes), so that no pass searches for
+    it; a weight the kernel does not take (its shape, its dtype) keeps grid() None."""
+    if w.dtype == torch.float32 and fits(w):
+        _GRIDS[w] = found
+
+
 def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """w [N, K] laid out for the kernel: (qs uint8 [N/NB, K, NB/2], dm fp32
-    [N/NB, K/G, 2, NB]), or None if w is not exactly on a 4-bit grid."""
+    """w [N, K] laid out for the kernel (pack_grid), or None if w is not exactly on a 4-bit grid."""
     found = grid(w)
-    if found is None:
-        return None
-    q, d, m = found
-    n, k = w.shape
+    return None if found is None else pack_grid(*found)
+
+
+def pack_grid(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """grid()'s (q [N, K/G, G], d and m [N, K/G, 1]) laid out for the kernel:
+    (qs uint8 [N/NB, K, NB/2], dm fp32 [N/NB, K/G, 2, NB])."""
+    n, k = q.shape[0], q.shape[1] * q.shape[2]
     q = q.reshape(n // BLOCK, BLOCK, k).transpose(1, 2)  # [blocks, K, NB]
     qs = (q[..., : BLOCK // 2] | (q[..., BLOCK // 2:] << 4)).contiguous()
     dm = torch.stack([d.reshape(n // BLOCK, BLOCK, -1), m.reshape(n // BLOCK, BLOCK, -1)], 1)  # [blocks, 2, NB, K/G]

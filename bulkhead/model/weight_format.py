@@ -1,14 +1,15 @@
 """The format each weight tensor of a model directory is stored in, as the
-checkpoint stored it: a safetensors file's dtype ("BF16", "F16", "F32"), or,
-for a directory imported from GGUF (bulkhead.model.gguf_import), the GGUF
-tensor type it was dequantized from ("Q4_0", "Q4_1", "Q8_0", "F32", ...),
-recorded at import in FORMATS_FILE.
+checkpoint stored it: a safetensors file's dtype ("BF16", "F16", "F32"), a
+GGUF file's tensor type ("Q4_0", "Q4_1", "Q8_0", "F32", ...) for a directory
+whose weights stay in the GGUF (bulkhead.model.gguf_import.GGUF_POINTER),
+or, for a directory `bulkhead convert` dequantized from GGUF, the type each
+tensor was dequantized from, recorded at import in FORMATS_FILE.
 
-Why: the import dequantizes every tensor to fp32, and the fp32 values alone
-do not say what the file held; the kernel choice (linear_kernel.choose)
-reads the linear layers' stored format from here. A directory imported
-before this record existed has none, and its choice falls back to reading
-the values (linear_kernel.q4_usable), as it did.
+Why: the kernel choice (linear_kernel.choose) reads the linear layers'
+stored format from here, and /server_info names each tensor group's
+(`describe`); a dequantized import's fp32 values alone do not say what the
+file held. A directory converted before FORMATS_FILE existed has none, and
+its choice falls back to reading the values (linear_kernel.q4_usable).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def record_gguf_formats(gguf_file: Path, model_dir: Path, names: list[str]) -> d
 def stored_formats(model_dir: Path) -> dict[str, str]:
     """{tensor name: the format the checkpoint stored it in} for a model directory."""
     model_dir = Path(model_dir)
+    from bulkhead.model.gguf_import import gguf_pointer
+
+    if (pointer := gguf_pointer(model_dir)) is not None:  # weights read from the GGUF as stored: its own types
+        from bulkhead.model.gguf_weights import GGUFFile
+
+        return GGUFFile(pointer["gguf"], pointer.get("table")).formats()
     record = model_dir / FORMATS_FILE
     if record.exists():
         return json.loads(record.read_text())
@@ -67,3 +74,34 @@ def linear_format(model_dir: Path) -> str | None:
     ...), or None where they differ or none is known."""
     found = {fmt for name, fmt in stored_formats(model_dir).items() if name.endswith(LINEAR_SUFFIXES)}
     return found.pop() if len(found) == 1 else None
+
+
+# /server_info's tensor groups: ModelWeights' fused tensors and the Hugging Face names each holds, by suffix.
+GROUPS = {"embed": ("model.embed_tokens.weight",), "qkv": LINEAR_SUFFIXES[:3], "o": LINEAR_SUFFIXES[3:4],
+          "gate_up": LINEAR_SUFFIXES[4:6], "down": LINEAR_SUFFIXES[6:], "lm_head": ("lm_head.weight",),
+          "norms": ("norm.weight", "layernorm.weight")}
+
+
+def describe(model_dir: Path, linear_kernel: str, lm_head_kernel: str) -> dict[str, dict]:
+    """{group: {"stored": its format(s), "kernel": what runs it}} for
+    /server_info. A GGUF type with no decoder (bulkhead.model.gguf_codes)
+    says so: its tensors were dequantized to fp32 for the float kernels."""
+    from bulkhead.model.gguf_codes import fallback_types
+    from bulkhead.model.gguf_import import gguf_of
+
+    from bulkhead.model.config import load_model_config
+
+    formats = stored_formats(model_dir)
+    tied = load_model_config(model_dir).tie_word_embeddings or "lm_head.weight" not in formats  # loader's rule
+    kernels = {"embed": "8-bit rows, the lm_head's codes" if lm_head_kernel == "q8-i16in" and tied else "row lookup",
+               "lm_head": lm_head_kernel, "norms": "fp32"}
+    fallback = set(fallback_types(formats.values())) if gguf_of(model_dir) is not None else set()
+    out = {}
+    for group, suffixes in GROUPS.items():
+        found = sorted({fmt for name, fmt in formats.items() if name.endswith(suffixes)})
+        if group == "lm_head" and not found:
+            found = sorted({formats.get("model.embed_tokens.weight", "?")})
+        out[group] = {"stored": "+".join(found), "kernel": kernels.get(group, linear_kernel)}
+        if fallback.intersection(found):
+            out[group]["dequantized_to_fp32"] = sorted(fallback.intersection(found))  # no decoder for these
+    return out

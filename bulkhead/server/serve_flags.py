@@ -63,17 +63,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _tenant_flags(p.add_argument_group("tenants and limits", "keys.toml: docs/api.md, \"Keys, tenants and limits\""))
     _kv_flags(p.add_argument_group("KV and isolation"))
     _operations_flags(p.add_argument_group("operations"))
-    _kernel_flags(p.add_argument_group("kernels and precision (docs/performance.md, \"Kernel flags\")"))
+    _kernel_flags(p.add_argument_group("kernel overrides, for A/B runs (docs/performance.md, \"Kernel flags\")"))
     _developer_flags(p.add_argument_group("developer and benchmark switches"))
     hidden = sum(hasattr(a, "full_help") for a in p._actions)
     p.epilog = f"{hidden} more flags (tuning, kernels, developer switches): bulkhead serve --help-all"
 
 
 def _model_flags(g) -> None:
-    _flag(g, "--model", type=Path, default=None, metavar="DIR",
-          help="Llama, Qwen2 or Mistral safetensors directory (default: the bundled SmolLM2-135M-Instruct)")
+    _flag(g, "--model", type=Path, default=None, metavar="DIR|FILE.gguf",
+          help="Llama, Qwen2 or Mistral safetensors directory or GGUF file, its weights read as stored "
+               "(default: the bundled SmolLM2-135M-Instruct)")
+    _flag(g, "--precision", choices=kernel_names.PRECISIONS, default="auto",
+          help="auto = the fastest kernels for the weights' format and this CPU, within the documented bound; "
+               "exact = the fp32 reference everywhere")
     _flag(g, "--model-id", default=None, metavar="NAME", more=True,
-          help="the name served in /v1/models (default: the directory's name)")
+          help="the name served in /v1/models (default: the directory's or file's name)")
     _flag(g, "--context-length", type=int, default=None, metavar="N",
           help="advertised context, prompt + max_tokens; refused at start-up if the KV pool cannot hold it "
                "(default: the model's)")
@@ -163,8 +167,8 @@ def _kernel_flags(g) -> None:
     _flag(g, "--kv-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", more=True,
           help="KV cache element type; auto = bfloat16, attention computing in fp32")
     _flag(g, "--linear-kernel", choices=kernel_names.KERNELS, default="auto", metavar="KERNEL", more=True,
-          help="linear layers: auto picks by the weights and the CPU; onednn = exact fp32; "
-               "/server_info's matmul_precision says what runs")
+          help="linear layers: auto = the kernel table's pick; exact = fp32; /server_info's "
+               "matmul_precision says what runs")
     _flag(g, "--decode-attention", choices=kernel_names.DECODE_ATTENTION, default="auto", more=True,
           help="c = a C kernel reading the paged pool in place; torch = gather + SDPA; auto = c where it builds")
     _flag(g, "--prefill-attention", choices=kernel_names.PREFILL_ATTENTION, default="auto", more=True,
@@ -193,3 +197,31 @@ def _developer_flags(g) -> None:
           help="BENCHMARK ONLY: no scrub, transfer digests or per-step checks; refused with API keys")
     _flag(g, "--worker-config", default=None, metavar="JSON", more=True,
           help="worker: its whole configuration as JSON, as --role local passes it (default: the flags)")
+
+
+# The kernel overrides --precision exact would contradict: only their defaults go with it.
+_EXACT_CONFLICTS = {"linear_kernel": "auto", "kv_dtype": "auto", "prefill_attention": "auto", "prefill_glue": "auto"}
+
+
+def check_precision_flags(args: argparse.Namespace) -> str | None:
+    """Why these flags cannot go together, or None: --precision exact is the
+    fp32 reference everywhere, so a reduced-precision override beside it
+    would make it a lie."""
+    if args.precision != "exact":
+        return None
+    for dest, default in _EXACT_CONFLICTS.items():
+        if getattr(args, dest) != default:
+            flag = "--" + dest.replace("_", "-")
+            return f"--precision exact is the fp32 reference everywhere; {flag} {getattr(args, dest)} contradicts it"
+    return None
+
+
+def precise_kernel(args: argparse.Namespace) -> str:
+    """The --linear-kernel the engine gets: "exact" under --precision exact (the
+    lm_head then takes fp32, prompt attention and glue torch's fp32 ops)."""
+    return "exact" if args.precision == "exact" else args.linear_kernel
+
+
+def precise_kv_dtype(args: argparse.Namespace) -> str:
+    """The KV cache's dtype the engine gets: float32 under --precision exact."""
+    return "float32" if args.precision == "exact" else args.kv_dtype

@@ -34,6 +34,7 @@ class BuiltEngine(Protocol):
     prefill_glue: str
     matmul_precision: str  # the linear kernel's and the lm_head's, as model.kernel_names words them
     sampling_defaults: dict  # the model's generation_config.json temperature/top_p/top_k
+    weights_info: dict  # each tensor group's stored format and the kernel that runs it (model.weight_format)
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
@@ -87,6 +88,8 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "linear_kernel": built.linear_kernel,
         "matmul_precision": built.matmul_precision,
         "lm_head_kernel": built.lm_head_kernel,
+        # Each tensor group's stored format and the kernel that runs it (bulkhead.model.weight_format.describe).
+        "weights": built.weights_info,
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
         "prefill_attention": built.prefill_attention,

@@ -1,6 +1,6 @@
 """Weights on a 4-bit grid, as a Q4_1 GGUF dequantizes them, for the tests of
-the kernels that read them (q4_kernel, bf16in_kernel, q4_bf16in_kernel,
-i16in_kernel), and weights on an 8-bit grid, as a Q8_0 GGUF dequantizes them."""
+the kernels that read them (q4_kernel, bf16in_kernel, i16in_kernel), and
+weights on an 8-bit grid, as a Q8_0 GGUF dequantizes them."""
 
 import torch
 

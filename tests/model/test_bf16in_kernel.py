@@ -161,6 +161,6 @@ def test_without_avx512_bf16_auto_keeps_fp32_prompts_and_asking_for_it_is_an_err
     monkeypatch.setattr(bf16in_kernel, "load", lambda: None)
     if q4_kernel.load() is not None:
         assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4"
-    for kernel in ("q4-bf16in", "q4-bf16in-all", "q4-i16in"):
+    for kernel in ("q4-bf16in", "q4-i16in"):
         with pytest.raises(RuntimeError, match=f"{kernel}: .*AVX-512 BF16"):
             choose(kernel, torch.float32, one_layer_model(gguf_q4_1))

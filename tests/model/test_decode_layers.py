@@ -12,7 +12,7 @@ from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
-from bulkhead.model import bf16in_kernel, decode_kernel, decode_layers, i16in_kernel, q4_bf16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, decode_kernel, decode_layers, i16in_kernel, q4_kernel
 from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.linear_kernel import onednn_usable
 from bulkhead.model.llama import LlamaModel
@@ -88,8 +88,6 @@ def test_it_computes_the_torch_paths_numbers(c_model, kv_dtype, atol):
 
 
 @pytest.mark.parametrize("kernel", [
-    pytest.param("q4-bf16in-all", marks=pytest.mark.skipif(q4_bf16in_kernel.load() is None,
-                                                           reason="no AVX-512 BF16 here")),
     pytest.param("q4-i16in", marks=pytest.mark.skipif(bf16in_kernel.load() is None or i16in_kernel.load() is None,
                                                       reason="no AVX-512 BF16 or VNNI here"))])
 def test_under_a_reduced_input_kernel_it_calls_that_twin_as_the_torch_path_does(smollm2_dir, c_model, kernel):

@@ -189,3 +189,16 @@ def test_the_8_bit_kernel_runs_q5_0_codes_as_they_are(monkeypatch):
     y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
     # Its inputs are rounded to 16 bits per group of 32 (tests/model/test_i16in_kernel.py bounds that).
     torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("type_name, kind", [("Q4_K", "Q4Codes"), ("Q5_K", "Values"), ("Q6_K", "Values")])
+def test_the_gguf_reader_takes_k_quants_to_the_kernel_family_they_fit(type_name, kind):
+    """gguf_codes.decode, what serving a .gguf file calls: Q4_K's codes go to the 4-bit
+    kernels as they are, the types with no exact quantized kernel to the fp32 path."""
+    from bulkhead.model import gguf_codes
+
+    with np.load(GGML_FIXTURE) as fixture:
+        raw, ggml_values = fixture[f"{type_name}_bytes"], fixture[f"{type_name}_ggml_values"]
+    found = gguf_codes.decode(raw, type_name, ggml_values.shape)
+    assert type(found).__name__ == kind
+    assert_bitwise(found.values().reshape(ggml_values.shape), torch.from_numpy(ggml_values))

@@ -9,8 +9,12 @@ by at most 2^-9 * sum_k |x[k] w[k]| (plus that rounding).
 import pytest
 import torch
 
-from bulkhead.model import head_kernel, linear_kernel
+from bulkhead.model import head_kernel, linear_kernel, q4_kernel
 from bulkhead.model.linear_kernel import BF16WeightLinear, OneDNNLinear, choose_head, onednn_usable, prepare
+from tests.model.grid_weights import gguf_q4_1
+
+needs_q4 = pytest.mark.skipif(q4_kernel.load() is None or not onednn_usable(torch.float32),
+                              reason="the 4-bit kernel or oneDNN cannot run here")
 
 needs_kernel = pytest.mark.skipif(head_kernel.load() is None,
                                   reason="no C compiler, or torch does not run on libgomp here")
@@ -72,41 +76,41 @@ def _weights(n=96, k=64):
     from bulkhead.model.llama import LayerWeights, ModelWeights
 
     w, _ = _case(n=n, k=k)
-    sq = torch.randn(k, k)
-    layer = LayerWeights(torch.ones(k), sq, None, sq, torch.ones(k), torch.randn(2 * k, k), sq)
+    sq = gguf_q4_1(k, k)  # on a 4-bit grid, so that the layers can take q4
+    layer = LayerWeights(torch.ones(k), sq, None, sq, torch.ones(k), gguf_q4_1(2 * k, k), sq)
     return ModelWeights(w, [layer], torch.ones(k), w)
 
 
 @needs_kernel
-@pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="no oneDNN bf16")
+@needs_q4
 def test_reduced_precision_kernels_take_bf16w_and_the_exact_kernels_keep_fp32():
     w = _weights()
-    assert choose_head("int4", w.lm_head) == choose_head("onednn-bf16", w.lm_head) == choose_head("q4", w.lm_head) == "bf16w"
+    assert choose_head("q4", w.lm_head) == choose_head("q4-bf16in", w.lm_head) == choose_head("bf16", w.lm_head) \
+        == "bf16w"
     assert choose_head("onednn", w.lm_head) == choose_head("aten", w.lm_head) == "fp32"
-    assert isinstance(prepare(w, "onednn-bf16").lm_head, BF16WeightLinear)
+    assert isinstance(prepare(w, "q4").lm_head, BF16WeightLinear)
     assert isinstance(prepare(w, "onednn").lm_head, OneDNNLinear)  # --linear-kernel onednn: the exact model
-    assert isinstance(prepare(w, "onednn-bf16", "fp32").lm_head, OneDNNLinear)
+    assert isinstance(prepare(w, "q4", "fp32").lm_head, OneDNNLinear)
     assert isinstance(prepare(w, "onednn", "bf16w").lm_head, BF16WeightLinear)
     x = torch.randn(3, 64)
-    torch.testing.assert_close(prepare(w, "onednn-bf16").lm_head(x, decode=True),
+    torch.testing.assert_close(prepare(w, "q4").lm_head(x, decode=True),
                                head_kernel.linear_bf16w(x, head_kernel.pack(w.lm_head)), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="no oneDNN bf16")
+@needs_q4
 def test_where_bf16w_cannot_run_the_lm_head_falls_back_to_fp32(monkeypatch):
     monkeypatch.setattr(head_kernel, "load", lambda: None)
     w = _weights()
-    assert choose_head("int4", w.lm_head) == "fp32"
-    assert isinstance(prepare(w, "onednn-bf16").lm_head, OneDNNLinear)
+    assert choose_head("q4", w.lm_head) == "fp32"
+    assert isinstance(prepare(w, "q4").lm_head, OneDNNLinear)
     with pytest.raises(RuntimeError, match="bf16w"):
-        choose_head("int4", w.lm_head, "bf16w")
+        choose_head("q4", w.lm_head, "bf16w")
     with pytest.raises(ValueError, match="lm_head kernel must be one of"):
-        choose_head("int4", w.lm_head, "int8")
+        choose_head("q4", w.lm_head, "int8")
 
 
 @needs_kernel
-@pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="no oneDNN bf16")
 def test_a_vocabulary_the_kernel_does_not_take_keeps_fp32():
     w = _weights(n=100)  # not a multiple of 32 outputs
-    assert choose_head("int4", w.lm_head) == "fp32"
+    assert choose_head("q4", w.lm_head) == "fp32"
     assert linear_kernel.HEAD_PRECISION["fp32"] == "lm_head fp32"

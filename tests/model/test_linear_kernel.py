@@ -1,114 +1,89 @@
-"""Choosing the linear kernel and laying weights out for it (bulkhead.model.linear_kernel)."""
+"""Choosing the linear kernel by the kernel table and laying weights out for
+it (bulkhead.model.linear_kernel, bulkhead.model.kernel_table)."""
 
 import pytest
 import torch
 
-from bulkhead.model import linear_kernel
-from bulkhead.model.linear_kernel import (INT4_GROUP, Int4Linear, OneDNNLinear, choose, int4_usable, onednn_usable,
-                                          prepare_one)
+from bulkhead.model import bf16in_kernel, i16in_kernel, kernel_table, linear_kernel, q4_kernel
+from bulkhead.model.linear_kernel import OneDNNLinear, choose, onednn_usable, prepare_one
+from tests.model.grid_weights import gguf_q4_1, one_layer_model
 
 needs_onednn = pytest.mark.skipif(not onednn_usable(torch.float32), reason="this torch build has no oneDNN linear")
-needs_bf16 = pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
-needs_int4 = pytest.mark.skipif(not (int4_usable() and onednn_usable(torch.bfloat16)),
-                                reason="this torch build has no CPU int4 kernel")
+needs_q4 = pytest.mark.skipif(q4_kernel.load() is None or not onednn_usable(torch.float32),
+                              reason="the 4-bit kernel or oneDNN cannot run here")
 
 
 def test_auto_takes_onednn_where_the_build_runs_it_and_aten_is_always_honoured():
     assert choose("aten", torch.float32) == "aten"
     assert choose("auto", torch.float32) == ("onednn" if onednn_usable(torch.float32) else "aten")
+    assert choose("exact", torch.float32) == choose("auto", torch.float32)
 
 
 def test_asking_for_onednn_where_it_cannot_run_is_an_error_not_a_fallback(monkeypatch):
     monkeypatch.setattr(linear_kernel, "onednn_usable", lambda dtype: False)
-    assert choose("auto", torch.float32) == "aten"
-    for kernel in ("onednn", "onednn-bf16", "int4"):
-        with pytest.raises(RuntimeError, match="cannot run oneDNN"):
+    assert choose("auto", torch.float32) == choose("exact", torch.float32) == "aten"
+    with pytest.raises(RuntimeError, match="cannot run oneDNN"):
+        choose("onednn", torch.float32)
+
+
+def test_an_unknown_or_retired_kernel_is_refused():
+    for kernel in ("mkl", "int4", "q4-bf16in-all", "q4-bf16-prefill", "onednn-bf16"):
+        with pytest.raises(ValueError, match="linear kernel must be one of"):
             choose(kernel, torch.float32)
-
-
-def test_asking_for_int4_where_the_build_lacks_it_is_an_error(monkeypatch):
-    monkeypatch.setattr(linear_kernel, "onednn_usable", lambda dtype: True)
-    monkeypatch.setattr(linear_kernel, "int4_usable", lambda: False)
-    with pytest.raises(RuntimeError, match="no CPU int4"):
-        choose("int4", torch.float32)
-
-
-def test_an_unknown_kernel_is_refused():
-    with pytest.raises(ValueError, match="linear kernel must be one of"):
-        choose("mkl", torch.float32)
-
-
-def _case(out_features=48, in_features=64, rows=5):
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(out_features, in_features, generator=gen)
-    return w, torch.randn(out_features, generator=gen), torch.randn(rows, in_features, generator=gen)
 
 
 @needs_onednn
 def test_a_laid_out_fp32_weight_computes_the_same_linear_within_rounding():
-    w, b, x = _case()
+    gen = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen), torch.randn(5, 64, generator=gen)
     layer = prepare_one(w, "onednn")
     assert isinstance(layer, OneDNNLinear) and layer.w.is_mkldnn
     torch.testing.assert_close(layer(x, b), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-@needs_bf16
-def test_the_bf16_kernel_returns_fp32_within_bf16_rounding():
-    w, b, x = _case()
-    y = prepare_one(w, "onednn-bf16")(x, b)
-    ref = torch.nn.functional.linear(x, w, b)
-    assert y.dtype == torch.float32
-    # bf16 keeps 8 bits of mantissa: inputs, weights and the output each round by <= 2^-9.
-    assert (y - ref).abs().max() <= 0.02 * ref.abs().max()
-    assert not torch.equal(y, ref)  # it really ran in bf16
+def test_every_format_ends_on_the_exact_path_and_every_row_names_a_known_kernel():
+    from bulkhead.model.kernel_names import HEAD_KERNELS, KERNELS
+
+    for fmt in ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0", "BF16", "F16", "F32"):
+        rows = kernel_table.rows_for(fmt, frozenset(kernel_table.CPU_FEATURES))
+        assert rows[-1] is kernel_table.EXACT
+    for row in (*kernel_table.TABLE, kernel_table.EXACT):
+        assert row.linear in KERNELS and row.lm_head in HEAD_KERNELS
 
 
-@needs_int4
-def test_int4_decode_rows_see_the_4_bit_weight_and_other_rows_the_bf16_one():
-    w, b, x = _case()
-    layer = prepare_one(w, "int4")
-    assert isinstance(layer, Int4Linear)
-    ref = torch.nn.functional.linear(x, w, b)
-    decode, prefill = layer(x, b, decode=True), layer(x, b, decode=False)
-    assert decode.dtype == prefill.dtype == torch.float32
-    torch.testing.assert_close(prefill, layer.prefill(x, b))
-    # 16 levels over each group's range: every weight within half a step.
-    groups = w.reshape(w.shape[0], -1, INT4_GROUP)
-    half_step = ((groups.amax(-1) - groups.amin(-1)) / 30).max()
-    assert (decode - ref).abs().max() <= x.abs().sum(-1).max() * half_step * 1.1 + 0.02 * ref.abs().max()
-    assert not torch.equal(decode, prefill)  # two kernels, two weights
+def test_a_cpu_without_the_features_skips_their_rows():
+    assert [r.linear for r in kernel_table.rows_for("Q4_1", frozenset())] == ["q4", "onednn"]
+    assert [r.linear for r in kernel_table.rows_for("Q4_1", frozenset({"avx512_bf16"}))] == \
+        ["q4-bf16in", "q4", "onednn"]
+    assert [r.linear for r in kernel_table.rows_for("BF16", frozenset())] == ["onednn"]
 
 
-@needs_int4
-def test_a_weight_of_a_shape_the_int4_kernel_cannot_take_stays_bf16():
-    w, _, _ = _case(out_features=40)  # N must be a multiple of 16
-    assert not Int4Linear.fits(w)
-    assert isinstance(prepare_one(w, "int4"), OneDNNLinear)
+def test_cpu_features_come_from_proc_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n")
+    assert kernel_table.cpu_features(str(info)) == {"avx2", "avx512f", "avx512_vnni"}
+    assert kernel_table.cpu_features(str(tmp_path / "missing")) == frozenset()
 
 
-def _weights_of(make):
-    from bulkhead.model.llama import LayerWeights, ModelWeights
-
-    layer = LayerWeights(torch.ones(64), make(96, 64), None, make(64, 64), torch.ones(64), make(128, 64), make(64, 64))
-    return ModelWeights(torch.zeros(10, 64), [layer], torch.ones(64), torch.zeros(10, 64))
-
-
-def _on_grid(n, k, seed=0):
-    """Dequantized 4-bit weights: per group of 32 inputs, min + q * step, q in 0..15, both ends used."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k // INT4_GROUP, INT4_GROUP), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15
-    lo, step = torch.randn(n, k // INT4_GROUP, 1, generator=gen), torch.rand(n, k // INT4_GROUP, 1, generator=gen)
-    return (lo + q * step).reshape(n, k)
-
-
-@needs_int4
-def test_auto_takes_int4_only_for_weights_already_on_a_4_bit_grid():
-    grid = _weights_of(_on_grid)
-    assert linear_kernel.on_4bit_grid(grid)
-    assert choose("auto", torch.float32, grid) == "int4"
-    off_grid = _weights_of(lambda n, k: _on_grid(n, k) + 1e-3 * torch.randn(n, k))
-    assert not linear_kernel.on_4bit_grid(off_grid)
-    assert choose("auto", torch.float32, off_grid) == "onednn"
-    assert choose("auto", torch.float32) == "onednn"  # no weights given: the exact kernel
+@needs_q4
+def test_auto_follows_the_table_for_4_bit_grid_weights(monkeypatch):
+    grid = one_layer_model(gguf_q4_1)
+    expected = ("q4-i16in" if i16in_kernel.load() and bf16in_kernel.load() else
+                "q4-bf16in" if bf16in_kernel.load() else "q4")
+    assert choose("auto", torch.float32, grid) == expected
+    assert choose("auto", torch.float32, grid, "Q4_0") == expected
+    monkeypatch.setattr(kernel_table, "cpu_features", lambda: frozenset())  # a CPU without AVX-512
+    assert choose("auto", torch.float32, grid) == "q4"
+    off_grid = one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k))
+    assert choose("auto", torch.float32, off_grid) == "onednn"  # near a grid is not on it: the exact path
     assert choose("onednn", torch.float32, grid) == "onednn"  # asked for by name: honoured
+
+
+@needs_q4
+def test_a_row_whose_kernel_does_not_build_falls_to_the_next(monkeypatch):
+    grid = one_layer_model(gguf_q4_1)
+    monkeypatch.setattr(kernel_table, "cpu_features", lambda: frozenset(kernel_table.CPU_FEATURES))
+    monkeypatch.setattr(i16in_kernel, "load", lambda: None)
+    assert choose("auto", torch.float32, grid) == ("q4-bf16in" if bf16in_kernel.load() else "q4")
+    with pytest.raises(RuntimeError, match="q4-i16in: this CPU has no AVX-512 BF16 or no AVX-512 VNNI"):
+        choose("q4-i16in", torch.float32, grid)

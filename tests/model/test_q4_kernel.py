@@ -103,20 +103,3 @@ def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
 def test_where_the_kernel_cannot_be_built_auto_does_not_take_it(monkeypatch):
     monkeypatch.setattr(q4_kernel, "load", lambda: None)
     assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-bf16in", "q4-i16in")
-
-
-@needs_q4
-@pytest.mark.skipif(not onednn_usable(torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
-def test_bf16_prefill_is_opt_in_and_changes_only_prompt_rows():
-    # Never auto: oneDNN's bf16 prompts fail the quality gate's README answer.
-    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == AUTO_Q4
-    assert choose("q4-bf16-prefill", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16-prefill"
-    w = gguf_q4_1(64, 96)
-    exact, fast = prepare_one(w, "q4"), prepare_one(w, "q4-bf16-prefill")
-    x, b = torch.randn(40, 96), torch.randn(64)
-    assert torch.equal(fast(x, b, decode=True), exact(x, b, decode=True))  # decode rows: the same kernel
-    prompt = fast(x, b, decode=False)
-    assert prompt.dtype == torch.float32 and not torch.equal(prompt, exact(x, b, decode=False))  # it did round
-    torch.testing.assert_close(prompt, F.linear(x, w, b), rtol=0.05, atol=0.1)
-    with pytest.raises(RuntimeError, match="q4-bf16-prefill: .*not exactly on a 4-bit grid"):
-        choose("q4-bf16-prefill", torch.float32, one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k)))

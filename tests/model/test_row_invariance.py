@@ -4,7 +4,7 @@ linear kernel the model can run (bulkhead.model.linear_kernel)."""
 import pytest
 import torch
 
-from bulkhead.model.linear_kernel import int4_usable, onednn_usable, prepare_one
+from bulkhead.model.linear_kernel import onednn_usable, prepare_one
 from bulkhead.model.row_invariance import invariant_row_multiple
 
 # SmolLM2-135M's linear shapes: fused qkv, o, fused gate/up, down, lm_head.
@@ -21,8 +21,6 @@ def _needs(usable: bool, what: str):
 @pytest.fixture(scope="module", params=[
     "aten",
     pytest.param("onednn", marks=_needs(onednn_usable(torch.float32), "oneDNN linear")),
-    pytest.param("onednn-bf16", marks=_needs(onednn_usable(torch.bfloat16), "oneDNN bf16 linear")),
-    pytest.param("int4", marks=_needs(onednn_usable(torch.bfloat16) and int4_usable(), "CPU int4 kernel")),
 ])
 def kernel(request):
     return request.param

@@ -1,5 +1,5 @@
 /* fp32 <-> bf16 for the C kernels that store or read bf16 (decode_layers.c,
- * linear_bf16in.c, linear_q4_bf16in.c, prefill_attention_bf16.c): one rounding, so that what
+ * linear.c, prefill_attention_bf16.c): one rounding, so that what
  * a kernel rounds is what torch's .to(bfloat16) would have stored.
  * decode_kernel._build folds this file into each including kernel's cache key. */
 #ifndef BULKHEAD_BF16_H

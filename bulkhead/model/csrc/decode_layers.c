@@ -1,9 +1,8 @@
 /* Every transformer layer of one decode step in one call: the glue between
  * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
  * in C (the row ops of glue.h), the matmuls and attention through a 4-bit
- * kernel (linear_q4.c's, linear_i16in.c's under `q4-i16in` or
- * linear_q4_bf16in.c's nibble twin under `q4-bf16in-all`, or a bf16
- * checkpoint's linear_bf16_f32in in linear_bf16in.c: one signature)
+ * kernel (linear.c's linear_q4, linear_q4_i16in under `q4-i16in`, or a
+ * bf16 checkpoint's linear_bf16_f32in: one signature)
  * and the decode-attention kernel (paged_decode_attention.c),
  * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
  *

@@ -1,6 +1,5 @@
 /* The inner step of the kernels that run bf16 dot products over blocks of
- * 32 outputs (linear_bf16in.c for prompt rows, linear_q4_bf16in.c for decode
- * rows under q4-bf16in-all): one pair of inputs of each row against the
+ * 32 outputs (linear_bf16.h's, for prompt rows): one pair of inputs of each row against the
  * weight pairs of the block's 32 outputs. Needs AVX-512 BF16; includers
  * guard it with __AVX512BF16__. decode_kernel._build folds this file into
  * each including kernel's cache key. */

@@ -1,7 +1,7 @@
 /* The elementwise and row ops around a layer's matmuls and attention, one
  * row at a time: RMSNorm, SiLU times up, rotary. Shared by decode_layers.c
  * (a decode step's layers in one call), prefill_glue.c (a prompt pass's
- * rows, from torch) and linear_bf16in.c (SiLU in its one-pass gate_up), so
+ * rows, from torch) and linear_bf16.h (SiLU in its one-pass gate_up), so
  * that all compute them the same way. All build with -ffp-contract=off:
  * rotary and the products round as torch's separate ops do.
  * decode_kernel._build folds this file into each includer's cache key.

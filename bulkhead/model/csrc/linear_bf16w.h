@@ -13,46 +13,23 @@
  * weight is packed in blocks of NB outputs, k-major inside a block, so that
  * one vector holds NB outputs' running sums and no horizontal sum is made.
  *
- * Built with -fopenmp where torch runs on libgomp (the decode-attention
- * kernel's reasoning: the work runs in torch's own thread team). No
- * -ffast-math: NaN and inf in x reach the logits, where the runner's finite
- * check fails the step closed.
+ * The micro-kernel of bf16 weights in the lm_head's packing: linear.c's
+ * driver hands it (block, rows) tiles. No -ffast-math: NaN and inf in x
+ * reach the logits, where the runner's finite check fails the step closed.
  */
-#include <stdint.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#define NB 32    /* outputs per block: two AVX-512 vectors of fp32 */
-#define RMAX 8   /* rows per pass over a block: 8 x 2 accumulators stay in registers */
-
-int uses_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
+#ifndef BULKHEAD_LINEAR_BF16W_H
+#define BULKHEAD_LINEAR_BF16W_H
 /* Rows [0, R) of x against one block of NB outputs, packed [K][NB]: each
  * output's sum runs over k in order, one fused multiply-add per k, in a lane
  * of its own (no horizontal sums to make). */
-#define DEFINE_BLOCK(R)                                                                             \
-    static void block_##R(const float *restrict x, int64_t K, const uint16_t *restrict wp,         \
+#define DEFINE_BF16W_BLOCK(R)                                                                             \
+    static void bf16w_block_##R(const float *restrict x, int64_t K, const uint16_t *restrict wp,         \
                           float *restrict y, int64_t ldy) {                                         \
         float acc[R][NB];                                                                           \
         memset(acc, 0, sizeof acc);                                                                 \
         for (int64_t k = 0; k < K; k++) {                                                           \
             float f[NB];                                                                            \
-            for (int l = 0; l < NB; l++) f[l] = bf16_to_f32(wp[k * NB + l]);                        \
+            for (int l = 0; l < NB; l++) f[l] = from_bf16(wp[k * NB + l]);                        \
             for (int r = 0; r < R; r++) {                                                           \
                 float xv = x[r * K + k];                                                            \
                 for (int l = 0; l < NB; l++) acc[r][l] = __builtin_fmaf(xv, f[l], acc[r][l]);       \
@@ -62,35 +39,23 @@ static inline float bf16_to_f32(uint16_t h) {
             for (int l = 0; l < NB; l++) y[r * ldy + l] = acc[r][l];                                \
     }
 
-DEFINE_BLOCK(1)
-DEFINE_BLOCK(2)
-DEFINE_BLOCK(3)
-DEFINE_BLOCK(4)
-DEFINE_BLOCK(5)
-DEFINE_BLOCK(6)
-DEFINE_BLOCK(7)
-DEFINE_BLOCK(8)
+DEFINE_BF16W_BLOCK(1)
+DEFINE_BF16W_BLOCK(2)
+DEFINE_BF16W_BLOCK(3)
+DEFINE_BF16W_BLOCK(4)
+DEFINE_BF16W_BLOCK(5)
+DEFINE_BF16W_BLOCK(6)
+DEFINE_BF16W_BLOCK(7)
+DEFINE_BF16W_BLOCK(8)
 
-typedef void (*block_fn)(const float *, int64_t, const uint16_t *, float *, int64_t);
-static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6, block_7, block_8};
+typedef void (*bf16w_block_fn)(const float *, int64_t, const uint16_t *, float *, int64_t);
+static const bf16w_block_fn BF16W_BLOCK[RMAX + 1] = {0, bf16w_block_1, bf16w_block_2, bf16w_block_3, bf16w_block_4,
+                                                     bf16w_block_5, bf16w_block_6, bf16w_block_7, bf16w_block_8};
 
-int block_outputs(void) { return NB; }
-
-/* x [M, K] fp32 contiguous; wp: the [N, K] bf16 weight packed as [N / NB, K,
- * NB] (bf16 bits); y [M, N] fp32 contiguous. N a multiple of NB. Returns 0,
- * or -1 for a shape it does not take. */
-int linear_bf16w(const float *x, const uint16_t *wp, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    if (N % NB || M < 1 || K < 1) return -1;
-    int64_t blocks = N / NB;
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(nthreads > 0 ? nthreads : 1)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t m = 0; m < M; m += RMAX) {
-            int rows = M - m < RMAX ? (int)(M - m) : RMAX;
-            BLOCK[rows](x + m * K, K, wp + b * K * NB, y + m * N + b * NB, N);
-        }
-    (void)nthreads;
-    return 0;
+/* Tile (b, r) of linear_bf16w: w [N / NB][K][NB] bf16. */
+static void bf16w_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    const float *x = c->x;
+    BF16W_BLOCK[rows](x + r * c->K, c->K, (const uint16_t *)c->w + b * c->K * NB, (float *)c->y + r * c->N + b * NB,
+                      c->N);
 }
+#endif

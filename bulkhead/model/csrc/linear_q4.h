@@ -21,36 +21,16 @@
  * j + NB / 2's in its high one; then for each group of G inputs, NB scales d
  * and NB offsets m.
  *
- * Built with -fopenmp where torch runs on libgomp (the decode-attention
- * kernel's reasoning), -march=native so the loops below become AVX-512 or
- * AVX2 as the CPU has them. No -ffast-math: NaN and inf in x reach the
+ * The micro-kernel of the 4-bit grid with fp32 inputs: linear.c's driver
+ * hands it (block, rows) tiles. -march=native makes the loops below AVX-512
+ * or AVX2 as the CPU has them. No -ffast-math: NaN and inf in x reach the
  * logits, where the runner's finite check fails the step closed.
  */
-#include <stdint.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#define NB 32    /* outputs per block: two AVX-512 vectors of fp32 */
-#define HALF (NB / 2)
-#define G 32     /* inputs per scale/offset group, as GGUF's Q4_0 / Q4_1 */
-#define RMAX 8   /* rows per pass over a block: 8 x 2 accumulators stay in registers */
-
-int uses_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int block_outputs(void) { return NB; }
-int group_inputs(void) { return G; }
-
+#ifndef BULKHEAD_LINEAR_Q4_H
+#define BULKHEAD_LINEAR_Q4_H
 /* Rows [0, R) of x against one block: qs [K][HALF] bytes, dm [K / G][2][NB]. */
-#define DEFINE_BLOCK(R)                                                                              \
-    static void block_##R(const float *restrict x, int64_t K, const uint8_t *restrict qs,           \
+#define DEFINE_Q4_BLOCK(R)                                                                              \
+    static void q4_block_##R(const float *restrict x, int64_t K, const uint8_t *restrict qs,           \
                           const float *restrict dm, float *restrict y, int64_t ldy) {                \
         float acc[R][NB];                                                                            \
         memset(acc, 0, sizeof acc);                                                                  \
@@ -72,33 +52,23 @@ int group_inputs(void) { return G; }
             for (int l = 0; l < NB; l++) y[r * ldy + l] = acc[r][l];                                 \
     }
 
-DEFINE_BLOCK(1)
-DEFINE_BLOCK(2)
-DEFINE_BLOCK(3)
-DEFINE_BLOCK(4)
-DEFINE_BLOCK(5)
-DEFINE_BLOCK(6)
-DEFINE_BLOCK(7)
-DEFINE_BLOCK(8)
+DEFINE_Q4_BLOCK(1)
+DEFINE_Q4_BLOCK(2)
+DEFINE_Q4_BLOCK(3)
+DEFINE_Q4_BLOCK(4)
+DEFINE_Q4_BLOCK(5)
+DEFINE_Q4_BLOCK(6)
+DEFINE_Q4_BLOCK(7)
+DEFINE_Q4_BLOCK(8)
 
-typedef void (*block_fn)(const float *, int64_t, const uint8_t *, const float *, float *, int64_t);
-static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6, block_7, block_8};
+typedef void (*q4_block_fn)(const float *, int64_t, const uint8_t *, const float *, float *, int64_t);
+static const q4_block_fn Q4_BLOCK[RMAX + 1] = {0, q4_block_1, q4_block_2, q4_block_3, q4_block_4, q4_block_5,
+                                               q4_block_6, q4_block_7, q4_block_8};
 
-/* x [M, K] fp32 contiguous; qs [N / NB][K][HALF]; dm [N / NB][K / G][2][NB];
- * y [M, N] fp32 contiguous. Returns 0, or -1 for a shape it does not take. */
-int linear_q4(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
-              int nthreads) {
-    if (N % NB || K % G || M < 1 || K < 1) return -1;
-    int64_t blocks = N / NB;
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(nthreads > 0 ? nthreads : 1)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += RMAX) {
-            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
-            BLOCK[rows](x + r * K, K, qs + b * K * HALF, dm + b * (K / G) * 2 * NB, y + r * N + b * NB, N);
-        }
-    (void)nthreads;
-    return 0;
+/* Tile (b, r) of linear_q4: w qs [N / NB][K][HALF], w2 dm [N / NB][K / G][2][NB]. */
+static void q4_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    const float *x = c->x;
+    Q4_BLOCK[rows](x + r * c->K, c->K, (const uint8_t *)c->w + b * c->K * HALF,
+                   (const float *)c->w2 + b * (c->K / G) * 2 * NB, (float *)c->y + r * c->N + b * NB, c->N);
 }
+#endif

@@ -33,45 +33,15 @@
  * overflows) is quantized to zeros with the scale NaN, so every output of
  * that row is NaN, and no NaN is cast to an integer.
  *
- * Built with -march=native: without AVX-512 VNNI (__AVX512VNNI__) every call
- * returns -1 and `available()` says 0, and the Python side keeps linear_q4.
+ * The micro-kernels of 16-bit integer inputs (4-bit and 8-bit weights):
+ * linear.c quantizes a call's rows once, then its driver hands these (block,
+ * rows) tiles. Built with -march=native: without AVX-512 VNNI
+ * (__AVX512VNNI__) they are left out, linear.c's has_avx512_vnni() says 0
+ * and the Python side keeps linear_q4.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#ifdef __AVX512VNNI__
-#include <immintrin.h>
-#endif
-
-#define NB 32    /* outputs per block: two AVX-512 vectors of int32 / fp32 */
-#define HALF (NB / 2)
-#define G 32     /* inputs per scale/offset group, as GGUF's Q4_0 / Q4_1 */
-#define RMAX 8   /* rows per pass over a block: 8 x 2 group sums in registers, the totals in y */
+#ifndef BULKHEAD_LINEAR_I16IN_H
+#define BULKHEAD_LINEAR_I16IN_H
 #define I16MAX 32767.0f
-
-int uses_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int available(void) {
-#ifdef __AVX512VNNI__
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int block_outputs(void) { return NB; }
-int group_inputs(void) { return G; }
-
 /* Row r's group g: xi [G] its 16-bit integers, *scale s_g, *sum S_g. */
 static __attribute__((unused)) void quantize_group(const float *x, int16_t *xi, float *scale, float *sum) {
     float amax = 0.0f, s = 0.0f;
@@ -117,8 +87,8 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
  * in its high one), dm [K / G][2][NB]. A pair of inputs' bytes widen to one
  * 32-bit lane per output, its two 16-bit halves the two q: vpdpwssd's
  * operand as it stands. */
-#define DEFINE_BLOCK(R)                                                                               \
-    static void block_##R(const int16_t *restrict xi, const float *restrict sc, const float *restrict s, \
+#define DEFINE_I16_BLOCK(R)                                                                               \
+    static void i16_block_##R(const int16_t *restrict xi, const float *restrict sc, const float *restrict s, \
                           int64_t K, const uint8_t *restrict qs, const float *restrict dm,             \
                           float *restrict y, int64_t ldy) {                                            \
         const __m512i low = _mm512_set1_epi32(0x000F000F);                                             \
@@ -155,18 +125,19 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
         }                                                                                              \
     }
 
-DEFINE_BLOCK(1)
-DEFINE_BLOCK(2)
-DEFINE_BLOCK(3)
-DEFINE_BLOCK(4)
-DEFINE_BLOCK(5)
-DEFINE_BLOCK(6)
-DEFINE_BLOCK(7)
-DEFINE_BLOCK(8)
+DEFINE_I16_BLOCK(1)
+DEFINE_I16_BLOCK(2)
+DEFINE_I16_BLOCK(3)
+DEFINE_I16_BLOCK(4)
+DEFINE_I16_BLOCK(5)
+DEFINE_I16_BLOCK(6)
+DEFINE_I16_BLOCK(7)
+DEFINE_I16_BLOCK(8)
 
-typedef void (*block_fn)(const int16_t *, const float *, const float *, int64_t, const uint8_t *, const float *,
-                         float *, int64_t);
-static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6, block_7, block_8};
+typedef void (*i16_block_fn)(const int16_t *, const float *, const float *, int64_t, const uint8_t *, const float *,
+                             float *, int64_t);
+static const i16_block_fn I16_BLOCK[RMAX + 1] = {0, i16_block_1, i16_block_2, i16_block_3, i16_block_4, i16_block_5,
+                                                 i16_block_6, i16_block_7, i16_block_8};
 
 /* Rows [0, R) against one block of 8-bit weights: xi [R][K], sc [R][K / G],
  * qb [K / 2][2][HALF][2] (for input pair p, outputs 0-15's (q[2p], q[2p + 1])
@@ -216,6 +187,21 @@ DEFINE_Q8_BLOCK(8)
 typedef void (*q8_block_fn)(const int16_t *, const float *, int64_t, const int8_t *, const float *, float *, int64_t);
 static const q8_block_fn Q8_BLOCK[RMAX + 1] = {0, q8_block_1, q8_block_2, q8_block_3, q8_block_4, q8_block_5,
                                                q8_block_6, q8_block_7, q8_block_8};
+/* Tile (b, r) of linear_q4_i16in: x the quantized rows (xi, sc, s), w qs
+ * and w2 dm as linear_q4 takes them. */
+static void i16_q4_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    int64_t K = c->K, groups = K / G;
+    I16_BLOCK[rows]((const int16_t *)c->x + r * K, c->sc + r * groups, c->s + r * groups, K,
+                    (const uint8_t *)c->w + b * K * HALF, (const float *)c->w2 + b * groups * 2 * NB,
+                    (float *)c->y + r * c->N + b * NB, c->N);
+}
+
+/* Tile (b, r) of linear_q8_i16in: w qb [N / NB][K / 2][2][HALF][2], w2 d [N / NB][K / G][NB]. */
+static void i16_q8_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    int64_t K = c->K, groups = K / G;
+    Q8_BLOCK[rows]((const int16_t *)c->x + r * K, c->sc + r * groups, K, (const int8_t *)c->w + b * K * NB,
+                   (const float *)c->w2 + b * groups * NB, (float *)c->y + r * c->N + b * NB, c->N);
+}
 #endif
 
 /* The rows quantized into scratch of their own (malloc's, small beside a
@@ -235,56 +221,4 @@ static __attribute__((unused)) int quantized_rows(const float *x, int64_t M, int
     return 0;
 }
 
-/* Both entry points: x's rows quantized once, then the blocks of NB outputs
- * handed out as threads free up (bulkhead/model/c_linear.py says why), each
- * block's rows RMAX at a time through the 4-bit or the 8-bit block function.
- * q and scales are the entry point's weights and scales. */
-static int run(const float *x, const void *q, const float *scales, float *y, int64_t M, int64_t N, int64_t K,
-               int nthreads, int eight_bit) {
-#ifdef __AVX512VNNI__
-    if (N % NB || K % G || M < 1 || K < 1) return -1;
-    int64_t groups = K / G, blocks = N / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    int16_t *xi;
-    float *sc, *s;
-    if (quantized_rows(x, M, K, threads, &xi, &sc, &s)) return -1;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
 #endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += RMAX) {
-            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
-            if (eight_bit)
-                Q8_BLOCK[rows](xi + r * K, sc + r * groups, K, (const int8_t *)q + b * K * NB, scales + b * groups * NB,
-                               y + r * N + b * NB, N);
-            else
-                BLOCK[rows](xi + r * K, sc + r * groups, s + r * groups, K, (const uint8_t *)q + b * K * HALF,
-                            scales + b * groups * 2 * NB, y + r * N + b * NB, N);
-        }
-    free(xi);
-    free(sc);
-    free(s);
-    return 0;
-#else
-    (void)x; (void)q; (void)scales; (void)y; (void)M; (void)N; (void)K; (void)nthreads; (void)eight_bit;
-    return -1;
-#endif
-}
-
-/* x [M, K] fp32 contiguous; qs [N / NB][K][HALF], dm [N / NB][K / G][2][NB]
- * (q4_kernel.pack, as linear_q4 takes them); y [M, N] fp32 contiguous.
- * Scratch is its own (malloc's, small beside a matmul). Returns 0, or -1 for a
- * shape it does not take, no memory for the scratch, or a CPU without AVX-512
- * VNNI. */
-int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
-                    int nthreads) {
-    return run(x, qs, dm, y, M, N, K, nthreads, 0);
-}
-
-/* x [M, K] fp32 contiguous; qb [N / NB][K / 2][2][HALF][2] int8, d [N / NB][K / G][NB]
- * fp32 (i16in_kernel.pack_q8); y [M, N] fp32 contiguous. Returns 0, or -1 for a
- * shape it does not take, no memory for the scratch, or a CPU without AVX-512 VNNI. */
-int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, int64_t M, int64_t N, int64_t K,
-                    int nthreads) {
-    return run(x, qb, d, y, M, N, K, nthreads, 1);
-}

@@ -1,7 +1,8 @@
 /* y = x @ w.T for a prompt's rows: x rounded to bf16, w in bf16 (the 4-bit
  * grid weight rounded once, at load), every product exact and every sum and
  * the output fp32. The prompt kernel of `--linear-kernel q4-bf16in`,
- * `q4-bf16in-all` and `q4-i16in` (bulkhead/model/bf16in_kernel.py).
+ * `q4-i16in` and `bf16` (bulkhead/model/bf16in_kernel.py); below it, the
+ * decode rows of `bf16` on the same packing, fp32 inputs.
  *
  * Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot
  * product does twice the multiply-adds of an fp32 FMA. Its first form kept
@@ -29,49 +30,21 @@
  * input pair p, NB pairs of bf16 weights, (w[2p], w[2p + 1]) of output j at
  * [j][0..1].
  *
- * Built with -march=native: without AVX-512 BF16 (__AVX512BF16__) every call
- * returns -1 and `available()` says 0, and the Python side keeps the fp32
+ * The micro-kernels of bf16 weights in pairs: linear.c rounds a call's rows
+ * once, then its driver hands these (block, rows) tiles. Built with
+ * -march=native: without AVX-512 BF16 (__AVX512BF16__) they are left out,
+ * linear.c's has_avx512_bf16() says 0, and the Python side keeps the fp32
  * prompt kernel.
  */
-#include <stdint.h>
-#include <string.h>
-#include "bf16.h"
-#include "glue.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#ifdef __AVX512BF16__
-#include <immintrin.h>
-#include "dot_bf16.h"
-#endif
-
-#define NB 32   /* outputs per block: two AVX-512 vectors of fp32 */
+#ifndef BULKHEAD_LINEAR_BF16_H
+#define BULKHEAD_LINEAR_BF16_H
 /* Rows per pass over a block: measured best of 6-14 (up to 14 x 2 sums fit
  * the registers, but ran slower). */
-#define RMAX 6
-
-int uses_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int available(void) {
-#ifdef __AVX512BF16__
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-int block_outputs(void) { return NB; }
-
+#define BF16IN_RMAX 6
 #ifdef __AVX512BF16__
 /* Rows [0, R) against one block: xb [R][K] bf16, wb [K / 2][NB][2] bf16. */
-#define DEFINE_BLOCK(R)                                                                               \
-    static void block_##R(const uint16_t *restrict xb, int64_t K, const uint16_t *restrict wb,       \
+#define DEFINE_BF16IN_BLOCK(R)                                                                               \
+    static void bf16in_block_##R(const uint16_t *restrict xb, int64_t K, const uint16_t *restrict wb,       \
                           float *restrict y, int64_t ldy) {                                           \
         __m512 acc[R][2];                                                                             \
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                      \
@@ -86,18 +59,19 @@ int block_outputs(void) { return NB; }
         }                                                                                             \
     }
 
-DEFINE_BLOCK(1)
-DEFINE_BLOCK(2)
-DEFINE_BLOCK(3)
-DEFINE_BLOCK(4)
-DEFINE_BLOCK(5)
-DEFINE_BLOCK(6)
+DEFINE_BF16IN_BLOCK(1)
+DEFINE_BF16IN_BLOCK(2)
+DEFINE_BF16IN_BLOCK(3)
+DEFINE_BF16IN_BLOCK(4)
+DEFINE_BF16IN_BLOCK(5)
+DEFINE_BF16IN_BLOCK(6)
 
-typedef void (*block_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t);
-static const block_fn BLOCK[RMAX + 1] = {0, block_1, block_2, block_3, block_4, block_5, block_6};
+typedef void (*bf16in_block_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t);
+static const bf16in_block_fn BF16IN_BLOCK[BF16IN_RMAX + 1] = {0, bf16in_block_1, bf16in_block_2, bf16in_block_3,
+                                                              bf16in_block_4, bf16in_block_5, bf16in_block_6};
 
 /* Rows [0, R) against gate block wg and the up block wu of the same outputs:
- * act[r][0..NB) = silu(gate) * up rounded to bf16, each sum the one block_R
+ * act[r][0..NB) = silu(gate) * up rounded to bf16, each sum the one bf16in_block_R
  * computes, then silu_mul_row's arithmetic (glue.h), then the rounding the
  * down projection's call would give it (round_rows). */
 #define DEFINE_SILU_BLOCK(R)                                                                            \
@@ -141,77 +115,6 @@ static void round_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int t
     for (int64_t r = 0; r < M; r++)
         for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(x[r * K + k]);
 }
-#endif
-
-/* linear_bf16in of rows already rounded: xb [M, K] bf16 contiguous (what
- * linear_bf16in_silu_mul writes), the rest as below. */
-int linear_bf16in_rounded(const uint16_t *xb, const uint16_t *wb, float *y, int64_t M, int64_t N, int64_t K,
-                          int nthreads) {
-#ifdef __AVX512BF16__
-    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
-    int64_t blocks = N / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    (void)threads; /* unused where OpenMP is not built in */
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += RMAX) {
-            int rows = M - r < RMAX ? (int)(M - r) : RMAX;
-            BLOCK[rows](xb + r * K, K, wb + b * K * NB, y + r * N + b * NB, N);
-        }
-    return 0;
-#else
-    (void)xb; (void)wb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
-    return -1;
-#endif
-}
-
-/* x [M, K] fp32 contiguous; wb [N / NB][K / 2][NB][2] bf16; scratch xb [M, K]
- * bf16 (x rounded once, not once per block); y [M, N] fp32 contiguous.
- * Returns 0, or -1 for a shape it does not take (or a CPU without AVX-512 BF16). */
-int linear_bf16in(const float *x, const uint16_t *wb, uint16_t *xb, float *y, int64_t M, int64_t N, int64_t K,
-                  int nthreads) {
-#ifdef __AVX512BF16__
-    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
-    round_rows(x, xb, M, K, nthreads > 0 ? nthreads : 1);
-    return linear_bf16in_rounded(xb, wb, y, M, N, K, nthreads);
-#else
-    (void)x; (void)wb; (void)xb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
-    return -1;
-#endif
-}
-
-/* act [M, I] bf16 = silu(x @ w[:I].T) * (x @ w[I:].T) for a gate_up weight
- * packed as linear_bf16in takes it (wb, N = 2 I outputs: gate, then up),
- * rounded for the down projection (linear_bf16in_rounded): the same numbers
- * as linear_bf16in, silu_mul_row and the down call's own rounding, without
- * writing the [M, 2 I] gate_up output and reading it back (a prompt's
- * biggest tensor, 3 MB a layer at 256 rows, which the threads had each
- * half-written) or rounding act in a pass of its own.
- * Returns 0, or -1 for a shape it does not take (I a multiple of NB). */
-int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, uint16_t *act, int64_t M, int64_t I,
-                           int64_t K, int nthreads) {
-#ifdef __AVX512BF16__
-    if (I % NB || K % 2 || M < 1 || K < 1) return -1;
-    int64_t blocks = I / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    round_rows(x, xb, M, K, threads);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += SILU_RMAX) {
-            int rows = M - r < SILU_RMAX ? (int)(M - r) : SILU_RMAX;
-            SILU_BLOCK[rows](xb + r * K, K, wb + b * K * NB, wb + (blocks + b) * K * NB, act + r * I + b * NB, I);
-        }
-    return 0;
-#else
-    (void)x; (void)wb; (void)xb; (void)act; (void)M; (void)I; (void)K; (void)nthreads;
-    return -1;
-#endif
-}
 
 /* Decode rows of a bf16 checkpoint on the same packed weight: y = x @ w.T
  * with x fp32 (not rounded), the bf16 weights widened exactly to fp32, one
@@ -224,11 +127,10 @@ int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, uin
  * high): shifted left 16 bits it is w[2p] in fp32, masked it is w[2p + 1].
  * The signature is linear_q4.c's (x, weight, second weight tensor, y, ...),
  * so the C decode layers (decode_layers.c) call it as they call the 4-bit
- * kernels; `unused` is that second tensor, which bf16 weights do not have.
+ * kernels; its second tensor is one bf16 weights do not have.
  * Batch invariance and NaN as linear_bf16w.c. */
 #define DECODE_RMAX 8 /* 8 rows x 2 sums and the 4 widened weight vectors fit the 32 registers */
 
-#ifdef __AVX512BF16__
 /* R a constant at each call (decode_rows' switch), so the sums stay in registers. */
 static inline __attribute__((always_inline)) void decode_block(const float *restrict x, int64_t K,
                                                                const uint32_t *restrict wp, float *restrict y,
@@ -266,31 +168,26 @@ static void decode_rows(const float *x, int64_t K, const uint32_t *wp, float *y,
     default: decode_block(x, K, wp, y, ldy, DECODE_RMAX); break;
     }
 }
-#endif
 
-/* x [M, K] fp32 contiguous; wb as linear_bf16in takes it; y [M, N] fp32
- * contiguous. Returns 0, or -1 for a shape it does not take (or a CPU
- * without AVX-512 BF16, where the prompt kernel beside it cannot run). */
-int linear_bf16_f32in(const float *x, const uint16_t *wb, const void *unused, float *y, int64_t M, int64_t N,
-                      int64_t K, int nthreads) {
-    (void)unused;
-#ifdef __AVX512BF16__
-    if (N % NB || K % 2 || M < 1 || K < 1) return -1;
-    int64_t blocks = N / NB;
-    int threads = nthreads > 0 ? nthreads : 1;
-    (void)threads; /* unused where OpenMP is not built in */
-    /* Blocks handed out as threads free up (bulkhead/model/c_linear.py says why). */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-#endif
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < M; r += DECODE_RMAX) {
-            int rows = M - r < DECODE_RMAX ? (int)(M - r) : DECODE_RMAX;
-            decode_rows(x + r * K, K, (const uint32_t *)(wb + b * K * NB), y + r * N + b * NB, N, rows);
-        }
-    return 0;
-#else
-    (void)x; (void)wb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
-    return -1;
-#endif
+/* Tile (b, r) of linear_bf16in_rounded: x the rows in bf16, w [N / NB][K / 2][NB][2]. */
+static void bf16in_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    BF16IN_BLOCK[rows]((const uint16_t *)c->x + r * c->K, c->K, (const uint16_t *)c->w + b * c->K * NB,
+                       (float *)c->y + r * c->N + b * NB, c->N);
 }
+
+/* Tile (b, r) of linear_bf16in_silu_mul: N = I gate outputs, w's blocks [0,
+ * I / NB) the gate's and [I / NB, 2 I / NB) the up's; y the bf16 act [M, I]. */
+static void bf16in_silu_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    const uint16_t *w = c->w;
+    int64_t K = c->K, blocks = c->N / NB;
+    SILU_BLOCK[rows]((const uint16_t *)c->x + r * K, K, w + b * K * NB, w + (blocks + b) * K * NB,
+                     (uint16_t *)c->y + r * c->N + b * NB, c->N);
+}
+
+/* Tile (b, r) of linear_bf16_f32in: x fp32 rows, w as bf16in_tile's. */
+static void bf16_f32in_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    decode_rows((const float *)c->x + r * c->K, c->K, (const uint32_t *)((const uint16_t *)c->w + b * c->K * NB),
+                (float *)c->y + r * c->N + b * NB, c->N, rows);
+}
+#endif
+#endif

@@ -1,0 +1,110 @@
+"""The lm_head's kernels and their choice. The lm_head's outputs are the
+logits, so every kernel here keeps its inputs, sums and logits fp32 and
+runs each row alone, the same operations whatever its batch-mates:
+
+- `fp32`: oneDNN over the fp32 weight, the exact model (a layer of
+  bulkhead.model.linear_kernel's);
+- `bf16w`: bf16 weights (bulkhead.model.head_kernel): at one request the
+  lm_head reads its whole weight per token and is bound by memory, and bf16
+  weights halve its bytes; exact for a bf16 checkpoint;
+- `q8-i16in`: for an lm_head exactly on an 8-bit grid (a GGUF Q8_0 tensor,
+  as the bundled SmolLM2's tied embedding is), those weights rebuilt
+  exactly, inputs as 16-bit integers per group (bulkhead.model.i16in_kernel).
+
+Which runs is the kernel table's lm_head column (bulkhead.model.kernel_table).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bulkhead.model import head_kernel, i16in_kernel, kernel_table, q4_kernel
+from bulkhead.model.kernel_names import EXACT_KERNELS, HEAD_KERNELS
+from bulkhead.model.linear import Linear
+
+
+class Q8I16InLinear(Linear):
+    """The lm_head's `q8-i16in` kernel: 8-bit grid weights rebuilt exactly,
+    inputs as 16-bit integers per group of 32, exact int32 sums, fp32 logits
+    (bulkhead.model.i16in_kernel), the same kernel for every row, so a row's
+    logits do not depend on its batch-mates."""
+
+    def __init__(self, w: torch.Tensor):
+        self.out_features, self.in_features = w.shape
+        self.packed = i16in_kernel.pack_q8(w)
+        if self.packed is None:
+            raise ValueError(f"q8-i16in: weight {tuple(w.shape)} is not exactly on an 8-bit grid")
+
+    @classmethod
+    def from_packed(cls, packed: tuple[torch.Tensor, torch.Tensor]) -> Q8I16InLinear:
+        """The layer over pack_q8's answer as an earlier start cached it (bulkhead.model.prepared_weights)."""
+        layer = cls.__new__(cls)
+        qb, d = layer.packed = packed
+        layer.out_features, layer.in_features = qb.shape[0] * q4_kernel.BLOCK, qb.shape[1] * 2
+        return layer
+
+    def __call__(self, x, b=None, decode=False):
+        y = i16in_kernel.linear_q8_i16in(x.float(), self.packed)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def q8_i16in_usable(w: torch.Tensor) -> bool:
+    """The 16-bit-input kernels build here and this weight is exactly on an 8-bit grid."""
+    return i16in_kernel.load() is not None and i16in_kernel.q8_grid(w) is not None
+
+
+class BF16WeightLinear(Linear):
+    """The lm_head's `bf16w` kernel: bf16 weights, fp32 inputs, sums and
+    outputs (bulkhead.model.head_kernel), the same kernel for every row, so a
+    row's logits do not depend on its batch-mates."""
+
+    def __init__(self, w: torch.Tensor):
+        self._run = head_kernel.linear_bf16w
+        self.out_features, self.in_features = w.shape
+        self.packed = head_kernel.pack(w)
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor) -> BF16WeightLinear:
+        """The layer over head_kernel.pack's answer as an earlier start cached it."""
+        layer = cls.__new__(cls)
+        layer._run, layer.packed = head_kernel.linear_bf16w, packed
+        layer.out_features, layer.in_features = packed.shape[0] * head_kernel.BLOCK, packed.shape[1]
+        return layer
+
+    def __call__(self, x, b=None, decode=False):
+        y = self._run(x.float(), self.packed)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def bf16w_usable(w: torch.Tensor) -> bool:
+    """The bf16-weight kernel builds here (with torch's OpenMP team) and takes this weight's shape."""
+    return head_kernel.fits(w) and head_kernel.load() is not None
+
+
+def head_runs(head: str, lm_head: torch.Tensor) -> bool:
+    if head == "bf16w":
+        return lm_head.dtype == torch.float32 and bf16w_usable(lm_head)
+    return head == "q8-i16in" and q8_i16in_usable(lm_head)
+
+
+def choose_head(kernel: str, lm_head: torch.Tensor, asked: str | None = None) -> str:
+    """The lm_head's kernel under linear kernel `kernel`: `fp32` under the
+    exact ones; else the table's lm_head column for `kernel`'s row where it
+    runs here (`q8-i16in` needs an lm_head exactly on an 8-bit grid: a Q8_0
+    tensor), else `bf16w` where it runs, else `fp32`. `asked` names one (tests and bench/decode_step.py);
+    asking for one that cannot run is an error."""
+    if asked is not None:
+        if asked not in HEAD_KERNELS:
+            raise ValueError(f"lm_head kernel must be one of {HEAD_KERNELS}, not {asked!r}")
+        if asked == "bf16w" and not bf16w_usable(lm_head):
+            raise RuntimeError("lm_head kernel bf16w: its C kernel cannot run here or does not take this shape")
+        if asked == "q8-i16in" and not q8_i16in_usable(lm_head):
+            raise RuntimeError("lm_head kernel q8-i16in: its C kernel cannot run here (no AVX-512 VNNI) or the "
+                               "lm_head is not exactly on an 8-bit grid (a Q8_0 tensor)")
+        return asked
+    if kernel in EXACT_KERNELS:
+        return "fp32"
+    for head in (kernel_table.row_of(kernel).lm_head, "bf16w"):
+        if head_runs(head, lm_head):
+            return head
+    return "fp32"
