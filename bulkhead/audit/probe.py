@@ -25,109 +25,40 @@ vLLM or SGLang, with one API key per tenant, it runs five checks:
 
 Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
 (unreachable, keys refused, bad input, or no completion succeeded).
+
+The canaries live in canaries.py, the context-limit checks (over_length,
+coherence) in context_checks.py, the report and its rendering in
+probe_report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
-import secrets
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import httpx
 
+from bulkhead.audit import context_checks
+from bulkhead.audit.canaries import Canaries, ProbeFinding
 from bulkhead.audit.errors import AuditError, EngineResponseError
 from bulkhead.audit.probe_client import ProbeClient, ProbeInputError, Reply, load_keys
-from bulkhead.audit.probe_report import render_json, render_table
+from bulkhead.audit.probe_report import EXIT_UNREACHABLE, CheckResult, ProbeReport, render_json, render_table
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 2
 DEFAULT_CONCURRENCY = 8
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_TIMEOUT_S = 120.0
-# Token-id prompts are exact without a tokenizer; this id is an ordinary
-# word piece in every Llama-family, Qwen and GPT-2-style vocabulary.
-FILLER_TOKEN_ID = 1000
 ABORT_STREAMS = 4
 ABORT_MAX_TOKENS = 64
-FILLER_SENTENCE = "The quiet river runs past the old mill and the green hills. "
 CODE_SCHEMA = {"type": "object", "properties": {"reference": {"type": "string", "maxLength": 16}},
                "required": ["reference"], "additionalProperties": False}
 RECORD_TOOL = {"type": "function", "function": {"name": "record_reference", "parameters": CODE_SCHEMA}}
 STRUCTURED_MAX_TOKENS = 64  # a call or an object around a 16-character string
 TOPICS = ("rivers", "mountains", "bread", "clocks", "lanterns", "bridges", "gardens", "ships", "maps", "bells")
-
-
-@dataclass(frozen=True)
-class ProbeFinding:
-    check: str
-    message: str
-    tenants: tuple[str, ...] = ()
-    canary: str | None = None
-
-
-@dataclass
-class CheckResult:
-    check: str
-    sent: int = 0
-    status: str = "ok"  # ok | clamps (over_length: generation cut at the context, safe) | findings | skipped
-    detail: str = ""
-
-
-@dataclass
-class ProbeReport:
-    url: str
-    model: str
-    context_length: int | None
-    context_source: str
-    tenants: tuple[str, ...]
-    checks: list[CheckResult] = field(default_factory=list)
-    findings: list[ProbeFinding] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_FINDINGS if self.findings else EXIT_CLEAN
-
-
-class Canaries:
-    """Per-run canaries, each owned by one tenant; scans responses for foreign ones."""
-
-    def __init__(self) -> None:
-        self._owner: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self.hits: list[ProbeFinding] = []
-        self._seen: set[tuple[str, str, str]] = set()
-
-    def new(self, tenant: str) -> str:
-        with self._lock:
-            while True:
-                canary = f"ZQ-{secrets.token_hex(3)}"
-                if canary not in self._owner:
-                    self._owner[canary] = tenant
-                    return canary
-
-    def scan(self, receiver: str, text: str, where: str) -> None:
-        if not text:
-            return
-        with self._lock:
-            for canary in set(re.findall(r"ZQ-[0-9a-f]{6}", text)):
-                owner = self._owner.get(canary)
-                if owner is None or owner == receiver or (receiver, owner, canary) in self._seen:
-                    continue
-                self._seen.add((receiver, owner, canary))
-                self.hits.append(ProbeFinding(
-                    "cross_tenant",
-                    f"{where}: a response to tenant {receiver!r} contained canary {canary} "
-                    f"from a prompt of tenant {owner!r}",
-                    (receiver, owner),
-                    canary,
-                ))
 
 
 @dataclass(frozen=True)
@@ -248,115 +179,6 @@ class Probe:
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return "tolerated" if first >= limit else "differ"
 
-    def over_length(self, report: ProbeReport, context: int | None) -> None:
-        result = CheckResult("over_length")
-        report.checks.append(result)
-        if context is None:
-            result.status, result.detail = "skipped", "the endpoint advertises no context length; pass --context-length"
-            report.warnings.append("over-length check skipped: no advertised context length")
-            return
-        tenant = self.tenants[-1]
-        key = self.tenant_keys[tenant]
-        max_tokens = max(2, self.args.max_tokens)
-        control = self.client.complete(key, {"model": self.model, "prompt": [FILLER_TOKEN_ID] * 8, "max_tokens": 1})
-        result.sent += 1
-        if control.ok:
-            cases = [
-                ("prompt alone over", [FILLER_TOKEN_ID] * (context + 1), 1),
-                ("prompt + max_tokens over", [FILLER_TOKEN_ID] * (context - max_tokens // 2), max_tokens),
-            ]
-            how = "token-id prompts"
-        else:
-            per = self._tokens_per_sentence(key)
-            if per is None:
-                result.status = "skipped"
-                result.detail = f"a short control prompt got HTTP {control.status}; cannot size prompts"
-                report.warnings.append("over-length check skipped: the endpoint refused a short control prompt")
-                return
-            over = FILLER_SENTENCE * (math.ceil((context + 1) / per) + 2)
-            cases = [("prompt alone over", over, 1)]
-            how = "text prompts sized from usage.prompt_tokens"
-        bad_code, clamped = 0, None
-        for name, prompt, n in cases:
-            reply = self.client.complete(key, {"model": self.model, "prompt": prompt, "max_tokens": n})
-            result.sent += 1
-            self.canaries.scan(tenant, reply.text, "over_length")
-            if 400 <= reply.status < 500:
-                if reply.error_code != "context_length_exceeded":
-                    bad_code += 1
-                continue
-            if name == "prompt + max_tokens over" and _clamped(reply, context):
-                # vLLM's way: the prompt fits, generation stops at the context
-                # (finish_reason length, total_tokens <= context). Nothing past
-                # the context was read or written: safe, and said as such.
-                clamped = reply.total_tokens
-                continue
-            got = reply.transport_error or f"HTTP {reply.status}"
-            result.status = "findings"
-            report.findings.append(ProbeFinding(
-                "over_length", f"{name} (context {context:,}, max_tokens {n}) got {got}, not a 4xx"))
-        result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
-        if clamped is not None and result.status == "ok":
-            result.status = "clamps"
-            result.detail += (f"; prompt + max_tokens over got HTTP 200, finish_reason length, total_tokens "
-                              f"{clamped:,} <= context: generation clamped at the context (safe)")
-        if bad_code and result.status == "ok":
-            result.detail += f"; {bad_code} 4xx without code context_length_exceeded"
-
-    def _tokens_per_sentence(self, key: str) -> float | None:
-        """Measure the filler sentence's token count from usage.prompt_tokens (no tokenizer needed)."""
-        counts = []
-        for n in (8, 16):
-            reply = self.client.complete(key, {"model": self.model, "prompt": FILLER_SENTENCE * n, "max_tokens": 1})
-            if not reply.ok or reply.prompt_tokens is None:
-                return None
-            counts.append(reply.prompt_tokens)
-        per = (counts[1] - counts[0]) / 8
-        return per if per > 0 else None
-
-    def coherence(self, report: ProbeReport, context: int | None) -> None:
-        result = CheckResult("coherence")
-        report.checks.append(result)
-        if self.args.skip_coherence:
-            result.status, result.detail = "skipped", "--skip-coherence"
-            return
-        if context is None and self.args.max_context is None:
-            result.status, result.detail = "skipped", "no advertised context length; pass --max-context"
-            report.warnings.append("coherence check skipped: no advertised context length")
-            return
-        tenant = self.tenants[0]
-        key = self.tenant_keys[tenant]
-        max_tokens = max(16, self.args.max_tokens)
-        target = self.args.max_context or context
-        if context is not None:
-            target = min(target, context - max_tokens - 8)
-        per = self._tokens_per_sentence(key)
-        result.sent += 2
-        canary = self.canaries.new(tenant)
-        head = f"The secret code is {canary}. Remember the secret code.\n"
-        tail = "\nQuestion: What is the secret code?\nAnswer: The secret code is"
-        base = 40  # head + tail, generously
-        count = max(1, int((target - base) / (per or len(FILLER_SENTENCE) / 3)))
-        reply = Reply(0)
-        for _ in range(4):
-            reply = self.client.complete(key, self._greedy(head + FILLER_SENTENCE * count + tail, max_tokens))
-            result.sent += 1
-            if not (400 <= reply.status < 500 and reply.error_code == "context_length_exceeded"):
-                break
-            count = int(count * 0.8)  # our size estimate was over the limit: shrink and retry
-        self.canaries.scan(tenant, reply.text, "coherence")
-        size = f"{reply.prompt_tokens:,} prompt tokens" if reply.prompt_tokens else f"~{target:,} prompt tokens"
-        if not reply.ok:
-            result.status = "findings"
-            got = reply.transport_error or f"HTTP {reply.status}" + (f" ({reply.error_code})" if reply.error_code else "")
-            report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit got {got}"))
-        elif canary not in reply.text:
-            result.status = "findings"
-            report.findings.append(ProbeFinding(
-                "coherence", f"coherence: failed: the model did not repeat the canary placed at the start of a "
-                f"{size} prompt (small models may fail this honestly; --skip-coherence to skip)"))
-        result.detail = f"{size}, canary at the start, asked for at the end"
-
     def aborts(self, report: ProbeReport) -> None:
         result = CheckResult("aborts")
         report.checks.append(result)
@@ -423,8 +245,8 @@ class Probe:
 
     def run(self, report: ProbeReport) -> None:
         self.differential_and_leaks(report)
-        self.over_length(report, report.context_length)
-        self.coherence(report, report.context_length)
+        context_checks.over_length(self, report, report.context_length)
+        context_checks.coherence(self, report, report.context_length)
         self.aborts(report)
         self.structured(report)
         from bulkhead.audit.probe_adapters import AdapterProbe  # here: it imports this module's types
@@ -452,12 +274,6 @@ def _shaped(body: dict[str, Any], reply: Reply) -> bool:
     except ValueError:
         return False
     return bool(values) and all(isinstance(v, dict) and isinstance(v.get("reference"), str) for v in values)
-
-
-def _clamped(reply: Reply, context: int) -> bool:
-    """A 200 that stopped at the context: finish_reason length and no token past it."""
-    return (reply.ok and reply.finish_reason == "length" and reply.total_tokens is not None
-            and reply.total_tokens <= context)
 
 
 def _validate(args: argparse.Namespace) -> None:

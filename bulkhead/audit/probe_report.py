@@ -1,4 +1,5 @@
-"""Render a ProbeReport as a table for people or JSON for scripts.
+"""What `bulkhead probe` reports (ProbeReport, a CheckResult per check, the
+exit codes) and how: a table for people or JSON for scripts.
 
 Findings name tenants and canaries, never a response's text: the text may be
 another customer's data.
@@ -7,10 +8,35 @@ another customer's data.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from bulkhead.audit.probe import ProbeReport
+from bulkhead.audit.canaries import ProbeFinding
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 2
+
+
+@dataclass
+class CheckResult:
+    check: str
+    sent: int = 0
+    status: str = "ok"  # ok | clamps (over_length: generation cut at the context, safe) | findings | skipped
+    detail: str = ""
+
+
+@dataclass
+class ProbeReport:
+    url: str
+    model: str
+    context_length: int | None
+    context_source: str
+    tenants: tuple[str, ...]
+    checks: list[CheckResult] = field(default_factory=list)
+    findings: list[ProbeFinding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FINDINGS if self.findings else EXIT_CLEAN
 
 
 def render_table(report: ProbeReport) -> str:

@@ -26,18 +26,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from bulkhead.engine import commands as cmd
+from bulkhead.engine.command_handlers import HANDLERS
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.core_lease import CoreLease
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
 from bulkhead.engine.request import FinishReason, Request
 from bulkhead.engine.runner import ModelRunner
 from bulkhead.engine.sampler import Sampler, prompt_logprobs
-from bulkhead.engine.scheduler import QueueFull, Scheduler
+from bulkhead.engine.scheduler import Scheduler
 from bulkhead.engine.step_plan import StepPlan
 from bulkhead.engine.stops import OutputTracker
-from bulkhead.errors import AdapterUnavailable, BulkheadError, EngineFailure, Overloaded
-from bulkhead.kv.digest import page_digests
-from bulkhead.kv.ledger import OutOfPages
+from bulkhead.errors import BulkheadError, EngineFailure
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.tokenizer import Tokenizer
 
@@ -192,88 +191,13 @@ class Engine:
             return
         while True:
             with self.lock:
-                handler = _HANDLERS.get(type(command))
+                handler = HANDLERS.get(type(command))
                 if handler is not None:  # Wake has none: it only unblocks the get above
                     handler(self, command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-
-    def _add(self, c: cmd.Add) -> None:
-        try:
-            self._acquire_adapter(c.ticket)
-        except AdapterUnavailable as e:
-            c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), e))
-            return
-        try:
-            req = self.scheduler.add(c.ticket)
-        except QueueFull as e:
-            self._release_adapter(c.ticket.adapter.digest if c.ticket.adapter else None)
-            c.sink(_error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), Overloaded(str(e))))
-            return
-        self._sinks[req.request_id] = c.sink
-        self._trackers[req.request_id] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-
-    def _abort(self, c: cmd.Abort) -> None:
-        self._finish(c.request_id, FinishReason.ABORT)
-        self._scrub()
-
-    def _start_prefilled(self, c: cmd.StartPrefilled) -> None:
-        ticket, rid = c.ticket, c.ticket.request_id
-        try:
-            if c.sampler_state is not None:
-                self.sampler.set_state(rid, c.sampler_state)
-            self._acquire_adapter(ticket)
-            try:
-                req = self.scheduler.add_prefilled(ticket, c.first_token)
-            except Exception:
-                self._release_adapter(ticket.adapter.digest if ticket.adapter else None)
-                raise
-        except AdapterUnavailable as e:  # the adapter's weights changed since admission: refused, not decoded
-            self.sampler.forget(rid)
-            self.release_reserved(rid)
-            c.sink(_error_output(rid, len(ticket.prompt_token_ids), e))
-            return
-        except Exception as e:  # fail this request closed; its pages go back scrubbed
-            log.exception("could not start decoding %s", rid)
-            self.sampler.forget(rid)
-            self.release_reserved(rid)
-            c.sink(_error_output(rid, len(ticket.prompt_token_ids), EngineFailure(f"cannot decode: {e}")))
-            return
-        self._sinks[rid] = c.sink
-        self._trackers[rid] = OutputTracker(self.tokenizer, req, self.sampler.eos_token_ids)
-        self._emit_token(req, c.first_token, c.first_logprobs, c.prompt_logprobs)
-
-    def _reserve(self, c: cmd.Reserve) -> None:
-        try:
-            pages = self.reserve(c.request_id, c.tenant, c.num_pages)
-        except OutOfPages:
-            c.result.set_result(None)  # the caller asks again once pages are freed
-            return
-        except Exception as e:
-            c.result.set_exception(e)
-            return
-        c.result.set_result((pages, [self.ledger.generation(p) for p in pages]))
-
-    def _release_reserved(self, c: cmd.ReleaseReserved) -> None:
-        self.release_reserved(c.request_id)
-
-    def _read_pages(self, c: cmd.ReadPages) -> None:
-        try:
-            owners = tuple(self.ledger.record(p).owner for p in c.pages)
-            generations = tuple(self.ledger.generation(p) for p in c.pages)
-            digests = tuple(page_digests(self.pool, list(c.pages))) if c.digests else None
-        except Exception as e:  # a page outside the pool: the caller fails closed
-            c.result.set_exception(e)
-            return
-        c.result.set_result(cmd.PageFacts(owners, generations, digests))
-
-    def _call(self, c: cmd.Call) -> None:
-        try:
-            c.result.set_result(c.fn())
-        except Exception as e:  # the caller decides what a failure means
-            c.result.set_exception(e)
 
     def run_once(self) -> bool:
         """Apply the queued commands and run at most one step on the caller's
@@ -368,7 +292,7 @@ class Engine:
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer
-        self._release_adapter(req.adapter)
+        self.release_adapter(req.adapter)
         if self.lineage.enabled:
             self.lineage.request_end(rid, req.tenant, "prefilled")
         sink = self._sinks.pop(rid, None)
@@ -379,11 +303,12 @@ class Engine:
                                len(req.prompt_token_ids), 1, held_pages=held,
                                sampler_state=state, prompt_logprobs=prompt_lps))
 
-    def _acquire_adapter(self, ticket: Admitted) -> None:
+    def acquire_adapter(self, ticket: Admitted) -> None:
+        """Load or share the weights of the ticket's LoRA adapter; AdapterUnavailable if they changed."""
         if ticket.adapter is not None:
             self.runner.adapters.acquire(ticket.adapter)
 
-    def _release_adapter(self, digest: str | None) -> None:
+    def release_adapter(self, digest: str | None) -> None:
         if digest is not None:
             self.runner.adapters.release(digest)
 
@@ -391,7 +316,7 @@ class Engine:
         req = self.scheduler.finish(request_id, reason)
         self.runner.drop_pass(request_id)  # a pass in flight: its paused rows go with it
         if req is not None:
-            self._release_adapter(req.adapter)
+            self.release_adapter(req.adapter)
         sink = self._sinks.pop(request_id, None)
         self._trackers.pop(request_id, None)
         self._prompt_lps.pop(request_id, None)
@@ -433,11 +358,3 @@ class Engine:
             if self.runner.adapters.users != dict(using):
                 raise AssertionError(f"adapters held {self.runner.adapters.users} != the live requests' {dict(using)}")
 
-
-def _error_output(request_id: str, prompt_tokens: int, error: BulkheadError) -> RequestOutput:
-    return RequestOutput(request_id, (), "", (), True, FinishReason.ERROR.value, prompt_tokens, 0, error)
-
-
-_HANDLERS = {cmd.Add: Engine._add, cmd.Abort: Engine._abort, cmd.StartPrefilled: Engine._start_prefilled,
-             cmd.Reserve: Engine._reserve, cmd.ReleaseReserved: Engine._release_reserved,
-             cmd.ReadPages: Engine._read_pages, cmd.Call: Engine._call}

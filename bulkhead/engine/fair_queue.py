@@ -13,8 +13,9 @@ cost per batch slot; a tenant alone is served as fast as the engine goes
 (work-conserving: nothing is ever held back for an absent tenant).
 
 The queue also holds the waiting requests, per tenant in arrival order; the
-scheduler owns running ones. With fair=False the order is first come, first
-served across tenants (the old behaviour, kept for measurements).
+scheduler owns running ones. Which request goes next is the scheduler's
+PrefillOrder (prefill_order.py): least service first reads finish_tag();
+first come, first served (first_come.py, for measurements) reads arrivals.
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ from bulkhead.engine.request import Request
 
 
 class FairQueue:
-    def __init__(self, weight_of: Callable[[str], float], prompt_cost: float = 1.0, output_cost: float = 2.0,
-                 fair: bool = True):
+    def __init__(self, weight_of: Callable[[str], float], prompt_cost: float = 1.0, output_cost: float = 2.0):
         """weight_of(tenant): its share weight (> 0), read at every charge so a
         reloaded tenant table takes effect at once."""
         self.weight_of = weight_of
         self.prompt_cost = prompt_cost
         self.output_cost = output_cost
-        self.fair = fair
         self.counters: dict[str, float] = {}
         # Raw tokens served per tenant since start: (prompt, output). Metrics only.
         self.served: dict[str, list[int]] = {}
@@ -73,21 +72,10 @@ class FairQueue:
         served[0] += prompt_tokens
         served[1] += output_tokens
 
-    def rank(self, req: Request, running: bool, next_tokens: int = 0) -> tuple:
-        """Sort key of a prefill candidate whose next chunk is next_tokens
-        prompt tokens: least service first (fair), or running prefills, then
-        arrival (first come, first served).
-
-        Fair order compares the service each tenant would have after the
-        chunk (a virtual finish tag, as weighted fair queueing does), not
-        before it: a tenant that has just become active is lifted to exactly
-        the floor, level with the busiest tenant, and on the start tag alone
-        the older arrival (the flood's half-done prompt) would win the tie and
-        the short prompt would wait a whole long chunk more."""
-        if self.fair:
-            finish = self.counters.get(req.tenant, 0.0) + next_tokens * self.prompt_cost / self.weight_of(req.tenant)
-            return finish, req.arrival
-        return (not running), req.arrival
+    def finish_tag(self, tenant: str, next_tokens: int) -> float:
+        """The service tenant would have after a chunk of next_tokens prompt
+        tokens (prefill_order.LeastServedFirst ranks by it)."""
+        return self.counters.get(tenant, 0.0) + next_tokens * self.prompt_cost / self.weight_of(tenant)
 
     # -- the waiting requests ----------------------------------------------------
     def append(self, req: Request) -> None:
@@ -126,7 +114,7 @@ class FairQueue:
         for tenant, line in self._waiting.items():
             if not line or any(r.tenant != tenant for r in line):
                 raise AssertionError(f"waiting line of {tenant} is empty or holds another tenant's request")
-        if self.fair and self._live:
+        if self._live:
             least = min(self.counters[t] for t in self._live)
             if least < self._floor - 1e-9:
                 raise AssertionError(f"an active tenant's counter {least} is below the floor {self._floor}")

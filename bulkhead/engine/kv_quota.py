@@ -21,15 +21,15 @@ A tenant within its quota never loses a page to another tenant.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
+from enum import Enum, auto
 
 
 class Preempt(Enum):
     """Whom a request that needs pages may preempt (the table above)."""
 
-    ANY = "any"  # a running request: kv_quota's choice, its own tenant's newest request included
-    OTHERS_OVER_QUOTA = "others"  # a waiting request within quota: only another tenant's, over its quota
-    NOBODY = "nobody"  # waits for free pages (a pass in flight, or a request over its quota)
+    ANY = auto()  # a running request: kv_quota's choice, its own tenant's newest request included
+    OTHERS_OVER_QUOTA = auto()  # a waiting request within quota: only another tenant's, over its quota
+    NOBODY = auto()  # waits for free pages (a pass in flight, or a request over its quota)
 
 
 def quotas(num_pages: int, active: list[str], weight_of: Callable[[str], float],

@@ -175,72 +175,84 @@ class ModelRunner:
     def _build_batch(self, works: list[PrefillWork] | list[DecodeWork]) -> tuple[PagedBatch, list[str]]:
         """One forward pass: prefill chunks (one, or several under
         batch_prompts, rows stacked in order), or decode rows."""
-        ps = self.page_size
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        pages: list[int] = []
-        seqs: list[SequenceSlice] = []
-        logit_rows: list[int] = []
-        ids: list[str] = []
-        row_adapters: list = []  # each row's LoRA weights, None for the base model's
-
-        def add_sequence(request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool,
-                         adapter: str | None) -> None:
-            row = len(tokens)
-            row_adapters.extend([self.adapters.get(adapter) if adapter else None] * len(seq_tokens))
-            for i, tok in enumerate(seq_tokens):
-                pos = start + i
-                tokens.append(tok)
-                positions.append(pos)
-                slots.append(seq_pages[pos // ps] * ps + pos % ps)
-            kv_len = start + len(seq_tokens)
-            used = -(-kv_len // ps)
-            seqs.append(SequenceSlice(row, len(tokens), kv_len, len(pages), used))
-            pages.extend(seq_pages[:used])
-            if wants_logits:
-                logit_rows.append(len(tokens) - 1)
-                ids.append(request_id)
-
+        rows = _BatchRows(self.page_size, self.adapters)
         tile = 0
-        multiple = 0
         decode = not isinstance(works[0], PrefillWork)
         if not decode:
             if len(works) != 1 and (not self.config.batch_prompts or any(w.all_logits for w in works)):
                 raise ValueError(f"a prefill pass computes one chunk here, not {len(works)}")
             for w in works:
-                add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples, w.adapter)
+                rows.add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples, w.adapter)
             if works[0].all_logits:  # every row of the chunk, in order (the sampling row is the last)
-                logit_rows = list(range(len(tokens)))
+                rows.logit_rows = list(range(len(rows.tokens)))
             multiple = self.config.prefill_row_bucket
         else:
             for w in works:
-                add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True, w.adapter)
+                rows.add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True, w.adapter)
             multiple = self.config.decode_row_multiple or self.config.decode_tile
             tile = 0 if self.config.decode_row_multiple else self.config.decode_tile
         if multiple:
-            padded = -(-len(tokens) // multiple) * multiple
-            # Padding rows: token 0 at position 0; they write no KV, belong to
-            # no sequence (attention skips them) and are never sampled. A
-            # decode batch's lm_head sees them too, so its row count stays
-            # one that was measured (or tiled) to be batch-invariant.
-            pad = padded - len(tokens)
-            tokens.extend([0] * pad)
-            positions.extend([0] * pad)
-            if decode:
-                logit_rows = list(range(padded))
+            rows.pad_to_multiple(multiple, decode)
+        return rows.batch(tile, decode), rows.ids
+
+
+class _BatchRows:
+    """The rows of one forward pass as they are gathered, sequence by sequence."""
+
+    def __init__(self, page_size: int, adapters: AdapterStore):
+        self.page_size = page_size
+        self.adapters = adapters
+        self.row_adapters: list = []  # each row's LoRA weights, None for the base model's (and padding)
+        self.tokens: list[int] = []
+        self.positions: list[int] = []
+        self.slots: list[int] = []
+        self.pages: list[int] = []
+        self.seqs: list[SequenceSlice] = []
+        self.logit_rows: list[int] = []
+        self.ids: list[str] = []  # the requests sampled, in logit row order
+
+    def add_sequence(self, request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool,
+                     adapter: str | None) -> None:
+        ps = self.page_size
+        row = len(self.tokens)
+        self.row_adapters.extend([self.adapters.get(adapter) if adapter else None] * len(seq_tokens))
+        for i, tok in enumerate(seq_tokens):
+            pos = start + i
+            self.tokens.append(tok)
+            self.positions.append(pos)
+            self.slots.append(seq_pages[pos // ps] * ps + pos % ps)
+        kv_len = start + len(seq_tokens)
+        used = -(-kv_len // ps)
+        self.seqs.append(SequenceSlice(row, len(self.tokens), kv_len, len(self.pages), used))
+        self.pages.extend(seq_pages[:used])
+        if wants_logits:
+            self.logit_rows.append(len(self.tokens) - 1)
+            self.ids.append(request_id)
+
+    def pad_to_multiple(self, multiple: int, decode: bool) -> None:
+        # Padding rows: token 0 at position 0; they write no KV, belong to
+        # no sequence (attention skips them) and are never sampled. A
+        # decode batch's lm_head sees them too, so its row count stays
+        # one that was measured (or tiled) to be batch-invariant.
+        padded = -(-len(self.tokens) // multiple) * multiple
+        pad = padded - len(self.tokens)
+        self.tokens.extend([0] * pad)
+        self.positions.extend([0] * pad)
+        if decode:
+            self.logit_rows = list(range(padded))
+
+    def batch(self, tile: int, decode: bool) -> PagedBatch:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-        batch = PagedBatch(
-            token_ids=as_long(tokens),
-            positions=as_long(positions),
-            write_slots=as_long(slots),
-            pages=as_long(pages),
-            sequences=tuple(seqs),
-            logit_rows=as_long(logit_rows),
+        return PagedBatch(
+            token_ids=as_long(self.tokens),
+            positions=as_long(self.positions),
+            write_slots=as_long(self.slots),
+            pages=as_long(self.pages),
+            sequences=tuple(self.seqs),
+            logit_rows=as_long(self.logit_rows),
             row_tile=tile,
             decode=decode,
-            decode_page_offset=as_long([s.page_offset for s in seqs]) if decode else None,
-            decode_kv_len=as_long([s.kv_len for s in seqs]) if decode else None,
-            lora=LoraRows.of(row_adapters),
+            decode_page_offset=as_long([s.page_offset for s in self.seqs]) if decode else None,
+            decode_kv_len=as_long([s.kv_len for s in self.seqs]) if decode else None,
+            lora=LoraRows.of(self.row_adapters),
         )
-        return batch, ids

@@ -194,6 +194,14 @@ def _moving(state: WorldState) -> set:
 
 
 def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set) -> list[Transition]:
+    """The runtime's own steps: timers firing, engines stepping, restarts noticed."""
+    writes = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
+    dmas = dmas_in_flight(state)
+    return (_router_deadlines(config, state, moving) + _prefill_engine_steps(config, state, writes)
+            + _decode_engine_steps(config, state, dmas) + _restarts_noticed(config, state))
+
+
+def _router_deadlines(config: ProtocolConfig, state: WorldState, moving: set) -> list[Transition]:
     out = []
     for record in state.router.requests:
         if record.phase is not Phase.DONE:
@@ -203,8 +211,12 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.rid not in moving:
                 out.append(apply_event(config, state, ROUTER, DeadlinePassed(record.rid),
                                        f"deadline of r{record.rid} passes"))
-    writes = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
-    dmas = dmas_in_flight(state)
+    return out
+
+
+def _prefill_engine_steps(config: ProtocolConfig, state: WorldState, writes: set) -> list[Transition]:
+    """writes: requests with a page write or landing still in flight."""
+    out = []
     for prefill in state.prefills:
         for record in prefill.requests:
             if record.computing:  # the engine's step ends: the KV is handed over, outcome or not
@@ -222,6 +234,12 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase is Phase.DONE and record.ticket is not None:
                 out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
                                        f"prefill{prefill.index} sees finished r{record.rid}'s writes end late"))
+    return out
+
+
+def _decode_engine_steps(config: ProtocolConfig, state: WorldState, dmas: set) -> list[Transition]:
+    """dmas: requests with an admitted DMA still landing (dmas_in_flight)."""
+    out = []
     for decode in state.decodes:
         addr = decode_addr(decode.index)
         for record in decode.requests:
@@ -263,6 +281,11 @@ def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set
             if record.phase is Phase.DRAINING and record.rid not in dmas:
                 out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
                                        f"decode{decode.index}'s drain lease for r{record.rid} expires"))
+    return out
+
+
+def _restarts_noticed(config: ProtocolConfig, state: WorldState) -> list[Transition]:
+    out = []
     known = dict(state.router.known_incarnations)
     for worker in [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]:
         incarnation = _actor(state, worker).incarnation

@@ -183,3 +183,35 @@ def test_a_newly_active_tenant_level_with_the_flood_goes_first():
     s.add(ticket("b0", prompt_len=4, max_tokens=1, tenant="b"))
     assert s.waiting.counters["b"] == s.waiting.counters["a"]
     assert [w.request_id for w in s.schedule().prefills] == ["b0"]
+
+
+def test_first_come_first_served_is_an_order_chosen_once_not_a_branch_in_every_function():
+    # Issue 36: the measurement-only order is an object the scheduler is
+    # given at construction; no scheduling module reads the fairness flag.
+    import inspect
+
+    from bulkhead.engine import chunk_planning, fair_queue, page_growth, prefix_pins, scheduler_integrity
+    from bulkhead.engine.first_come import FirstComeFirstServed
+    from bulkhead.engine.prefill_order import LeastServedFirst
+
+    assert isinstance(make(fair=False).order, FirstComeFirstServed)
+    assert isinstance(make().order, LeastServedFirst)
+    for module in (chunk_planning, fair_queue, page_growth, prefix_pins, scheduler_integrity):
+        assert ".fair" not in inspect.getsource(module), module.__name__
+    scheduler_source = inspect.getsource(Scheduler)
+    assert scheduler_source.count("config.fair") == 1  # the one choice, in __init__
+
+
+def test_first_come_first_served_lets_nobody_overtake_a_head_that_did_not_fit():
+    s = make(fair=False)
+    s.add(ticket("old", tenant="a", prompt_len=8, max_tokens=1))
+    s.add(ticket("new", tenant="b", prompt_len=8, max_tokens=1))
+    (head, running), = s.order.candidates(s.running, s.waiting, set(), set(), batch_has_room=True)
+    assert (head.request_id, running) == ("old", False)
+    assert s.order.candidates(s.running, s.waiting, set(), {"old"}, batch_has_room=True) == []
+    # Least service first passes over it instead.
+    f = make()
+    f.add(ticket("old", tenant="a", prompt_len=8, max_tokens=1))
+    f.add(ticket("new", tenant="b", prompt_len=8, max_tokens=1))
+    left = f.order.candidates(f.running, f.waiting, set(), {"old"}, batch_has_room=True)
+    assert [(r.request_id, running) for r, running in left] == [("new", False)]

@@ -77,7 +77,7 @@ def test_under_random_pressure_no_tenant_within_quota_loses_pages_to_another():
         rng = random.Random(seed)
         weights = {"a": 1.0, "b": rng.choice([1.0, 2.0]), "c": 1.0}
         s = make(num_pages=24, shares=TenantShares(weight=weights.get), max_running=6, prefill_chunk=8)
-        real_victim = s._victim
+        real_victim = s.growth.victim
 
         def watched(req, need, may_take_own, s=s, real_victim=real_victim):
             held, quota = s.held_by_tenant(), s.kv_quotas()
@@ -87,7 +87,7 @@ def test_under_random_pressure_no_tenant_within_quota_loses_pages_to_another():
                 assert held[victim.tenant] > quota[victim.tenant], (seed, held, quota)
             return victim
 
-        s._victim = watched
+        s.growth.victim = watched
         n = 0
         for step in range(120):
             if rng.random() < 0.4:
