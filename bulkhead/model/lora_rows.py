@@ -27,6 +27,7 @@ TILE = 16
 @dataclass(frozen=True)
 class LoraRows:
     groups: tuple[tuple[LoraWeights, torch.Tensor], ...]  # (adapter, row indices [n] int64) per adapter in the pass
+    whole_pass: bool = False  # one group holding every real row, 0..n-1 (a prompt chunk's pass)
 
     @classmethod
     def of(cls, row_adapters: list[LoraWeights | None]) -> LoraRows | None:
@@ -37,7 +38,8 @@ class LoraRows:
                 by_digest.setdefault(adapter.digest, (adapter, []))[1].append(row)
         if not by_digest:
             return None
-        return cls(tuple((w, torch.tensor(rows, dtype=torch.long)) for w, rows in by_digest.values()))
+        groups = tuple((w, torch.tensor(rows, dtype=torch.long)) for w, rows in by_digest.values())
+        return cls(groups, len(groups) == 1 and len(groups[0][1]) == len(row_adapters))
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (the base output of `linear` for inputs x, [T, out]) plus each
@@ -46,10 +48,16 @@ class LoraRows:
             delta = weights.layers[layer].get(linear)
             if delta is None:
                 continue
-            u = _tiled(x.index_select(0, rows).float(), delta.a)  # [tiles, TILE, R]
+            n = len(rows)
+            # A prompt chunk's pass (every real row, rows 0..n-1): slices, no gather or scatter.
+            u = _tiled((x[:n] if self.whole_pass else x.index_select(0, rows)).float(), delta.a)  # [tiles, TILE, R]
             for part in delta.parts:
                 d = _tiled_mm(u[:, :, part.ranks[0]:part.ranks[1]], part.b)
-                y[:, part.cols[0]:part.cols[1]].index_add_(0, rows, d.reshape(-1, d.shape[-1])[:len(rows)].to(y.dtype))
+                d = d.reshape(-1, d.shape[-1])[:n].to(y.dtype)
+                if self.whole_pass:
+                    y[:n, part.cols[0]:part.cols[1]] += d
+                else:
+                    y[:, part.cols[0]:part.cols[1]].index_add_(0, rows, d)
         return y
 
     def touches(self, layer: int, linear: str) -> bool:
