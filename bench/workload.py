@@ -88,22 +88,27 @@ async def one_request(http: httpx.AsyncClient, ep: Endpoint, prompt: Prompt, out
     return {"ttft": first - start, "tpot": (end - first) / max(1, tokens - 1), "tokens": tokens}
 
 
-async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, output_tokens: int) -> dict:
-    """`concurrency` clients, each sending its next request as soon as the last one ends."""
+async def closed_loop(ep: Endpoint, prompts: list[Prompt], concurrency: int, output_tokens: int,
+                      client_endpoints: list[Endpoint] | None = None, headers: dict | None = None) -> dict:
+    """`concurrency` clients, each sending its next request as soon as the
+    last one ends; client i asks client_endpoints[i] where given (another
+    `model` per client: bench/lora.py), else `ep`."""
     queue = list(reversed(prompts))
     records: list[dict] = []
 
-    async def client(http):
+    async def client(http, own: Endpoint):
         while queue:
-            records.append(await one_request(http, ep, queue.pop(), output_tokens))
+            records.append(await one_request(http, own, queue.pop(), output_tokens))
 
     # A new connection per request, for every system alike: llama-server
     # closes a streamed response's connection without saying so, and a
     # client that reused it failed with "Server disconnected without sending
     # a response" at 16 clients. On loopback a connection costs ~0.1 ms.
-    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+    own = client_endpoints or [ep] * concurrency
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_keepalive_connections=0),
+                                 headers=headers) as http:
         start = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        await asyncio.gather(*(client(http, own[i]) for i in range(concurrency)))
         wall = time.perf_counter() - start
     return {"wall_s": wall, "records": records}
 

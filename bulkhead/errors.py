@@ -115,6 +115,16 @@ class Overloaded(BulkheadError):
     code = "server_overloaded"
 
 
+class AdapterUnavailable(BulkheadError):
+    """The worker cannot run the request's adapter as it was admitted: its
+    weights on disk changed (another digest) or no longer validate. Refused
+    rather than decoded with other weights."""
+
+    status = 503
+    type = "server_error"
+    code = "adapter_unavailable"
+
+
 class EngineFailure(BulkheadError):
     """The engine failed this request and refused to answer from unverified state."""
 

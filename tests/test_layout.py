@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bulkhead"
 LAYERS = [
     {"errors"},                       # the typed errors in the OpenAI error shape
     {"lineage", "protocol"},          # the page-lineage log; the transfer protocol's pure core
-    {"kv"},                           # pages, ledger, prefix cache
+    {"kv", "lora"},                   # pages, ledger, prefix cache; tenants' LoRA adapters as files (no torch)
     {"serving"},                      # the torch-free contract between the HTTP layer and a backend
     {"model"},                        # the model and its kernels
     {"engine"},                       # scheduler, runner, sampler: one process's engine
@@ -131,7 +131,7 @@ def test_the_contract_package_loads_no_torch(module):
 
 
 @pytest.mark.parametrize("module", ["bulkhead.engine.scheduler", "bulkhead.engine.fair_queue", "bulkhead.kv.ledger",
-                                    "bulkhead.kv.prefix_cache"])
+                                    "bulkhead.kv.prefix_cache", "bulkhead.lora.registry"])
 def test_the_pure_core_loads_no_torch(module):
     """Pure Python over ints and ids (STYLE.md): testable without tensors,
     importable by a process that holds no model."""

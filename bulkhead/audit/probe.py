@@ -249,6 +249,8 @@ class Probe:
         context_checks.coherence(self, report, report.context_length)
         self.aborts(report)
         self.structured(report)
+        from bulkhead.audit.probe_adapters import AdapterProbe  # here: it imports this module's types
+        AdapterProbe(self.client, self.tenant_keys, self.model, report.context_length).run(report)
         cross = next(c for c in report.checks if c.check == "cross_tenant")
         if self.canaries.hits:
             cross.status = "findings"

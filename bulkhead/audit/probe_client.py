@@ -57,6 +57,12 @@ class Reply:
         return 200 <= self.status < 300
 
 
+@dataclass(frozen=True)
+class RawReply:
+    status: int  # 0 when the request never got an answer
+    body: str  # the response body, or the transport error
+
+
 def _error_code(response: httpx.Response) -> str | None:
     try:
         body = response.json()
@@ -119,6 +125,14 @@ class ProbeClient:
             if info and isinstance(info.get("context_length"), int):
                 return model, info["context_length"], f"{path} context_length"
         return model, None, "not advertised"
+
+    def post(self, key: str, path: str, body: dict[str, Any]) -> RawReply:
+        """The status and body as they came (checks that compare two answers whole)."""
+        try:
+            response = self._client.post(self.base_url + path, json=body, headers=self._auth(key))
+        except httpx.HTTPError as error:
+            return RawReply(0, f"{type(error).__name__}: {error}")
+        return RawReply(response.status_code, response.text)
 
     def chat(self, key: str, body: dict[str, Any]) -> Reply:
         """A chat completion; the reply's text is the content and every tool call's arguments."""

@@ -22,7 +22,7 @@ from dataclasses import MISSING, fields
 
 from bulkhead.disagg.ticket import signed_ticket_from_dict, signed_ticket_to_dict
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
-from bulkhead.errors import EngineFailure
+from bulkhead.disagg.wire_errors import error_from_wire
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.messages import (  # noqa: F401 - the message types, re-exported
     BY_KIND, MESSAGES, Assign, DrainAck, Drain, Endpoint, Finalize, Heartbeat, Leaving, Message, Output,
@@ -111,8 +111,8 @@ def _output_to_dict(out: RequestOutput) -> dict:
 def _output_from_dict(d: dict) -> RequestOutput:
     error = None
     if d["error"] is not None:  # the worker's typed error, with its status, code and message
-        error = EngineFailure(d["error"].get("message", "worker error"), code=d["error"].get("code"))
-        error.status = int(d["error"].get("status", 500))
+        e = d["error"]
+        error = error_from_wire(e.get("message", "worker error"), e.get("code"), e.get("status", 500), e.get("param"))
     return RequestOutput(d["request_id"], tuple(d["token_ids"]), d["text"], _logprobs_from_list(d["logprobs"]),
                          d["finished"], d["finish_reason"], d["prompt_tokens"], d["completion_tokens"], error,
                          prompt_logprobs=_logprobs_from_list(d.get("prompt_logprobs", [])))

@@ -32,10 +32,11 @@ from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
 from bulkhead.disagg.router_metrics import (RouterCollector, router_fleet_figures, router_info, router_not_ready,
                                             sum_tenant_stats)
 from bulkhead.disagg.ticket import sign
+from bulkhead.disagg.wire_errors import error_from_wire
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
-    BulkheadError, Conflict, EngineFailure, NotFound, Overloaded, PeerLostError, RequestTimedOut,
+    BulkheadError, Conflict, NotFound, Overloaded, PeerLostError, RequestTimedOut,
     TransferFailedError,
 )
 from bulkhead.model.tokenizer import Tokenizer
@@ -333,9 +334,8 @@ class DisaggBackend(Backend):
     def _on_prefill_failed(self, sender: str, _worker: Worker, failed: m.PrefillFailed) -> None:
         self.counters["prefill_failed"] += 1
         if self._route_for(sender, failed.request_id, "prefill"):
-            overloaded = failed.code == "server_overloaded"
-            error = Overloaded(failed.reason) if overloaded else EngineFailure(failed.reason)
-            self._fail(failed.request_id, error, "prefill_failed")
+            # The worker's typed refusal (overloaded, adapter unavailable) reaches the client as itself.
+            self._fail(failed.request_id, error_from_wire(failed.reason, failed.code), "prefill_failed")
 
     def _on_transfer_failed(self, sender: str, worker: Worker, failed: m.TransferFailed) -> None:
         self.counters["transfer_failed"] += 1

@@ -15,6 +15,11 @@ It also carries the tenant's share as the router's tenant table had it at
 admission (weight, KV share): the workers schedule by it (fair queue, KV
 quotas) without a copy of keys.toml, and a reload reaches them with the
 next request. Signed, so a worker can trust it.
+
+A request under a tenant's LoRA adapter carries the adapter's name, path
+and weights digest (AdapterRef), signed with the rest: a worker loads the
+files at that path and refuses the request (AdapterUnavailable) when they
+hash to another digest, rather than run it on other weights.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import hmac
 import json
 from dataclasses import asdict
 
-from bulkhead.engine.admission import Admitted
+from bulkhead.engine.admission import AdapterRef, Admitted
 from bulkhead.engine.request import SamplingParams
 from bulkhead.protocol.ticket import SignedTicket, Ticket
 
@@ -54,12 +59,16 @@ def ticket_to_dict(ticket: Ticket) -> dict:
     return {"request_id": a.request_id, "tenant": a.tenant, "room": ticket.room, "epoch": ticket.epoch,
             "prompt_token_ids": list(a.prompt_token_ids), "params": params_to_dict(a.params),
             "context_length": a.context_length, "cache_salt": a.cache_salt, "client_id": a.client_id,
+            "adapter": asdict(a.adapter) if a.adapter is not None else None,
             "weight": ticket.weight, "kv_share": ticket.kv_share}
 
 
 def ticket_from_dict(d: dict) -> Ticket:
+    adapter = d["adapter"]
     admitted = Admitted(d["request_id"], d["tenant"], tuple(int(t) for t in d["prompt_token_ids"]),
-                        params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"], d["client_id"])
+                        params_from_dict(d["params"]), int(d["context_length"]), d["cache_salt"], d["client_id"],
+                        AdapterRef(str(adapter["name"]), str(adapter["path"]), str(adapter["digest"]))
+                        if adapter is not None else None)
     share = d["kv_share"]
     return Ticket(admitted, int(d["room"]), int(d["epoch"]), float(d["weight"]),
                   None if share is None else float(share))

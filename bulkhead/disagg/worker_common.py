@@ -77,6 +77,9 @@ class WorkerBase:
         self.channel.tell_share(ticket.tenant, ticket.weight, ticket.kv_share)  # in force before its request
         if ticket.admitted.client_id is not None:
             self.lineage.named(ticket.request_id, ticket.tenant, ticket.admitted.client_id)
+        if ticket.admitted.adapter is not None:  # before decode's grant: every allocation is recorded with it
+            a = ticket.admitted.adapter
+            self.lineage.adapter(ticket.request_id, ticket.tenant, a.name, a.digest)
         return ticket
 
     @contextmanager

@@ -35,6 +35,18 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class AdapterRef:
+    """The tenant's LoRA adapter a request runs under (bulkhead.lora): its
+    name, where its files are, and the digest of the weights it was admitted
+    with. A worker loads the files and refuses the request when they hash to
+    another digest."""
+
+    name: str
+    path: str
+    digest: str
+
+
+@dataclass(frozen=True)
 class Admitted:
     request_id: str
     tenant: str
@@ -47,6 +59,8 @@ class Admitted:
     # The client's X-Request-Id, if it sent one: decides nothing; the lineage
     # log records it so `bulkhead lineage request` finds the request by it.
     client_id: str | None = None
+    # The tenant's adapter the request runs under; None: the base model.
+    adapter: AdapterRef | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class ChunkPlanner:
             if not s.growth.grow(req, req.num_computed + 1, preempted, Preempt.ANY):
                 continue
             work.append(DecodeWork(req.request_id, req.tenant, req.num_computed, req.token_at(req.num_computed),
-                                   tuple(s.page_table(req))))
+                                   tuple(s.page_table(req)), req.adapter))
         return work
 
     def plan_prefills(self, budget: int, preempted: list[str]) -> list[PrefillWork]:
@@ -104,7 +104,7 @@ class ChunkPlanner:
                            samples=end == req.num_tokens,
                            # once: a recompute after a preemption has sent its prompt logprobs already
                            all_logits=wants_prompt_logprobs and not req.output_token_ids
-                           and req.num_computed < len(req.prompt_token_ids))
+                           and req.num_computed < len(req.prompt_token_ids), adapter=req.adapter)
 
     def _start(self, req: Request, end: int, preempted: list[str]) -> bool:
         """Move a waiting request into the batch with pages for [0, end);

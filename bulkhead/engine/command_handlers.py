@@ -15,7 +15,7 @@ from bulkhead.engine.outputs import RequestOutput
 from bulkhead.engine.request import FinishReason
 from bulkhead.engine.scheduler import QueueFull
 from bulkhead.engine.stops import OutputTracker
-from bulkhead.errors import BulkheadError, EngineFailure, Overloaded
+from bulkhead.errors import AdapterUnavailable, BulkheadError, EngineFailure, Overloaded
 from bulkhead.kv.digest import page_digests
 from bulkhead.kv.ledger import OutOfPages
 
@@ -28,8 +28,14 @@ log = logging.getLogger("bulkhead.engine.engine")  # the engine's log, as before
 
 def add(engine: Engine, c: cmd.Add) -> None:
     try:
+        engine.acquire_adapter(c.ticket)
+    except AdapterUnavailable as e:
+        c.sink(error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), e))
+        return
+    try:
         req = engine.scheduler.add(c.ticket)
     except QueueFull as e:
+        engine.release_adapter(c.ticket.adapter.digest if c.ticket.adapter else None)
         c.sink(error_output(c.ticket.request_id, len(c.ticket.prompt_token_ids), Overloaded(str(e))))
         return
     engine._sinks[req.request_id] = c.sink
@@ -46,7 +52,17 @@ def start_prefilled(engine: Engine, c: cmd.StartPrefilled) -> None:
     try:
         if c.sampler_state is not None:
             engine.sampler.set_state(rid, c.sampler_state)
-        req = engine.scheduler.add_prefilled(ticket, c.first_token)
+        engine.acquire_adapter(ticket)
+        try:
+            req = engine.scheduler.add_prefilled(ticket, c.first_token)
+        except Exception:
+            engine.release_adapter(ticket.adapter.digest if ticket.adapter else None)
+            raise
+    except AdapterUnavailable as e:  # the adapter's weights changed since admission: refused, not decoded
+        engine.sampler.forget(rid)
+        engine.release_reserved(rid)
+        c.sink(error_output(rid, len(ticket.prompt_token_ids), e))
+        return
     except Exception as e:  # fail this request closed; its pages go back scrubbed
         log.exception("could not start decoding %s", rid)
         engine.sampler.forget(rid)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -291,6 +292,7 @@ class Engine:
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer
+        self.release_adapter(req.adapter)
         if self.lineage.enabled:
             self.lineage.request_end(rid, req.tenant, "prefilled")
         sink = self._sinks.pop(rid, None)
@@ -301,9 +303,20 @@ class Engine:
                                len(req.prompt_token_ids), 1, held_pages=held,
                                sampler_state=state, prompt_logprobs=prompt_lps))
 
+    def acquire_adapter(self, ticket: Admitted) -> None:
+        """Load or share the weights of the ticket's LoRA adapter; AdapterUnavailable if they changed."""
+        if ticket.adapter is not None:
+            self.runner.adapters.acquire(ticket.adapter)
+
+    def release_adapter(self, digest: str | None) -> None:
+        if digest is not None:
+            self.runner.adapters.release(digest)
+
     def _finish(self, request_id: str, reason: FinishReason, notify: bool = True, error: BulkheadError | None = None):
         req = self.scheduler.finish(request_id, reason)
         self.runner.drop_pass(request_id)  # a pass in flight: its paused rows go with it
+        if req is not None:
+            self.release_adapter(req.adapter)
         sink = self._sinks.pop(request_id, None)
         self._trackers.pop(request_id, None)
         self._prompt_lps.pop(request_id, None)
@@ -341,4 +354,7 @@ class Engine:
             flying = self.scheduler.in_flight
             if self.runner.paused_passes != ({flying.work.request_id} if flying and flying.next_layer else set()):
                 raise AssertionError(f"paused passes {self.runner.paused_passes} != the scheduler's in flight")
+            using = Counter(r.adapter for r in self.scheduler.requests.values() if r.adapter is not None)
+            if self.runner.adapters.users != dict(using):
+                raise AssertionError(f"adapters held {self.runner.adapters.users} != the live requests' {dict(using)}")
 

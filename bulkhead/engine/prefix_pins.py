@@ -31,7 +31,7 @@ class PrefixPins:
         token must be computed for logits."""
         if self.cache is None:
             return
-        salt = tenant_salt(self._cache_secret, req.tenant, cache_salt)
+        salt = tenant_salt(self._cache_secret, req.tenant, cache_salt, req.adapter)  # KV under other weights never matches
         req.prefix_hashes = page_hashes(salt, req.prompt_token_ids, self.page_size,
                                         max_pages=(len(req.prompt_token_ids) - 1) // self.page_size)
 

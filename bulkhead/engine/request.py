@@ -79,6 +79,8 @@ class Request:
     # Positions [0, charged) were charged to its tenant's fair-queue counter;
     # recomputing them after a preemption is not charged again.
     charged: int = 0
+    # The digest of the LoRA adapter it runs under (AdapterRef.digest); None: the base model.
+    adapter: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
+from bulkhead.engine.adapter_store import AdapterStore
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.kv.pool import KVPool
 from bulkhead.model.batch import PagedBatch, SequenceSlice
 from bulkhead.model.llama import LlamaModel, PassState
+from bulkhead.model.lora_rows import LoraRows
 
 
 class NonFiniteLogits(RuntimeError):
@@ -56,10 +58,12 @@ class RunnerConfig:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: KVPool, ledger: PageLedger, config: RunnerConfig,
-                 lease: AbstractContextManager | None = None):
+                 lease: AbstractContextManager | None = None, adapters: AdapterStore | None = None):
         """lease: held around each run, where workers on one host take turns
-        with its cores (bulkhead.engine.core_lease); None = never waits."""
+        with its cores (bulkhead.engine.core_lease); None = never waits.
+        adapters: the LoRA weights of the requests that run under one, by digest."""
         self.model = model
+        self.adapters = adapters if adapters is not None else AdapterStore(model.config)
         self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger
@@ -171,20 +175,20 @@ class ModelRunner:
     def _build_batch(self, works: list[PrefillWork] | list[DecodeWork]) -> tuple[PagedBatch, list[str]]:
         """One forward pass: prefill chunks (one, or several under
         batch_prompts, rows stacked in order), or decode rows."""
-        rows = _BatchRows(self.page_size)
+        rows = _BatchRows(self.page_size, self.adapters)
         tile = 0
         decode = not isinstance(works[0], PrefillWork)
         if not decode:
             if len(works) != 1 and (not self.config.batch_prompts or any(w.all_logits for w in works)):
                 raise ValueError(f"a prefill pass computes one chunk here, not {len(works)}")
             for w in works:
-                rows.add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples)
+                rows.add_sequence(w.request_id, w.start, w.token_ids, w.pages, w.samples, w.adapter)
             if works[0].all_logits:  # every row of the chunk, in order (the sampling row is the last)
                 rows.logit_rows = list(range(len(rows.tokens)))
             multiple = self.config.prefill_row_bucket
         else:
             for w in works:
-                rows.add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True)
+                rows.add_sequence(w.request_id, w.position, (w.token_id,), w.pages, True, w.adapter)
             multiple = self.config.decode_row_multiple or self.config.decode_tile
             tile = 0 if self.config.decode_row_multiple else self.config.decode_tile
         if multiple:
@@ -195,8 +199,10 @@ class ModelRunner:
 class _BatchRows:
     """The rows of one forward pass as they are gathered, sequence by sequence."""
 
-    def __init__(self, page_size: int):
+    def __init__(self, page_size: int, adapters: AdapterStore):
         self.page_size = page_size
+        self.adapters = adapters
+        self.row_adapters: list = []  # each row's LoRA weights, None for the base model's (and padding)
         self.tokens: list[int] = []
         self.positions: list[int] = []
         self.slots: list[int] = []
@@ -205,9 +211,11 @@ class _BatchRows:
         self.logit_rows: list[int] = []
         self.ids: list[str] = []  # the requests sampled, in logit row order
 
-    def add_sequence(self, request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool) -> None:
+    def add_sequence(self, request_id: str, start: int, seq_tokens, seq_pages, wants_logits: bool,
+                     adapter: str | None) -> None:
         ps = self.page_size
         row = len(self.tokens)
+        self.row_adapters.extend([self.adapters.get(adapter) if adapter else None] * len(seq_tokens))
         for i, tok in enumerate(seq_tokens):
             pos = start + i
             self.tokens.append(tok)
@@ -246,4 +254,5 @@ class _BatchRows:
             decode=decode,
             decode_page_offset=as_long([s.page_offset for s in self.seqs]) if decode else None,
             decode_kv_len=as_long([s.kv_len for s in self.seqs]) if decode else None,
+            lora=LoraRows.of(self.row_adapters),
         )

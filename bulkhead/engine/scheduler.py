@@ -91,7 +91,7 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
-                      next(self._arrivals))
+                      next(self._arrivals), adapter=ticket.adapter.digest if ticket.adapter else None)
         self.pins.hash_prompt(req, ticket.cache_salt)
         self.requests[req.request_id] = req
         self.waiting.join(req.tenant)
@@ -108,7 +108,8 @@ class Scheduler:
         self.awaiting_remote_kv.pop(ticket.request_id, None)  # its pages are the running request's now
         req = Request(ticket.request_id, ticket.tenant, list(ticket.prompt_token_ids), ticket.params,
                       next(self._arrivals), output_token_ids=[first_token],
-                      num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING)
+                      num_computed=len(ticket.prompt_token_ids), status=RequestStatus.RUNNING,
+                      adapter=ticket.adapter.digest if ticket.adapter else None)
         req.charged = req.num_tokens  # the prefill worker's engine charged the prompt
         self.requests[req.request_id] = req
         self.waiting.join(req.tenant)

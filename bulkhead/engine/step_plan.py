@@ -21,6 +21,7 @@ class PrefillWork:
     # progress come only with the slice that ends the pass.
     layers: tuple[int, int] | None = None
     ends_pass: bool = True
+    adapter: str | None = None  # the digest of the request's LoRA adapter (bulkhead.engine.adapter_store)
 
     @property
     def end(self) -> int:
@@ -34,6 +35,7 @@ class DecodeWork:
     position: int
     token_id: int
     pages: tuple[int, ...]
+    adapter: str | None = None  # as PrefillWork's
 
 
 @dataclass(frozen=True)

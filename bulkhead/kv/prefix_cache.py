@@ -3,11 +3,13 @@
 A full page of prompt KV is keyed by a hash chain that starts from a salt
 derived on the server from the authenticated tenant (invariant 7):
 
-    h(-1) = xxh3(HMAC(server_secret, tenant) [, then HMAC(.., client cache_salt)])
+    h(-1) = xxh3(HMAC(server_secret, tenant) [, then HMAC(.., adapter digest)] [, then HMAC(.., client cache_salt)])
     h(i)  = xxh3(h(i-1) || token ids of page i)
 
-so one tenant's key can never equal another's, and a client salt can only
-split its own tenant's space further. Cached pages are owned in the ledger by
+so one tenant's key can never equal another's, KV computed under a LoRA
+adapter is never found by a request under other weights (the base model or
+another adapter: bulkhead.lora), and a client salt can only split its own
+tenant's space further. Cached pages are owned in the ledger by
 CACHE_OWNER with their tenant recorded; a request may read one only if that
 tenant is its own (Ledger.check_readable). A page a running request reads is
 pinned; only unpinned pages are evicted (LRU), and eviction releases them to
@@ -28,8 +30,11 @@ from bulkhead.kv.ledger import LedgerError, PageLedger
 CACHE_OWNER = "<prefix-cache>"
 
 
-def tenant_salt(server_secret: bytes, tenant: str, client_salt: str | None = None) -> bytes:
+def tenant_salt(server_secret: bytes, tenant: str, client_salt: str | None = None,
+                adapter_digest: str | None = None) -> bytes:
     salt = hmac.new(server_secret, b"tenant:" + tenant.encode(), hashlib.sha256).digest()
+    if adapter_digest:
+        salt = hmac.new(salt, b"adapter:" + adapter_digest.encode(), hashlib.sha256).digest()
     if client_salt:
         salt = hmac.new(salt, b"client:" + client_salt.encode(), hashlib.sha256).digest()
     return salt

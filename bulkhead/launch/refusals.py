@@ -24,11 +24,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_keys(args) -> tuple[KeyStore | None, str | None]:
+def load_keys(args, model_id: str | None = None) -> tuple[KeyStore | None, str | None]:
     """The key store (None: single tenant on loopback), or the whole line
     that says why not to start."""
     try:
-        keys = KeyStore.from_sources(args.api_keys)
+        keys = KeyStore.from_sources(args.api_keys, model_id)
     except (OSError, ValueError) as e:  # a mistake in keys.toml names its line: refuse to start
         return None, f"refusing to start: {e}"
     if keys is None and not is_loopback(args.host):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import uvicorn
 
+from bulkhead.launch.adapters import tenant_adapters
 from bulkhead.launch.engine_flags import engine_config
 from bulkhead.launch.refusals import check_lineage_flags, load_keys, log_keys
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, resolve_model
@@ -30,7 +31,7 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     if (problem := check_lineage_flags(args)) is not None:
         log.error("refusing to start: %s", problem)
         return 2
-    keys, refusal = load_keys(args)
+    keys, refusal = load_keys(args, model_id)
     if refusal is not None:
         log.error("%s", refusal)
         return 2
@@ -50,7 +51,8 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
         from bulkhead.launch.disaggregated import router_backend, serve_router
 
         backend, workers = router_backend(args, model_dir, model_id, auth, seams)
-    state = ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens)
+    state = ServerState(backend, keys, seams, default_max_tokens=args.default_max_tokens,
+                        adapters=tenant_adapters(keys, model_dir))
     log_keys(keys)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=False)

@@ -133,7 +133,9 @@ def _request(args: argparse.Namespace, logs: list[Path]) -> int:
         print(json.dumps(story.to_dict() | {"client_id": client_id}, indent=1))
         return EXIT_OK
     named_as = f", X-Request-Id {client_id}" if client_id else ""
-    print(f"request {story.request} (tenant {story.tenant}{named_as})")
+    adapter = story.adapter
+    under = f", adapter {adapter['name']} digest {adapter['digest']}" if adapter else ""
+    print(f"request {story.request} (tenant {story.tenant}{named_as}{under})")
     for rec in story.records:
         print(f"  {_when(rec['ts'])} {rec['log']} #{rec['seq']} {rec['kind']}: {_fields(rec)}")
     for entry in story.to_dict()["pages"]:

@@ -113,6 +113,12 @@ class RequestStory:
     records: list[dict]  # those naming the request
     pages: dict[tuple[str, int], PageStory]  # (log, page) -> story
 
+    @property
+    def adapter(self) -> dict | None:
+        """The LoRA adapter the request ran under (name and digest), from its `adapter` record; None: the base model."""
+        return next(({"name": r["name"], "digest": r["digest"]} for r in self.records if r.get("kind") == "adapter"),
+                    None)
+
     def pages_by_via(self, via: str) -> list[int]:
         """Pages the request got by `via` ("alloc" or "cache_hit")."""
         return [p for (_log, p), s in self.pages.items() if s.via == via]
@@ -125,7 +131,8 @@ class RequestStory:
                         "previous_holder": None if prev is None else {"request": prev["request"],
                                                                       "tenant": prev["tenant"]},
                         "scrubbed_before_handed": s.scrubbed_before(), "history": s.events})
-        return {"request": self.request, "tenant": self.tenant, "records": self.records, "pages": out}
+        return {"request": self.request, "tenant": self.tenant, "adapter": self.adapter, "records": self.records,
+                "pages": out}
 
 
 def request_story(paths: list[Path], request: str) -> RequestStory:

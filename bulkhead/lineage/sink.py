@@ -45,6 +45,11 @@ class LineageSink:
         within the tenant, and only while in flight): `bulkhead lineage
         request` finds the request by it."""
 
+    def adapter(self, request: str, tenant: str, name: str, digest: str) -> None:
+        """request runs under tenant's LoRA adapter `name` whose weights hash
+        to `digest`: every page handed to it from now on (alloc, cache_hit)
+        is recorded with the adapter. Never its path: that is the operator's."""
+
     def request_end(self, request: str, tenant: str | None, reason: str) -> None:
         """The engine ended request (finished, aborted, failed, or handed over to a transfer)."""
 

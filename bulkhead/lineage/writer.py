@@ -30,6 +30,12 @@ from bulkhead.lineage.sink import LineageSink
 log = logging.getLogger(__name__)
 
 
+# Requests whose adapter the writer remembers at once: far more than an
+# engine holds (its queue and batch limits), so only a request that never
+# reached an engine is forgotten this way.
+MAX_ADAPTER_REQUESTS = 65536
+
+
 class LineageLogError(RuntimeError):
     """The log cannot be opened or continued (refuse to start)."""
 
@@ -58,6 +64,9 @@ class LineageLog(LineageSink):
         self.records_lost = 0
         self.write_errors = 0
         self.error: str | None = None
+        # request -> its adapter (name, digest), stamped on the request's page records until its end.
+        # Bounded: a request that never reaches an engine (a refused transfer) leaves no end record.
+        self._adapters: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._seq, self._prev, torn = self._resume()
         self._on_disk = (self._seq - 1, self._prev)  # the last whole record on disk: (seq, MAC)
         self._fd = self._open()
@@ -75,7 +84,7 @@ class LineageLog(LineageSink):
 
     def allocated(self, request, tenant, pages, generations):
         self._emit("alloc", {"request": request, "tenant": tenant, "pages": list(pages),
-                             "gens": list(generations)})
+                             "gens": list(generations), **self._adapter_of(request)})
 
     def freed(self, owner, pages, generations, tenants):
         self._emit("free", {"request": owner, "pages": list(pages), "gens": list(generations),
@@ -92,12 +101,23 @@ class LineageLog(LineageSink):
 
     def cache_hit(self, request, tenant, pages, generations, page_tenants):
         self._emit("cache_hit", {"request": request, "tenant": tenant, "pages": list(pages),
-                                 "gens": list(generations), "tenants": list(page_tenants)})
+                                 "gens": list(generations), "tenants": list(page_tenants),
+                                 **self._adapter_of(request)})
+
+    def adapter(self, request, tenant, name, digest):
+        self._adapters[request] = {"adapter": {"name": name, "digest": digest}}
+        while len(self._adapters) > MAX_ADAPTER_REQUESTS:
+            self._adapters.popitem(last=False)
+        self._emit("adapter", {"request": request, "tenant": tenant, "name": name, "digest": digest})
+
+    def _adapter_of(self, request) -> dict:
+        return self._adapters.get(request, {})
 
     def named(self, request, tenant, client_id):
         self._emit("name", {"request": request, "tenant": tenant, "client_id": client_id})
 
     def request_end(self, request, tenant, reason):
+        self._adapters.pop(request, None)
         self._emit("end", {"request": request, "tenant": tenant, "reason": reason})
 
     def granted(self, request, tenant, room, epoch, pages, generations):

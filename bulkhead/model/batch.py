@@ -58,4 +58,7 @@ class PagedBatch:
     # start in `pages`, and its kv_len. [S] int64 each; None otherwise.
     decode_page_offset: torch.Tensor | None = None
     decode_kv_len: torch.Tensor | None = None
+    # The rows run under a tenant's LoRA adapter, grouped by adapter
+    # (bulkhead.model.lora_rows.LoraRows); None when every row is the base model's.
+    lora: object | None = None
 

@@ -100,7 +100,7 @@ class LlamaModel:
         """
         # Not where decode rows are tiled (no batch-invariant row multiple
         # was measured): the C layers run every row through one matmul.
-        if batch.decode and self._c_layers is not None and not batch.row_tile:
+        if batch.decode and self._c_layers is not None and not batch.row_tile and batch.lora is None:
             x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
             return self._head(x, batch)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
@@ -144,17 +144,26 @@ class LlamaModel:
             h = glue.rms_norm(x, w.layers[0].input_norm)
         else:
             x, h = state.x, state.h
+        lora = batch.lora  # each row's adapter delta after each base matmul (bulkhead.model.lora_rows)
         for i in range(start, stop):
             layer, (k_pages, v_pages) = w.layers[i], kv_layers[i]
             qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)  # [T, (H + 2 * KVH) * hd]
+            if lora is not None:
+                lora.add(i, "qkv", h, qkv)
             qk = glue.rope(qkv, qk_heads)  # [T, H + KVH, hd]
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, qk_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
             attn = paged_attention(q, k, v, k_pages, v_pages, batch, self.decode_attention == "c", slots,
                                    self.prefill_attention == "bf16")
-            x, h = glue.add_rms_norm(x, _linear(attn, layer.o, None, batch), layer.post_norm)
-            act = glue.gate_up_silu_mul(h, layer.gate_up, batch)
+            o = _linear(attn, layer.o, None, batch)
+            x, h = glue.add_rms_norm(x, o if lora is None else lora.add(i, "o", attn, o), layer.post_norm)
+            if lora is not None and lora.touches(i, "gate_up"):  # the delta goes in before SiLU: no fused kernel
+                act = glue.silu_mul(lora.add(i, "gate_up", h, _linear(h, layer.gate_up, None, batch)))
+            else:
+                act = glue.gate_up_silu_mul(h, layer.gate_up, batch)
             down = _linear(act, layer.down, None, batch)
+            if lora is not None:
+                lora.add(i, "down", act, down)
             if i == cfg.num_layers - 1:
                 return PassState(x + down, None)
             # The residual add and the next layer's input norm in one pass.
@@ -190,7 +199,10 @@ class _TorchGlue:
         return x, _rms_norm(x, weight, self.eps)
 
     def gate_up_silu_mul(self, h: torch.Tensor, gate_up: Linear, batch: PagedBatch) -> torch.Tensor:
-        gate, up = _linear(h, gate_up, None, batch).chunk(2, dim=-1)
+        return self.silu_mul(_linear(h, gate_up, None, batch))
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
@@ -215,4 +227,7 @@ class _CGlue:
         # The prompt kernel's one pass where it has one (Linear.silu_mul):
         # the same numbers, without the [T, 2 I] matmul output.
         act = gate_up.silu_mul(h)  # prompt rows only: _CGlue never runs a decode pass
-        return act if act is not None else prefill_glue.silu_mul(_linear(h, gate_up, None, batch).contiguous())
+        return act if act is not None else self.silu_mul(_linear(h, gate_up, None, batch))
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return prefill_glue.silu_mul(gate_up.contiguous())

@@ -26,6 +26,7 @@ from bulkhead.server.error_handlers import add_error_handlers
 from bulkhead.server.fleet_routes import add_fleet_routes
 from bulkhead.server.inflight import InFlightRequests
 from bulkhead.server.limiter import TenantLimiter
+from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.operator_routes import add_operator_routes
 from bulkhead.server.params import DEFAULT_MAX_TOKENS
@@ -47,6 +48,8 @@ class ServerState:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # True once the HTTP server was told to exit: /ready answers 503 (launch.py points it at uvicorn's flag)
     stopping: Callable[[], bool] = lambda: False
+    # Each tenant's LoRA adapters (keys.toml [tenants.NAME.adapters]); None: keys are off, no adapters.
+    adapters: AdapterRegistry | None = None
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
@@ -77,6 +80,8 @@ class ServerState:
         for (tenant, limit), n in sorted(self.limiter.throttled.items()):
             throttled.setdefault(tenant, {})[limit] = n
         body["throttled"] = throttled
+        if self.adapters is not None:  # each tenant's LoRA adapters by name
+            body["adapters"] = {t: self.adapters.names(t) for t in {a.tenant for a in self.adapters.loaded()}}
         return body
 
 

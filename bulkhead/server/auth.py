@@ -36,13 +36,18 @@ RELOAD_CHECK_S = 1.0
 
 
 class KeyStore:
-    def __init__(self, path: Path | None = None, env_value: str | None = None, operator_env_value: str | None = None):
+    def __init__(self, path: Path | None = None, env_value: str | None = None, operator_env_value: str | None = None,
+                 base_model_id: str | None = None):
         self.path = Path(path) if path else None
+        self.base_model_id = base_model_id  # an adapter may not take its name
         self._env_keys = _parse_env(env_value, ENV_VAR) if env_value else {}
         self._env_operators = _parse_env(operator_env_value, OPERATOR_ENV_VAR) if operator_env_value else {}
         self._file_keys: dict[str, str] = {}
         self._file_operators: dict[str, str] = {}
         self._policies: dict[str, TenantPolicy] = {}
+        self._adapters: dict[str, dict[str, Path]] = {}
+        # Counts the key files applied: an adapter registry re-reads the adapter tables when it moves.
+        self.generation = 0
         self._mtime = None  # of the last good file
         self._checked = 0.0
         self.reload_error: str | None = None  # the mistakes of the file on disk, if any
@@ -54,11 +59,11 @@ class KeyStore:
         self._reload()
 
     @classmethod
-    def from_sources(cls, path: Path | None) -> KeyStore | None:
+    def from_sources(cls, path: Path | None, base_model_id: str | None = None) -> KeyStore | None:
         env = os.environ.get(ENV_VAR)
         if path is None and not env:
             return None
-        return cls(path, env, os.environ.get(OPERATOR_ENV_VAR))
+        return cls(path, env, os.environ.get(OPERATOR_ENV_VAR), base_model_id)
 
     def _reload(self) -> None:
         """Raises KeyFileUnreadable or OSError when the file cannot be read as
@@ -69,12 +74,14 @@ class KeyStore:
         if mtime == self._mtime:
             self.reload_error, self.stale = self._problems, False  # the file in force is back (or never left)
             return
-        parsed = parse_key_file(self.path.read_text(), str(self.path), self._env_keys)
+        parsed = parse_key_file(self.path.read_text(), str(self.path), self._env_keys, self.base_model_id)
         if self._mtime is None and parsed.problems:
             raise TenantTableError(parsed.problems[0])  # at start-up every mistake is refused
         self._file_keys, self._file_operators = parsed.keys, parsed.operators
         if parsed.policies is not None:
             self._policies = parsed.policies
+        self._adapters = parsed.adapters
+        self.generation += 1
         self._problems = self._describe(parsed)
         if self._mtime is not None:
             log.info("keys file reloaded: %d keys, %d operator keys", len(parsed.keys), len(parsed.operators))
@@ -117,6 +124,11 @@ class KeyStore:
     @property
     def policies(self) -> dict[str, TenantPolicy]:
         return dict(self._policies)
+
+    @property
+    def adapters(self) -> dict[str, dict[str, Path]]:
+        """{tenant: {adapter name: directory}} as the key file in force declares them."""
+        return {t: dict(names) for t, names in self._adapters.items()}
 
     @property
     def tenants(self) -> set[str]:

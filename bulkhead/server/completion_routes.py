@@ -18,11 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from bulkhead.engine.admission import Admitted, Rejection
-from bulkhead.errors import InvalidRequest, NotFound, RateLimited
+from bulkhead.engine.admission import AdapterRef, Admitted, Rejection
+from bulkhead.errors import InvalidRequest, RateLimited
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.server.generation_run import GenerationRun
 from bulkhead.server.inflight import InFlight, client_request_id
+from bulkhead.server.model_names import model_list, resolve_model
 from bulkhead.server.params import chat_messages, completion_prompts, sampling_params, validate_common
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from bulkhead.server.structured import GrammarCompiler, request_grammar
@@ -41,30 +42,28 @@ def add_completion_routes(app: FastAPI, state: ServerState, tenant_of: Callable[
 
     @app.get("/v1/models")
     async def models(request: Request):
-        tenant_of(request)
-        return {"object": "list", "data": [{
-            "id": state.model_id, "object": "model", "created": 0, "owned_by": "bulkhead",
-            "max_model_len": backend.limits.context_length,
-        }]}
+        return model_list(tenant_of(request), state.model_id, backend.limits.context_length, state.adapters)
 
     def checked(request: Request, body: _SamplingFields):
-        """The request's tenant (its key checked) and the limits its fields were checked against."""
+        """The request's tenant (its key checked), the limits its fields were
+        checked against, and the tenant's adapter its `model` names (None: the base model)."""
         tenant = tenant_of(request)
-        _check_model(state, body)
+        adapter = resolve_model(body.model, tenant, state.model_id, state.adapters)
         limits = backend.limits
         validate_common(body, limits)
-        return tenant, limits
+        return tenant, limits, adapter
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        tenant, limits = checked(request, body)
+        tenant, limits, adapter = checked(request, body)
         grammar = request_grammar(body, grammars)
         prompts = completion_prompts(body, limits, tok.encode)
-        return await _serve(state, request, body, tenant, prompts, limits, chat=False, grammar=grammar)
+        return await _serve(state, request, body, tenant, prompts, limits, chat=False, grammar=grammar,
+                            adapter=adapter)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        tenant, limits = checked(request, body)
+        tenant, limits, adapter = checked(request, body)
         tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
         grammar = request_grammar(body, grammars, tools)
         native_tools = None
@@ -76,24 +75,20 @@ def add_completion_routes(app: FastAPI, state: ServerState, tenant_of: Callable[
         except ChatTemplateError as e:
             raise InvalidRequest(str(e), param="messages") from None
         return await _serve(state, request, body, tenant, [tok.encode(text)], limits, chat=True, grammar=grammar,
-                            tools=tools)
-
-
-def _check_model(state: ServerState, body: _SamplingFields) -> None:
-    if body.model is not None and body.model != state.model_id:
-        raise NotFound(f"model {body.model!r} does not exist; this server serves {state.model_id!r}",
-                       param="model", code="model_not_found")
+                            tools=tools, adapter=adapter)
 
 
 async def _serve(state: ServerState, request: Request, body, tenant: str, prompts: list[list[int]], limits,
-                 chat: bool, grammar: str | None = None, tools: ToolPlan | None = None):
+                 chat: bool, grammar: str | None = None, tools: ToolPlan | None = None,
+                 adapter: AdapterRef | None = None):
     # rid names the engine's requests (unique server-wide); public_id is
     # what the client sees and addresses, unique only within its tenant.
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     client_id = client_request_id(request.headers.get("x-request-id"))
     public_id = client_id or rid
     endpoint = "chat" if chat else "completions"
-    tickets = _admit_every_choice(state, rid, tenant, endpoint, body, prompts, limits, grammar, client_id)
+    tickets = [replace(t, adapter=adapter) for t in
+               _admit_every_choice(state, rid, tenant, endpoint, body, prompts, limits, grammar, client_id)]
     _check_rate(state, rid, tenant, endpoint, tickets)  # before anything is submitted: a refused request holds no page
     prompt_tokens = sum(len(p) for p in prompts)
     entry = InFlight(public_id, tenant, endpoint, len(tickets), prompt_tokens, body.stream)

@@ -67,11 +67,13 @@ def _tenants(tenants: dict) -> dict[str, dict]:
     """One row per tenant: queue and service (summed over workers on a
     router), its table's weight, and its throttled requests."""
     live, table, throttled = tenants.get("live", {}), tenants.get("table", {}), tenants.get("throttled", {})
+    adapters = tenants.get("adapters", {})
     rows = {}
-    for t in sorted(set(live) | set(table) | set(throttled)):
+    for t in sorted(set(live) | set(table) | set(throttled) | set(adapters)):
         row = dict(live.get(t, {}))
         row["weight"] = table.get(t, {}).get("weight", 1.0)
         row["throttled"] = sum(throttled.get(t, {}).values())
+        row["adapters"] = adapters.get(t, [])  # the tenant's LoRA adapters by name (the page is an operator's)
         rows[t] = row
     return rows
 

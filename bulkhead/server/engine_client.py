@@ -31,6 +31,8 @@ class AsyncEngineClient:
         for t in tickets:
             if t.client_id is not None:  # the client's X-Request-Id, for `bulkhead lineage request`
                 self.engine.lineage.named(t.request_id, t.tenant, t.client_id)
+            if t.adapter is not None:  # before its first page: every allocation is recorded with it
+                self.engine.lineage.adapter(t.request_id, t.tenant, t.adapter.name, t.adapter.digest)
             self.engine.submit(t, sink)
         try:
             while pending:

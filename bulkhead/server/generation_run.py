@@ -36,6 +36,8 @@ class GenerationRun:
         self.entry = entry
         self.tools = tools  # an answer may be tool calls: parsed once whole, then sent
         self.kind = "chat.completion" if chat else "text_completion"
+        # What the response names as its model: the adapter the request named, else the base model.
+        self.model = tickets[0].adapter.name if tickets[0].adapter is not None else state.model_id
         self.started = time.monotonic()
         self.first_token = False
         # echo (completions): each choice's text starts with its prompt; with
@@ -133,12 +135,12 @@ class GenerationRun:
                 c["text"] = texts[i]
             choices.append(c)
         self._done(200, sum(counts))
-        return envelope(self.kind, self.entry.request_id, self.state.model_id, choices,
+        return envelope(self.kind, self.entry.request_id, self.model, choices,
                         usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        model = self.state.model_id
+        model = self.model
         counts = [0] * len(self.tickets)
         offsets = [0] * len(self.tickets)
         echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk

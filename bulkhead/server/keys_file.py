@@ -9,6 +9,9 @@
     [tenants.alpha]               # optional (bulkhead.server.tenants)
     weight = 2
 
+    [tenants.alpha.adapters]      # optional (bulkhead.server.adapter_table)
+    sql = "/srv/adapters/alpha-sql"
+
 Two kinds of mistake, because a reload must never keep a removed key alive:
 
 - KeyFileUnreadable: the file is not TOML, or has no [keys] table at all.
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
+from bulkhead.server.adapter_table import parse_adapter_tables
 from bulkhead.server.tenants import TenantPolicy, TenantTableError, entry_line, parse_tenant_table
 
 
@@ -40,10 +45,12 @@ class KeyFile:
     keys: dict[str, str]  # API key -> tenant; entries with a mistake left out
     operators: dict[str, str]  # operator key -> operator name; entries with a mistake left out
     policies: dict[str, TenantPolicy] | None  # None: the tenant table has a mistake and is refused
+    adapters: dict[str, dict[str, Path]]  # tenant -> adapter name -> directory; entries with a mistake left out
     problems: tuple[str, ...]  # every mistake, each naming the file and the line
 
 
-def parse_key_file(text: str, source: str, env_keys: dict[str, str] | None = None) -> KeyFile:
+def parse_key_file(text: str, source: str, env_keys: dict[str, str] | None = None,
+                   base_model_id: str | None = None) -> KeyFile:
     """source: the file's name for messages. env_keys: BULKHEAD_API_KEYS's
     key -> tenant (tenants a [tenants] entry may name, keys an operator key
     may not reuse). Raises KeyFileUnreadable only; every other mistake is in
@@ -72,7 +79,10 @@ def parse_key_file(text: str, source: str, env_keys: dict[str, str] | None = Non
     except TenantTableError as e:
         problems.append(str(e))
         policies = None
-    return KeyFile(keys, operators, policies, tuple(problems))
+    adapters = parse_adapter_tables(data.get("tenants"), source, text, base_model_id, problems)
+    tenants = set(keys.values()) | set(env_keys.values())
+    adapters = {t: names for t, names in adapters.items() if t in tenants}  # an unknown tenant: already a problem
+    return KeyFile(keys, operators, policies, adapters, tuple(problems))
 
 
 def _key_table(table: object, name: str, what: str, source: str, text: str, problems: list[str]) -> dict[str, str]:

@@ -23,6 +23,8 @@ def add_operator_routes(app: FastAPI, state: ServerState, operator_only: Callabl
         operator_only(request)
         body = state.backend.info()
         body["tenants"] = state.tenants_info()
+        if state.adapters is not None:
+            body["adapters"] = state.adapters.info()
         if body["tenants"].get("keys_stale"):
             body["warnings"] = ["keys file unreadable: revocations written in it are NOT in force ("
                                 + body["tenants"]["reload_error"] + ")"]

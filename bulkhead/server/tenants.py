@@ -11,6 +11,9 @@
     requests_per_minute = 120
     tokens_per_minute = 200000   # prompt + max_tokens of each request, charged on admission
 
+    [tenants.alpha.adapters] # the tenant's own LoRA adapters (bulkhead.server.adapter_table)
+    sql = "/srv/adapters/alpha-sql"
+
 Every limit is optional. A mistake (a tenant no key names, a weight <= 0, a
 limit that is not a number, an unknown field) is a TenantTableError naming
 the entry and its line: `serve` refuses to start on it, a reload keeps the
@@ -73,6 +76,8 @@ def parse_tenant_table(table: object, known_tenants: set[str], source: str, text
             raise TenantTableError(f"{where}: expected a table of limits, got {entry!r}")
         values = {}
         for name, value in entry.items():
+            if name == "adapters":
+                continue  # the tenant's LoRA adapters: bulkhead.server.adapter_table
             at = f"{source}:{entry_line(text, f'tenants.{tenant}', name)}: [tenants.{tenant}] {name}"
             if name not in _RULES:
                 raise TenantTableError(f"{at}: unknown field (known: {', '.join(_RULES)})")

@@ -62,7 +62,8 @@ def test_clean_endpoint_passes(clean, keys, capsys):
     assert report["findings"] == [] and code == 0
     statuses = {c["check"]: c["status"] for c in report["checks"]}
     assert statuses == {"cross_tenant": "ok", "differential": "ok", "over_length": "ok",
-                        "coherence": "ok", "aborts": "ok", "structured": "skipped"}  # the fake serves no chat
+                        "coherence": "ok", "aborts": "ok", "structured": "skipped",  # the fake serves no chat
+                        "adapter_names": "skipped", "adapter_timing": "skipped"}  # nor lists an adapter
     assert report["cross_tenant_hits"] == 0
 
 

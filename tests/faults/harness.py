@@ -34,6 +34,8 @@ that its fault really fired, so it cannot pass vacuously (sglang #35890).
   replay_control         link (wire)       a sealed message is sent twice
   lose_<kind>            link (wire)       <kind> messages are never sent
   reorder_<kind>         link (wire)       a <kind> message is overtaken by the next one
+  swap_adapter           link (in)         decode: the request's adapter weights change on disk
+                                           before transfer_done is handled (adapter_swap.py)
   no_scrub               scrub             freed pages keep their KV (colocated)
   legacy_admission       admit + scheduler an over-length request is served the way the
                                            incident's engine did (tests/faults/legacy.py)
@@ -52,6 +54,7 @@ from bulkhead.engine.admission import Rejection, admit
 from bulkhead.engine.scheduler import Scheduler
 from bulkhead.kv.pool import scrub_released
 from bulkhead.seams import PRODUCTION, Seams
+from tests.faults.adapter_swap import swap_weights
 from tests.faults.legacy import LegacyTicket, add_stub
 
 ENV = "BULKHEAD_FAULTS_FILE"
@@ -60,7 +63,7 @@ CONTROL_KINDS = ("prefill_ready", "pages_granted", "transfer_done", "drain_ack")
 KNOWN = ("corrupt_page", "wrong_pages", "short_transfer", "stale_generation", "replay_control",
          "withhold_drain_ack", "slow_transfer", "legacy_admission", "no_scrub",
          "stall_prefill", "stall_past_grant", "stall_transfer", "crash_after_grant", "crash_before_manifest",
-         "stall_verify", "crash_before_commit",
+         "stall_verify", "crash_before_commit", "swap_adapter",
          *(f"{how}_{kind}" for how in ("lose", "reorder") for kind in CONTROL_KINDS))
 STALL_S = 2.0  # stall_prefill, stall_verify: long enough for a client to leave meanwhile
 SLOW_S = 2.0  # slow_transfer
@@ -134,6 +137,7 @@ class Injector:
         self.stale: set[str] = set()       # stale_generation wrote behind: claim behind
         self.withheld: set[str] = set()    # withhold_drain_ack: never ack these
         self.write_within_s = 0.0          # from the last grant (stall_past_grant)
+        self.adapter_dirs: dict[str, str] = {}  # decode: request -> its ticket's adapter path (swap_adapter)
 
     @classmethod
     def from_env(cls) -> "Injector":
@@ -247,7 +251,13 @@ class FaultyLink(WorkerLink):
             faults.crash("crash_before_commit")
             if faults.fire("stall_verify"):  # the check queues behind a busy engine
                 inj.stall_engine()
-        elif kind == "assign" and self.signer.sender.startswith("prefill") and faults.fire("stall_prefill"):
+            adapter_dir = inj.adapter_dirs.pop(message.get("request_id"), None)
+            if adapter_dir is not None and faults.fire("swap_adapter"):
+                swap_weights(adapter_dir)
+        elif kind == "assign" and self.signer.sender.startswith("decode") and \
+                (adapter := (message.get("ticket") or {}).get("adapter")):
+            inj.adapter_dirs[message["ticket"]["request_id"]] = adapter["path"]
+        if kind == "assign" and self.signer.sender.startswith("prefill") and faults.fire("stall_prefill"):
             inj.stall_engine()  # the request waits in the engine's queue
         on_message(message)
 

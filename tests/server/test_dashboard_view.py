@@ -30,7 +30,7 @@ def test_a_router_shows_each_workers_pool_and_counts_granted_transfers():
 
 def test_tenants_carry_queue_service_weight_and_throttled_requests():
     rows = dashboard_view(ENGINE, TENANTS)["tenants"]
-    assert rows["alpha"] == {"service": 10.0, "waiting": 2, "running": 1, "weight": 2.0, "throttled": 0}
+    assert rows["alpha"] == {"service": 10.0, "waiting": 2, "running": 1, "weight": 2.0, "throttled": 0, "adapters": []}
     assert rows["beta"]["throttled"] == 3 and rows["beta"]["weight"] == 1.0
 
 
@@ -43,3 +43,10 @@ def test_the_page_is_self_contained_and_keeps_the_key_out_of_the_url():
 def test_the_service_column_names_its_unit():
     html = page_html()
     assert "service (weighted tokens)" in html and "each output token 2" in html
+
+
+def test_each_tenant_row_names_its_lora_adapters():
+    view = dashboard_view({"role": "colocated"}, {"live": {"alpha": {}}, "adapters": {"alpha": ["sql"], "beta": ["x"]}})
+    assert view["tenants"]["alpha"]["adapters"] == ["sql"]
+    assert view["tenants"]["beta"]["adapters"] == ["x"]  # a tenant with adapters and nothing running yet
+    assert "LoRA adapters" in page_html()

@@ -1,0 +1,96 @@
+"""A validated adapter's deltas as tensors, fused the way the model fuses its linears.
+
+The model runs q, k and v as one matmul (LayerWeights.qkv) and gate and up
+as one (gate_up), so an adapter's deltas are fused the same way: for each
+layer and each fused linear, A [R, in] stacks the targeted modules' lora_A
+rows (one matmul for all of them: they share the input), and each module's
+scaled lora_B [out_m, r] adds `u[:, its r columns] @ B_m.T` to its own
+columns of the fused output:
+
+    u = x @ A.T;  y[:, cols_m] += u[:, rank_m] @ B_m.T
+
+No zero blocks are held, so an adapter costs exactly its own numbers
+(bulkhead.lora.peft_files.resident_bytes). Values are fp32, whatever the
+file stored (bf16 and fp16 widen exactly).
+
+The bytes are read once, hashed, and only then parsed: the digest checked
+is the digest of the weights used (a file swapped after validation cannot
+slip in), and a digest that is not the one the request carries is an
+AdapterMismatch. Non-finite values are refused (AdapterRefused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load as load_safetensors
+
+from bulkhead.lora.peft_files import FUSED, WEIGHTS_FILE, AdapterFiles, AdapterRefused, digest_of
+from bulkhead.model.config import ModelConfig
+
+
+class AdapterMismatch(RuntimeError):
+    """The weights on disk are not the ones the request was admitted with."""
+
+
+@dataclass(frozen=True)
+class ModuleB:
+    cols: tuple[int, int]  # the module's columns [start, stop) of the fused output
+    ranks: tuple[int, int]  # its columns [start, stop) of u = x @ A.T
+    b: torch.Tensor  # [out_m, r] fp32, scaling folded in
+
+
+@dataclass(frozen=True)
+class FusedDelta:
+    a: torch.Tensor  # [R, in] fp32: the targeted modules' lora_A stacked
+    parts: tuple[ModuleB, ...]
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    digest: str
+    layers: tuple[dict[str, FusedDelta], ...]  # per layer: fused linear name -> its delta (absent: none)
+    nbytes: int  # the fp32 tensors held
+
+    @classmethod
+    def load(cls, files: AdapterFiles, config: ModelConfig, digest: str | None = None) -> LoraWeights:
+        """The deltas of a validated adapter; `digest` (default: the one
+        validated) is what the bytes read must hash to."""
+        data = (files.path / WEIGHTS_FILE).read_bytes()
+        got = digest_of(data, files.rank, files.scaling)
+        if got != (digest or files.digest):
+            raise AdapterMismatch(f"{files.path / WEIGHTS_FILE}: the weights changed since they were validated "
+                                  f"(digest {got[:12]}, expected {(digest or files.digest)[:12]})")
+        tensors = load_safetensors(data)
+        deltas: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, (layer, module, side) in files.tensors.items():
+            t = tensors[name].float()
+            if not torch.isfinite(t).all():
+                raise AdapterRefused(f"{files.path / WEIGHTS_FILE}: tensor {name!r} holds a NaN or an infinity")
+            a, b = deltas.get((layer, module), (None, None))
+            deltas[(layer, module)] = (t, b) if side == "A" else (a, t * files.scaling)
+        layers = tuple(_fuse(deltas, layer, config) for layer in range(config.num_layers))
+        nbytes = sum(d.a.nbytes + sum(p.b.nbytes for p in d.parts) for fused in layers for d in fused.values())
+        return cls(got, layers, nbytes)
+
+
+def _fuse(deltas, layer: int, config: ModelConfig) -> dict[str, FusedDelta]:
+    widths = {"q_proj": config.q_size, "k_proj": config.kv_size, "v_proj": config.kv_size,
+              "o_proj": config.hidden_size, "gate_proj": config.intermediate_size,
+              "up_proj": config.intermediate_size, "down_proj": config.hidden_size}
+    fused = {}
+    for name, modules in FUSED.items():
+        present = [m for m in modules if (layer, m) in deltas]
+        if not present:
+            continue
+        a = torch.cat([deltas[(layer, m)][0] for m in present])
+        parts, col, rank = [], 0, 0
+        for m in modules:
+            if m in present:
+                b = deltas[(layer, m)][1]
+                parts.append(ModuleB((col, col + widths[m]), (rank, rank + b.shape[1]), b.contiguous()))
+                rank += b.shape[1]
+            col += widths[m]
+        fused[name] = FusedDelta(a.contiguous(), tuple(parts))
+    return fused
