@@ -117,13 +117,18 @@ def import_config(gguf_file: Path, out_dir: Path) -> Path:
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / GGUF_POINTER).write_text(json.dumps({"gguf": str(gguf_file), "table": tensor_table(gguf_file)}))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        _replace(out_dir, tmp)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _replace(out_dir: Path, tmp: Path) -> None:
+    """Put the finished `tmp` where `out_dir` was: a reader never sees half a directory."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
@@ -160,9 +165,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
         tokenizer.save_pretrained(tmp)
         steps.update()
         steps.close()
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        _replace(out_dir, tmp)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
