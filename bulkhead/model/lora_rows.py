@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bulkhead.model import lora_kernel
 from bulkhead.model.lora_weights import LoraWeights
 
 TILE = 16
@@ -43,7 +44,17 @@ class LoraRows:
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (the base output of `linear` for inputs x, [T, out]) plus each
-        row's delta; y is updated in place and returned."""
+        row's delta; y is updated in place and returned. The C kernel where
+        it builds (each row summed alone), else tiled torch matmuls: one
+        process always takes the same one, so a row's numbers never depend
+        on its batch."""
+        lib = lora_kernel.load()
+        if lib is not None and x.dtype == y.dtype == torch.float32 and y.stride(-1) == 1:
+            x = x.contiguous()
+            for weights, rows in self.groups:
+                if (delta := weights.layers[layer].get(linear)) is not None:
+                    lora_kernel.add_delta(lib, x, y, rows, delta)
+            return y
         for weights, rows in self.groups:
             delta = weights.layers[layer].get(linear)
             if delta is None:

@@ -14,6 +14,7 @@ from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
 from bulkhead.lora.peft_files import MODULES, BaseShapes, read_adapter
+from bulkhead.model import lora_kernel
 from bulkhead.model.loader import load_model
 from bench.lora_adapters import write_adapter
 
@@ -76,8 +77,14 @@ def test_the_adapter_path_equals_transformers_with_the_adapter_merged(tiny_model
     assert (base - expected).abs().max().item() > 1e-2  # the adapter changes the numbers: the test can fail
 
 
-def test_a_row_gets_the_same_numbers_alone_and_beside_others(tiny_model_dir, tmp_path):
-    """Batch invariance with adapters: decode rows of two adapters and the base model share one pass."""
+@pytest.mark.parametrize("delta_kernel", ["c", "torch"])
+def test_a_row_gets_the_same_numbers_alone_and_beside_others(tiny_model_dir, tmp_path, monkeypatch, delta_kernel):
+    """Batch invariance with adapters: decode rows of two adapters and the base model share one pass,
+    through the C delta (csrc/lora_delta.c) and through the tiled torch matmuls it falls back to."""
+    if delta_kernel == "torch":
+        monkeypatch.setattr(lora_kernel, "load", lambda: None)
+    elif lora_kernel.load() is None:
+        pytest.skip("the C LoRA delta does not build here")
     model = load_model(tiny_model_dir, linear_kernel="aten")
     shapes = BaseShapes.of(model.config)
     refs = []
@@ -110,3 +117,18 @@ def test_weights_changed_after_admission_are_refused(tiny_model_dir, tmp_path):
     with pytest.raises(AdapterUnavailable, match="cannot be served as it was admitted") as e:
         AdapterStore(model.config).acquire(AdapterRef("sql", str(d), admitted))
     assert str(d) not in e.value.message  # the path stays in the operator's log
+
+
+def test_the_c_delta_and_the_torch_fallback_agree(tiny_model_dir, tmp_path, monkeypatch):
+    model = load_model(tiny_model_dir, linear_kernel="aten")
+    shapes = BaseShapes.of(model.config)
+    d = write_adapter(tmp_path / "a", shapes, rank=8, alpha=16, scale=0.2)
+    ref = AdapterRef("a", str(d), read_adapter(d, shapes).digest)
+    if lora_kernel.load() is None:
+        pytest.skip("the C LoRA delta does not build here")
+    runner, layout = _runner(model)
+    runner.adapters.acquire(ref)
+    c = _logits(runner, layout, "c", IDS, ref.digest)
+    monkeypatch.setattr(lora_kernel, "load", lambda: None)
+    torch_path = _logits(runner, layout, "t", IDS, ref.digest)
+    assert (c - torch_path).abs().max().item() < 1e-4
