@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 
 class AdapterStore:
-    def __init__(self, config: ModelConfig, keep: int = 8):
+    def __init__(self, config: ModelConfig | None, keep: int = 8):
+        """config: the base model's (None: a model that serves no adapter)."""
         self.config, self.keep = config, keep
-        self._base = BaseShapes.of(config)
         self._weights: OrderedDict[str, LoraWeights] = OrderedDict()  # digest -> weights, idle ones oldest first
         self._users: dict[str, int] = {}  # digest -> requests holding it
 
@@ -65,7 +65,9 @@ class AdapterStore:
 
     def _load(self, ref: AdapterRef) -> LoraWeights:
         try:
-            files = read_adapter(Path(ref.path), self._base)
+            if self.config is None:
+                raise AdapterRefused("this engine's model serves no adapter")
+            files = read_adapter(Path(ref.path), BaseShapes.of(self.config))
             return LoraWeights.load(files, self.config, ref.digest)
         except (AdapterRefused, AdapterMismatch, OSError) as e:
             log.error("adapter %r refused: %s", ref.name, e)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -82,9 +84,13 @@ class BuiltEngine:
     def sampling_defaults(self) -> dict:
         return load_sampling_defaults(self.config.model_dir)
 
-    @property
+    @functools.cached_property
     def weights_info(self) -> dict:
-        """Each tensor group's stored format and the kernel that runs it (/server_info's `weights`)."""
+        """Each tensor group's stored format and the kernel that runs it
+        (/server_info's `weights`), read once: a worker reports it every
+        heartbeat. Empty for a stand-in model with no directory (the simulator's)."""
+        if not (Path(self.config.model_dir) / "config.json").exists():
+            return {}
         return describe_weights(self.config.model_dir, self.linear_kernel, self.lm_head_kernel)
 
 

@@ -63,7 +63,8 @@ class ModelRunner:
         with its cores (bulkhead.engine.core_lease); None = never waits.
         adapters: the LoRA weights of the requests that run under one, by digest."""
         self.model = model
-        self.adapters = adapters if adapters is not None else AdapterStore(model.config)
+        # A stand-in model without a config (the simulator's canary) serves no adapter.
+        self.adapters = adapters if adapters is not None else AdapterStore(getattr(model, "config", None))
         self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger

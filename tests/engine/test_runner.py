@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bulkhead.engine.builder import EngineConfig, build_engine, prompts_share_passes
+from bulkhead.engine.adapter_store import AdapterStore
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.scheduler import PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
@@ -55,7 +56,7 @@ def test_prompt_chunks_sharing_a_pass_get_the_numbers_their_own_passes_give(smol
 
 def test_a_chunk_asking_for_every_rows_logits_keeps_a_pass_of_its_own():
     runner = ModelRunner.__new__(ModelRunner)
-    runner.config, runner.page_size = RunnerConfig(batch_prompts=True), 16
+    runner.config, runner.page_size, runner.adapters = RunnerConfig(batch_prompts=True), 16, AdapterStore(None)
     a, b, c = (PrefillWork(f"r{i}", "t", 0, (1, 2), (i,), True, all_logits=(i == 1)) for i in range(3))
     assert runner._prefill_passes((a, b, c)) == [[a, c], [b]]
     runner.config = RunnerConfig()

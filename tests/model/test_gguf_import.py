@@ -32,10 +32,14 @@ def test_a_line_is_logged_while_the_import_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", slow_load)
     watcher = Watcher()
     gguf_import.log.addHandler(watcher)
-    monkeypatch.setattr(gguf_import.log, "level", logging.INFO)
+    level = gguf_import.log.level
+    # setLevel, not the attribute: it clears the logger's cached isEnabledFor answers
+    # (an earlier test in the process may have logged at INFO while it was off).
+    gguf_import.log.setLevel(logging.INFO)
     try:
         with pytest.raises(_Stop):
             gguf_import.convert_gguf(tmp_path / "model.gguf", tmp_path / "out")
     finally:
         gguf_import.log.removeHandler(watcher)
+        gguf_import.log.setLevel(level)
     assert not any(t.name == "gguf-import-heartbeat" for t in threading.enumerate())  # it stops with the import

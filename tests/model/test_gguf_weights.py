@@ -17,11 +17,11 @@ from bulkhead.model.loader import build_weights, load_weights
 from bulkhead.model.llama import ModelWeights
 from tests.model.test_weight_format import SHAPES, assert_close_to_exact, build, build_exact
 
-# One matrix kind per type the reader decodes (and one it does not: Q5_0), so a mislabel shows.
+# One matrix kind per type the reader decodes (Q5_0 through gguf_kquants, onto the 8-bit grid), so a mislabel shows.
 MIXED = {"attn_q": "Q4_1", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "F16", "ffn_gate": "BF16",
          "ffn_up": "F32", "ffn_down": "Q5_0", "token_embd": "Q8_0"}
 KIND = {"Q4_0": Q4Codes, "Q4_1": Q4Codes, "Q8_0": Q8Codes, "F16": Values, "BF16": Values, "F32": Values,
-        "Q5_0": Values}
+        "Q5_0": Q8Codes}
 
 
 @pytest.fixture(scope="module")
@@ -125,13 +125,13 @@ def test_the_bundled_file_decodes_to_gguf_pys_values_and_the_searched_packing():
 
 def test_the_exact_path_holds_the_stored_weights_exact_values(mixed_gguf):
     """`--linear-kernel aten`: every linear layer's fp32 weight is the
-    dequantized file's, whatever its type (Q5_0 through gguf-py's fallback)."""
+    dequantized file's, whatever its type (Q5_0 through gguf_kquants' decoder)."""
     built = build(gguf_import.model_dir_for(mixed_gguf), linear_kernel="aten", kv_dtype="float32")
     _, plain = load_weights(gguf_import.model_dir_for(mixed_gguf))
     layer = built.engine.runner.model.weights.layers[1]
     assert torch.equal(layer.down.w, plain.layers[1].down) and torch.equal(layer.qkv.w, plain.layers[1].qkv)
     info = weight_format.describe(gguf_import.model_dir_for(mixed_gguf), built.linear_kernel, built.lm_head_kernel)
-    assert info["down"] == {"stored": "Q5_0", "kernel": "aten", "dequantized_to_fp32": ["Q5_0"]}
+    assert info["down"] == {"stored": "Q5_0", "kernel": "aten"}  # decoded, not gguf-py's fallback
     assert info["qkv"]["stored"] == "Q4_0+Q4_1+Q8_0"
 
 

@@ -11,6 +11,8 @@ position, and the greedy token.
 """
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from bulkhead.kv.pool import KVPool
 from bulkhead.model import decode_kernel
 from bulkhead.model import bf16in_kernel, i16in_kernel, prefill_attention, q4_kernel
 from bulkhead.model.linear_kernel import onednn_usable
+from bulkhead.model.gguf_import import GGUF_POINTER
 from bulkhead.model.loader import load_model
 from tests.conftest import make_tiny_model
 
@@ -56,11 +59,22 @@ def paged_logits(model_dir, ids, chunk, kernel, decode_attention="torch", head_k
 
 
 def reference_logits(model_dir, ids):
+    with torch.no_grad():
+        return _reference_model(str(model_dir))(torch.tensor([ids])).logits[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_model(model_dir: str):
+    """transformers' model of a checkpoint directory, or of the GGUF file a
+    served directory points at (the bundled model: bulkhead reads its tensors
+    from the file, and transformers dequantizes the same file); loaded once."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0]
+    pointer = Path(model_dir) / GGUF_POINTER
+    if pointer.exists():
+        gguf = Path(json.loads(pointer.read_text())["gguf"])
+        return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def assert_parity(model_dir, ids, chunk, atol, kernel="aten", decode_attention="torch"):
