@@ -63,8 +63,7 @@ class ModelRunner:
         with its cores (bulkhead.engine.core_lease); None = never waits.
         adapters: the LoRA weights of the requests that run under one, by digest."""
         self.model = model
-        # A stand-in model without a config (the simulator's canary) serves no adapter.
-        self.adapters = adapters if adapters is not None else AdapterStore(getattr(model, "config", None))
+        self.adapters = adapters if adapters is not None else AdapterStore(model.config)
         self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger

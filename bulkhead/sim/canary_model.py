@@ -30,6 +30,8 @@ BadRead = tuple[str, int, int, float, float]
 
 
 class CanaryModel:
+    config = None  # no base model's config: it serves no LoRA adapter (bulkhead.engine.adapter_store)
+
     def __init__(self, vocab_size: int, worker: str, on_bad_read: Callable[[BadRead], None]):
         self.vocab_size = vocab_size
         self.worker = worker
