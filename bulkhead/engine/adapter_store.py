@@ -17,9 +17,9 @@ from pathlib import Path
 
 from bulkhead.engine.admission import AdapterRef
 from bulkhead.errors import AdapterUnavailable
-from bulkhead.lora.peft_files import AdapterRefused, BaseShapes, read_adapter
+from bulkhead.lora.peft_files import AdapterRefused, BaseShapes, read_adapter, read_weights
 from bulkhead.model.config import ModelConfig
-from bulkhead.model.lora_weights import AdapterMismatch, LoraWeights
+from bulkhead.model.lora_weights import LoraWeights
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,13 @@ class AdapterStore:
         try:
             if self.config is None:
                 raise AdapterRefused("this engine's model serves no adapter")
-            files = read_adapter(Path(ref.path), BaseShapes.of(self.config))
-            return LoraWeights.load(files, self.config, ref.digest)
-        except (AdapterRefused, AdapterMismatch, OSError) as e:
+            data = read_weights(Path(ref.path))
+            files = read_adapter(Path(ref.path), BaseShapes.of(self.config), data=data)
+            if files.digest != ref.digest:
+                raise AdapterRefused(f"{ref.path}: the weights changed since they were admitted (digest "
+                                     f"{files.digest[:12]}, admitted {ref.digest[:12]})")
+            return LoraWeights.load(files, self.config, data)
+        except (AdapterRefused, OSError) as e:
             log.error("adapter %r refused: %s", ref.name, e)
             # The name is the tenant's own; the path and the reason stay in the operator's log.
             raise AdapterUnavailable(f"adapter {ref.name!r} cannot be served as it was admitted; "

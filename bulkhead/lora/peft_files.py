@@ -22,6 +22,7 @@ it: the same digest means the same deltas, whatever the file is called.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import re
@@ -91,8 +92,13 @@ def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
     return total
 
 
-def read_adapter(path: Path, base: BaseShapes, max_rank: int = MAX_RANK, max_bytes: int = MAX_BYTES) -> AdapterFiles:
-    """Validate the PEFT directory at `path` against `base`; raises AdapterRefused."""
+def read_adapter(path: Path, base: BaseShapes, max_rank: int = MAX_RANK, max_bytes: int = MAX_BYTES,
+                 data: bytes | None = None) -> AdapterFiles:
+    """Validate the PEFT directory at `path` against `base`; raises AdapterRefused.
+    data: the weights file as read_weights() read it (a worker, which then
+    loads those very bytes: the header checked, the digest and the values
+    are all of one read); None reads the header and streams the digest
+    from disk (the router, which never holds the weights)."""
     path = Path(path)
     weights = path / WEIGHTS_FILE
     if not path.is_dir():
@@ -102,12 +108,20 @@ def read_adapter(path: Path, base: BaseShapes, max_rank: int = MAX_RANK, max_byt
             if (path / PICKLE_FILE).exists() else "missing"
         raise AdapterRefused(f"{weights}: {why}")
     rank, scaling, targets = _read_config(path / CONFIG_FILE, max_rank)
-    nbytes = weights.stat().st_size
+    nbytes = weights.stat().st_size if data is None else len(data)
     if nbytes > max_bytes:
         raise AdapterRefused(f"{weights}: {nbytes} bytes, over the limit of {max_bytes}")
-    tensors = _check_tensors(weights, _header(weights, nbytes), base, rank, targets)
+    tensors = _check_tensors(weights, _header(weights, nbytes, data), base, rank, targets)
     pairs = tuple(sorted({(layer, module) for layer, module, _ in tensors.values()}))
-    return AdapterFiles(path, rank, scaling, pairs, tensors, _digest(weights, rank, scaling), nbytes)
+    digest = _digest(weights, rank, scaling) if data is None else digest_of(data, rank, scaling)
+    return AdapterFiles(path, rank, scaling, pairs, tensors, digest, nbytes)
+
+
+def read_weights(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """The adapter's weights file, read once and at most max_bytes + 1 bytes
+    of it (enough for read_adapter to refuse a file over the limit)."""
+    with (Path(path) / WEIGHTS_FILE).open("rb") as f:
+        return f.read(max_bytes + 1)
 
 
 def _read_config(config_file: Path, max_rank: int) -> tuple[int, float, set[str]]:
@@ -147,8 +161,8 @@ def _targets(config_file: Path, targets: object) -> set[str]:
     return set(targets)
 
 
-def _header(weights: Path, nbytes: int) -> dict:
-    with weights.open("rb") as f:
+def _header(weights: Path, nbytes: int, data: bytes | None) -> dict:
+    with (io.BytesIO(data) if data is not None else weights.open("rb")) as f:
         head = f.read(8)
         if len(head) < 8:
             raise AdapterRefused(f"{weights}: not a safetensors file (shorter than its 8-byte header length)")

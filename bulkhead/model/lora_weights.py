@@ -13,10 +13,9 @@ No zero blocks are held, so an adapter costs exactly its own numbers
 (bulkhead.lora.peft_files.resident_bytes). Values are fp32, whatever the
 file stored (bf16 and fp16 widen exactly).
 
-The bytes are read once, hashed, and only then parsed: the digest checked
-is the digest of the weights used (a file swapped after validation cannot
-slip in), and a digest that is not the one the request carries is an
-AdapterMismatch. Non-finite values are refused (AdapterRefused).
+The values come from the very bytes whose header and digest were checked
+(bulkhead.lora.peft_files.read_adapter with `data`): a file swapped after
+validation cannot slip in. Non-finite values are refused (AdapterRefused).
 """
 
 from __future__ import annotations
@@ -26,12 +25,8 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load as load_safetensors
 
-from bulkhead.lora.peft_files import FUSED, WEIGHTS_FILE, AdapterFiles, AdapterRefused, digest_of
+from bulkhead.lora.peft_files import FUSED, WEIGHTS_FILE, AdapterFiles, AdapterRefused
 from bulkhead.model.config import ModelConfig
-
-
-class AdapterMismatch(RuntimeError):
-    """The weights on disk are not the ones the request was admitted with."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +49,8 @@ class LoraWeights:
     nbytes: int  # the fp32 tensors held
 
     @classmethod
-    def load(cls, files: AdapterFiles, config: ModelConfig, digest: str | None = None) -> LoraWeights:
-        """The deltas of a validated adapter; `digest` (default: the one
-        validated) is what the bytes read must hash to."""
-        data = (files.path / WEIGHTS_FILE).read_bytes()
-        got = digest_of(data, files.rank, files.scaling)
-        if got != (digest or files.digest):
-            raise AdapterMismatch(f"{files.path / WEIGHTS_FILE}: the weights changed since they were validated "
-                                  f"(digest {got[:12]}, expected {(digest or files.digest)[:12]})")
+    def load(cls, files: AdapterFiles, config: ModelConfig, data: bytes) -> LoraWeights:
+        """The deltas of an adapter validated from `data` (read_adapter(..., data=data))."""
         tensors = load_safetensors(data)
         deltas: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         for name, (layer, module, side) in files.tensors.items():
@@ -72,7 +61,7 @@ class LoraWeights:
             deltas[(layer, module)] = (t, b) if side == "A" else (a, t * files.scaling)
         layers = tuple(_fuse(deltas, layer, config) for layer in range(config.num_layers))
         nbytes = sum(d.a.nbytes + sum(p.b.nbytes for p in d.parts) for fused in layers for d in fused.values())
-        return cls(got, layers, nbytes)
+        return cls(files.digest, layers, nbytes)
 
 
 def _fuse(deltas, layer: int, config: ModelConfig) -> dict[str, FusedDelta]:

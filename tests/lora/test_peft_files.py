@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bulkhead.lora.peft_files import AdapterRefused, read_adapter
+from bulkhead.lora.peft_files import AdapterRefused, read_adapter, read_weights
 from bench.lora_adapters import TINY, write_adapter
 
 
@@ -129,3 +129,11 @@ def test_a_missing_directory_or_config_is_refused(tmp_path):
     (path / "adapter_config.json").write_text(json.dumps([1]))
     with pytest.raises(AdapterRefused, match=r"expected a JSON object"):
         read_adapter(path, TINY)
+
+
+def test_validating_the_bytes_a_worker_read_gives_the_files_own_answer(tmp_path):
+    """A worker validates, hashes and loads one read of the file (read_weights); the router reads from disk."""
+    path = write_adapter(tmp_path / "a", rank=8)
+    assert read_adapter(path, TINY, data=read_weights(path)) == read_adapter(path, TINY)
+    with pytest.raises(AdapterRefused, match=r"over the limit of 1000"):
+        read_adapter(path, TINY, max_bytes=1000, data=read_weights(path, max_bytes=1000))

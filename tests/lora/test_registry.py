@@ -80,15 +80,17 @@ def test_changed_files_are_validated_again(tmp_path):
 
 
 def test_the_resident_bytes_reported_are_what_a_worker_holds(tmp_path, tiny_model_dir):
-    from bulkhead.lora.peft_files import BaseShapes, read_adapter, resident_bytes
+    from bulkhead.lora.peft_files import BaseShapes, read_adapter, read_weights, resident_bytes
     from bulkhead.model.config import load_model_config
     from bulkhead.model.lora_weights import LoraWeights
 
     config = load_model_config(tiny_model_dir)
     shapes = BaseShapes.of(config)
     for targets in (("q_proj", "v_proj", "down_proj"), ("gate_proj", "up_proj", "o_proj", "k_proj")):
-        files = read_adapter(write_adapter(tmp_path / "-".join(targets), shapes, rank=8, targets=targets), shapes)
-        assert resident_bytes(files, shapes) == LoraWeights.load(files, config).nbytes
+        path = write_adapter(tmp_path / "-".join(targets), shapes, rank=8, targets=targets)
+        data = read_weights(path)
+        files = read_adapter(path, shapes, data=data)
+        assert resident_bytes(files, shapes) == LoraWeights.load(files, config, data).nbytes
     registry = AdapterRegistry(shapes)
     registry.sync({"alpha": {"sql": files.path}})
     info = registry.info()
