@@ -160,7 +160,7 @@ class Harness:
     def __init__(self, args: argparse.Namespace):
         from tokenizers import Tokenizer
 
-        from bulkhead.model.gguf_import import bundled_gguf_path, default_model_dir
+        from bulkhead.model.gguf_import import bundled_gguf_path, default_model_dir, resolve_model
 
         self.args = args
         model_dir = args.model or default_model_dir()
@@ -169,7 +169,9 @@ class Harness:
             context = max(context, PREFILL_TOKENS + 512)
         gguf = args.gguf or bundled_gguf_path()
         self.settings = systems.Settings(model_dir, gguf, args.kv_memory_gib, context, args.out)
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        # --model may name a GGUF file (bulkhead serves it as it is); its
+        # tokenizer lies in the directory imported beside it.
+        tokenizer = Tokenizer.from_file(str(resolve_model(model_dir) / "tokenizer.json"))
         self.prompts = {c: make_prompts(tokenizer, requests_for(args.requests_per_level, c), args.prompt_tokens, c)
                         for c in args.concurrency}
         self.levels: dict[str, dict[int, dict]] = {}
