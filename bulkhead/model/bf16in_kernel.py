@@ -73,15 +73,16 @@ def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     return c_linear.call(lib.linear_bf16in, x, k, blocks * BLOCK, wb, scratch)
 
 
-def linear_bf16_f32in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+def linear_bf16_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ w.T -> [M, N] float32 for wb = pack(w): decode
-    rows of a bf16 checkpoint, x not rounded, every product and sum fp32 (the
-    numbers of head_kernel.linear_bf16w over the same bf16 weights)."""
+    rows of a bf16 checkpoint with x rounded to bf16 and fp32 sums, each
+    row's numbers linear_bf16in's for the same row (csrc/linear_bf16.h says
+    why decode rows take it: at 16 rows fp32 inputs are bound by arithmetic)."""
     lib = load()
     if lib is None:
         raise RuntimeError("the bf16-weight kernels are not available")
     blocks, pairs = wb.shape[:2]
-    return c_linear.call(lib.linear_bf16_f32in, x, 2 * pairs, blocks * BLOCK, wb, NO_SECOND_WEIGHT)
+    return c_linear.call(lib.linear_bf16_bf16in, x, 2 * pairs, blocks * BLOCK, wb, NO_SECOND_WEIGHT)
 
 
 # The C decode layers hand every kernel two weight tensors (linear_q4's

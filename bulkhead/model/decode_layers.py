@@ -2,7 +2,7 @@
 the glue between the matmuls and attention in C, the matmuls through the
 4-bit kernel (bulkhead.model.q4_kernel, or its 16-bit-integer-input twin
 under `q4-i16in`), or a bf16
-checkpoint's (`bf16`: bf16in_kernel.linear_bf16_f32in), and attention
+checkpoint's (`bf16`: bf16in_kernel.linear_bf16_bf16in), and attention
 through the C decode kernel (bulkhead.model.decode_kernel), the same kernels
 the torch path calls.
 

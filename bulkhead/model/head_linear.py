@@ -7,6 +7,13 @@ runs each row alone, the same operations whatever its batch-mates:
 - `bf16w`: bf16 weights (bulkhead.model.head_kernel): at one request the
   lm_head reads its whole weight per token and is bound by memory, and bf16
   weights halve its bytes; exact for a bf16 checkpoint;
+- `bf16-in`: a bf16 checkpoint's: the same weights, each input row rounded
+  to bf16 (the linear layers' decode kernel, bulkhead.model.bf16in_kernel),
+  sums and logits fp32: at 16 rows `bf16w`'s fp32 multiply-adds bound it
+  (11.6 ms a step for SmolLM2's 49152 x 576, one thread) and a bf16 dot
+  product does twice as many (5.8 ms); the logits are never rounded, and
+  the quality gate holds the bf16 format to its bound with it
+  (docs/performance.md, "Quality");
 - `q8-i16in`: for an lm_head exactly on an 8-bit grid (a GGUF Q8_0 tensor,
   as the bundled SmolLM2's tied embedding is), those weights rebuilt
   exactly, inputs as 16-bit integers per group (bulkhead.model.i16in_kernel).
@@ -18,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from bulkhead.model import head_kernel, i16in_kernel, kernel_table, q4_kernel
+from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, kernel_table, q4_kernel
 from bulkhead.model.kernel_names import EXACT_KERNELS, HEAD_KERNELS
 from bulkhead.model.linear import Linear
 
@@ -76,14 +83,31 @@ class BF16WeightLinear(Linear):
         return (y if b is None else y + b.float()).to(x.dtype)
 
 
+class BF16InputHead(Linear):
+    """The lm_head's `bf16-in` kernel: bf16 weights, each row rounded to bf16,
+    fp32 sums and logits (bf16in_kernel.linear_bf16_bf16in), each row alone."""
+
+    def __init__(self, w: torch.Tensor):
+        self.out_features, self.in_features = w.shape
+        self.packed = bf16in_kernel.pack(w)
+
+    def __call__(self, x, b=None, decode=False):
+        y = bf16in_kernel.linear_bf16_bf16in(x.float(), self.packed)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+
 def bf16w_usable(w: torch.Tensor) -> bool:
     """The bf16-weight kernel builds here (with torch's OpenMP team) and takes this weight's shape."""
     return head_kernel.fits(w) and head_kernel.load() is not None
 
 
 def head_runs(head: str, lm_head: torch.Tensor) -> bool:
+    if lm_head.dtype not in (torch.float32, torch.bfloat16):
+        return False
     if head == "bf16w":
-        return lm_head.dtype == torch.float32 and bf16w_usable(lm_head)
+        return bf16w_usable(lm_head)
+    if head == "bf16-in":
+        return bf16in_kernel.load() is not None and bf16in_kernel.fits(lm_head)
     return head == "q8-i16in" and q8_i16in_usable(lm_head)
 
 
@@ -96,6 +120,9 @@ def choose_head(kernel: str, lm_head: torch.Tensor, asked: str | None = None) ->
     if asked is not None:
         if asked not in HEAD_KERNELS:
             raise ValueError(f"lm_head kernel must be one of {HEAD_KERNELS}, not {asked!r}")
+        if asked == "bf16-in" and not head_runs(asked, lm_head):
+            raise RuntimeError("lm_head kernel bf16-in: its C kernel cannot run here (no AVX-512 BF16) or does not "
+                               "take this shape")
         if asked == "bf16w" and not bf16w_usable(lm_head):
             raise RuntimeError("lm_head kernel bf16w: its C kernel cannot run here or does not take this shape")
         if asked == "q8-i16in" and not q8_i16in_usable(lm_head):

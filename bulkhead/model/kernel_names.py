@@ -18,10 +18,10 @@ REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16")
 # What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel) or
 # 16-bit integers (i16in_kernel).
 DECODE_INPUTS = {"q4-i16in": "i16"}
-HEAD_KERNELS = ("fp32", "bf16w", "q8-i16in")
+HEAD_KERNELS = ("fp32", "bf16w", "bf16-in", "q8-i16in")
 # lm_head kernels that run each row alone, the same operations whatever its
-# batch mates (Q8I16InLinear, BF16WeightLinear); fp32's oneDNN GEMM does not.
-ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w")
+# batch mates (Q8I16InLinear, BF16WeightLinear, BF16InputHead); fp32's oneDNN GEMM does not.
+ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w", "bf16-in")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
@@ -30,10 +30,11 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                     "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
                                 "fp32 scales",
-                    "bf16": "the checkpoint's bf16 weights as stored; prompts bf16 inputs, fp32 sums and outputs; "
-                            "decode rows fp32 inputs and sums"}
+                    "bf16": "the checkpoint's bf16 weights as stored; prompts and decode rows bf16 inputs, fp32 sums "
+                            "and outputs"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",
                   "bf16w": "lm_head bf16 weights, fp32 inputs, accumulation and logits",
+                  "bf16-in": "lm_head bf16 weights, inputs rounded to bf16, fp32 accumulation and logits",
                   "q8-i16in": "lm_head 8-bit weights rebuilt exactly, inputs as 16-bit integers per group of 32, "
                               "exact int32 sums, fp32 scales and logits"}
 

@@ -12,8 +12,8 @@ computes in). The lm_head column's `q8-i16in` is for an lm_head stored as
 Q8_0 (the bundled SmolLM2's tied embedding); another lm_head in that row
 takes `bf16w` (head_linear.choose_head).
 
-Kernels: `bf16-in` bf16 inputs and weights, fp32 sums (csrc/linear_bf16.h);
-`bf16-f32in` fp32 inputs on the same bf16 weights; `q4-f32in` the 4-bit grid
+Kernels: `bf16-in` bf16 inputs and weights, fp32 sums (csrc/linear_bf16.h;
+a bf16 checkpoint's lm_head too, its logits fp32); `q4-f32in` the 4-bit grid
 rebuilt exactly, fp32 inputs and sums (csrc/linear_q4.h); `q4-i16in` the same
 weights, inputs as 16-bit integers per group, exact int32 sums
 (csrc/linear_i16in.h); `onednn-fp32` oneDNN's fp32 GEMM (aten's F.linear
@@ -47,7 +47,7 @@ TABLE = (
     Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
     Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
     Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
-    Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-f32in", "bf16w"),
+    Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-in",    "bf16-in"),
     # TODO(kernel-table): F16 is held as fp32 today; a bf16-weight row loses
     # 3 mantissa bits, so it waits for an f16 micro-kernel or the quality gate.
     # TODO(kernel-table): Q6_K's kernels are the K-quant engineer's pick; until

@@ -38,7 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model import bf16in_kernel, i16in_kernel, kernel_table, q4_kernel
-from bulkhead.model.head_linear import BF16WeightLinear, Q8I16InLinear, choose_head  # noqa: F401  (re-exported)
+from bulkhead.model.bf16_embedding import BF16Embedding
+from bulkhead.model.head_linear import (  # noqa: F401  (re-exported)
+    BF16InputHead, BF16WeightLinear, Q8I16InLinear, choose_head,
+)
 from bulkhead.model.kernel_names import (  # noqa: F401  (torch-free: the command line reads them too)
     BF16_INPUT_PROMPTS, DECODE_INPUTS, EXACT_KERNELS, HEAD_KERNELS, HEAD_PRECISION, KERNELS, MATMUL_PRECISION,
     Q4_KERNELS, REDUCED, ROW_BY_ROW_HEADS,
@@ -141,10 +144,11 @@ class BF16InLinear(Linear):
 class BF16Linear(Linear):
     """A bf16 checkpoint's layer (`bf16`): its weights held once, in bf16 as
     stored (bf16in_kernel.pack rounds nothing), prompt rows through
-    BF16InLinear, decode rows with fp32 inputs and sums
-    (bf16in_kernel.linear_bf16_f32in), which the C decode layers call too."""
+    BF16InLinear, decode rows through bf16in_kernel.linear_bf16_bf16in (bf16
+    inputs, fp32 sums: each row's numbers the prompt kernel's), which the C
+    decode layers call too."""
 
-    decode_inputs = "fp32"
+    decode_inputs = "bf16"  # decode_layers refuses layers that mix decode kernels
 
     def __init__(self, prefill: BF16InLinear):
         self.prefill = prefill
@@ -154,12 +158,12 @@ class BF16Linear(Linear):
     def decode_fn(self):
         """The C function decode rows run (linear_q4's signature), or None where it cannot be loaded."""
         lib = bf16in_kernel.load()
-        return None if lib is None else lib.linear_bf16_f32in
+        return None if lib is None else lib.linear_bf16_bf16in
 
     def __call__(self, x, b=None, decode=False):
         if not decode:
             return self.prefill(x, b)
-        y = bf16in_kernel.linear_bf16_f32in(x.float(), self.prefill.wb)
+        y = bf16in_kernel.linear_bf16_bf16in(x.float(), self.prefill.wb)
         return (y if b is None else y + b.float()).to(x.dtype)
 
     def silu_mul(self, x):
@@ -168,10 +172,11 @@ class BF16Linear(Linear):
 
 def bf16_usable(weights, dtype: torch.dtype) -> bool:
     """The bf16 kernels build here and every linear weight is a bf16 value
-    held exactly (a bf16 checkpoint, loaded into fp32) in a shape they take."""
+    (a bf16 checkpoint's, held as stored, or fp32 holding one exactly) in a
+    shape they take."""
     if dtype != torch.float32 or bf16in_kernel.load() is None or weights is None:
         return False
-    return all(bf16in_kernel.fits(w) and torch.equal(w.bfloat16().float(), w)
+    return all(bf16in_kernel.fits(w) and (w.dtype == torch.bfloat16 or torch.equal(w.bfloat16().float(), w))
                for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
 
@@ -279,32 +284,57 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
-def prepare(weights, kernel: str, head: str | None = None):
+def prepare(weights, kernel: str, head: str | None = None, release: bool = False):
     """The model's weights with every linear layer's laid out for `kernel`
-    (a ModelWeights; returned as a new one, the input is not changed), the
-    lm_head's for `head` (choose_head's answer when None). The laid-out
-    copy replaces the plain one; a tied embedding stays for token lookup,
-    except under a `q8-i16in` lm_head, whose 8-bit copy holds its exact
-    numbers (bulkhead.model.q8_embedding).
+    (a ModelWeights; returned as a new one), the lm_head's for `head`
+    (choose_head's answer when None). The laid-out copy replaces the plain
+    one; a tied embedding stays for token lookup, except under a `q8-i16in`
+    or `bf16-in` lm_head, whose packing holds the same numbers
+    (bulkhead.model.q8_embedding, bf16_embedding). A bf16 matrix the loader
+    kept as stored (loader.held_as_stored) is widened, one at a time, to the
+    model's dtype for every kernel but `bf16`'s. release=True empties
+    `weights.layers` layer by layer as each is laid out (the loader's
+    weights, dropped after), so that the plain weights and the laid-out ones
+    are never both held whole; otherwise the input is not changed.
 
     The lm_head's outputs stay fp32 on every kernel: they are the logits,
     and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
     on the README's question: fp32 puts "The" 0.08 nats above "L"; with a
     bf16 GEMM lm_head (oneDNN's, which rounds output and inputs) they tie and
-    greedy decoding answers in French. `bf16w` rounds only the weights."""
-    layers = [dataclasses.replace(layer, qkv=prepare_one(layer.qkv, kernel), o=prepare_one(layer.o, kernel),
-                                  gate_up=prepare_one(layer.gate_up, kernel), down=prepare_one(layer.down, kernel))
-              for layer in weights.layers]
-    head = choose_head(kernel, weights.lm_head, head)
+    greedy decoding answers in French. `bf16w` rounds only the weights,
+    `bf16-in` the weights and its inputs, never the logits."""
+    dtype = weights.final_norm.dtype  # the model's (the loader gives norms its dtype)
+    layers = []
+    for i, layer in enumerate(weights.layers):
+        layers.append(dataclasses.replace(layer, **{name: prepare_one(_widened(getattr(layer, name), kernel, dtype),
+                                                                      kernel) for name in LINEARS}))
+        if release:
+            weights.layers[i] = None
+    lm_head = _widened(weights.lm_head, kernel, dtype)
+    head = choose_head(kernel, lm_head, head)
     embed = weights.embed
     if head == "q8-i16in":
-        lm_head = Q8I16InLinear(weights.lm_head)
+        lm_head = Q8I16InLinear(lm_head)
         if weights.lm_head is weights.embed:  # tied: token lookup reads the same 8-bit numbers (q8_embedding)
             from bulkhead.model.q8_embedding import Q8Embedding
 
             embed = Q8Embedding(lm_head.packed)
     elif head == "bf16w":
-        lm_head = BF16WeightLinear(weights.lm_head)
+        lm_head = BF16WeightLinear(lm_head)
+    elif head == "bf16-in":
+        lm_head = BF16InputHead(lm_head)
+        if weights.lm_head is weights.embed:  # tied: token lookup reads the same bf16 pairs
+            embed = BF16Embedding(pairs=lm_head.packed)
     else:
-        lm_head = prepare_one(weights.lm_head, "onednn" if kernel in REDUCED else kernel)
+        lm_head = prepare_one(weights.lm_head.to(dtype), "onednn" if kernel in REDUCED else kernel)
+    if embed is weights.embed and embed.dtype != dtype:  # a bf16 checkpoint's, held as stored: fp32 rows on lookup
+        embed = BF16Embedding(rows=embed.clone())  # a copy of its own: the file's mapping goes
     return dataclasses.replace(weights, embed=embed, layers=layers, lm_head=lm_head)
+
+
+LINEARS = ("qkv", "o", "gate_up", "down")  # LayerWeights' linear layers
+
+
+def _widened(w: torch.Tensor, kernel: str, dtype: torch.dtype) -> torch.Tensor:
+    """w in the model's dtype, but as stored for the bf16 kernels, which read bf16 weights."""
+    return w if kernel == "bf16" else w.to(dtype)

@@ -22,7 +22,8 @@ DIGESTS = {
     "linear_bf16w": "2668e6d13c56d468ec1c155c8eed7f14eae0ff01de0b6b5bda6dd7e8b75543cb",
     "linear_bf16in": "4bf02aec0aaeb3004de2b03c8ffc924f82e273231c4d55cfa0278414b1dfd338",
     "linear_bf16in_silu_mul": "1e26355165e56937c7ad166ca3eecf6f15ed9328f3d47b9c9f7efd8d42c2d293",
-    "linear_bf16_f32in": "2668e6d13c56d468ec1c155c8eed7f14eae0ff01de0b6b5bda6dd7e8b75543cb",
+    # A bf16 checkpoint's decode rows (added after the merge): the prompt kernel's bits, row for row.
+    "linear_bf16_bf16in": "4bf02aec0aaeb3004de2b03c8ffc924f82e273231c4d55cfa0278414b1dfd338",
 }
 
 
@@ -40,7 +41,7 @@ def outputs(kernel: str) -> list[torch.Tensor]:
         "linear_bf16w": lambda x: head_kernel.linear_bf16w(x, head_kernel.pack(w4)),
         "linear_bf16in": lambda x: bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w4)),
         "linear_bf16in_silu_mul": lambda x: bf16in_kernel.linear_bf16in_silu_mul(x, bf16in_kernel.pack(w4[:64])),
-        "linear_bf16_f32in": lambda x: bf16in_kernel.linear_bf16_f32in(x, bf16in_kernel.pack(w4)),
+        "linear_bf16_bf16in": lambda x: bf16in_kernel.linear_bf16_bf16in(x, bf16in_kernel.pack(w4)),
     }[kernel]
     return [run(x) for x in xs]
 
@@ -54,7 +55,7 @@ def digest(ys: list[torch.Tensor]) -> str:
 
 def needs(kernel: str):
     module = {"linear_q4_i16in": i16in_kernel, "linear_q8_i16in": i16in_kernel}.get(
-        kernel, bf16in_kernel if kernel.startswith("linear_bf16i") or kernel == "linear_bf16_f32in" else q4_kernel)
+        kernel, bf16in_kernel if kernel.startswith(("linear_bf16i", "linear_bf16_")) else q4_kernel)
     return pytest.mark.skipif(module.load() is None, reason=f"{kernel} cannot run here")
 
 

@@ -115,25 +115,32 @@ def test_a_bf16_checkpoint_runs_the_bf16_kernels_near_the_exact_path(bf16_dir):
         pytest.skip("no AVX-512 BF16 here: a bf16 checkpoint runs the exact kernels")
     fast = build(bf16_dir)
     assert (fast.linear_kernel, fast.lm_head_kernel, fast.decode_glue, fast.prefill_glue,
-            fast.prefill_attention) == ("bf16", "bf16w", "c", "c", "bf16")
+            fast.prefill_attention) == ("bf16", "bf16-in", "c", "c", "bf16")
     assert fast.engine.runner.config.batch_prompts  # every kernel a prompt row meets runs rows alone
     exact = build_exact(bf16_dir)
     assert exact.linear_kernel == "onednn"  # the exact path stays available
     assert_close_to_exact(fast, exact)
 
 
-def test_the_bf16_decode_kernel_gives_the_bf16_weight_kernels_numbers():
-    """Decode rows on the prompt kernel's packing: bit for bit the lm_head's
-    bf16w kernel (fp32 inputs, sums in k order), at every row count."""
-    if bf16in_kernel.load() is None or head_kernel.load() is None:
+def test_the_bf16_decode_kernel_gives_the_prompt_kernels_numbers():
+    """Decode rows (and a bf16 checkpoint's lm_head) on the prompt kernel's
+    packing: bit for bit the prompt kernel, row by row, at every row count
+    and tail of its 8-row tiles; within the rounding of x to bf16 of the
+    exact sum (each product exact, fp32 sums)."""
+    if bf16in_kernel.load() is None:
         pytest.skip("no AVX-512 BF16 or no compiler here")
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 192, generator=gen).bfloat16().float()
-    for rows in (1, 3, 8, 9, 16):
+    wb = bf16in_kernel.pack(w)
+    for rows in (1, 3, 8, 9, 16, 17):
         x = torch.randn(rows, 192, generator=gen)
-        got = bf16in_kernel.linear_bf16_f32in(x, bf16in_kernel.pack(w))
-        assert torch.equal(got, head_kernel.linear_bf16w(x, head_kernel.pack(w)))
-        torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
+        got = bf16in_kernel.linear_bf16_bf16in(x, wb)
+        assert torch.equal(got, bf16in_kernel.linear_bf16in(x, wb))
+        assert all(torch.equal(got[r], bf16in_kernel.linear_bf16_bf16in(x[r:r + 1], wb)[0]) for r in range(rows))
+        scale = x.double().abs() @ w.double().abs().T  # sum_k |x w| per output
+        exact = x.double() @ w.double().T
+        assert ((got.double() - exact).abs() <= 2.0 ** -9 * scale * 1.01 + 1e-5 * scale).all()
+        torch.testing.assert_close(got, x.bfloat16().float() @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_auto_keeps_fp32_weights_that_are_not_bf16_on_the_exact_kernels(tiny_model_dir):

@@ -2,7 +2,7 @@
  * the matmuls and attention (RMSNorm, rotary, the KV write, SiLU, residuals)
  * in C (the row ops of glue.h), the matmuls and attention through a 4-bit
  * kernel (linear.c's linear_q4, linear_q4_i16in under `q4-i16in`, or a
- * bf16 checkpoint's linear_bf16_f32in: one signature)
+ * bf16 checkpoint's linear_bf16_bf16in: one signature)
  * and the decode-attention kernel (paged_decode_attention.c),
  * whose entry points the caller hands in (bulkhead/model/decode_layers.py).
  *

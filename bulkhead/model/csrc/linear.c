@@ -5,7 +5,7 @@
  *   format (micro-kernel file)        inputs             entry points
  *   4-bit grid, fp32 (linear_q4.h)     fp32               linear_q4
  *   4-bit / 8-bit grid (linear_i16in.h) 16-bit integers   linear_q4_i16in, linear_q8_i16in
- *   bf16 pairs (linear_bf16.h)         bf16 / fp32        linear_bf16in(_rounded, _silu_mul), linear_bf16_f32in
+ *   bf16 pairs (linear_bf16.h)         bf16 / fp32        linear_bf16in(_rounded, _silu_mul), linear_bf16_bf16in
  *   bf16, lm_head (linear_bf16w.h)     fp32               linear_bf16w
  *
  * The driver (drive) owns what the formats share: the shape rules (outputs
@@ -217,16 +217,23 @@ int linear_bf16in_silu_mul(const float *x, const uint16_t *wb, uint16_t *xb, uin
 #endif
 }
 
-/* A bf16 checkpoint's decode rows: x fp32 (not rounded), wb as
- * linear_bf16in takes it. linear_q4's signature, so that the C decode
- * layers call either; `unused` is the second weight tensor bf16 lacks. */
-int linear_bf16_f32in(const float *x, const uint16_t *wb, const void *unused, float *y, int64_t M, int64_t N,
-                      int64_t K, int nthreads) {
+/* A bf16 checkpoint's decode rows with bf16 inputs: x fp32, rounded once
+ * into scratch, then the prompt kernel's arithmetic in passes of up to
+ * BF16_DECODE_RMAX rows (linear_bf16.h says why). linear_q4's signature
+ * (x, weight, second weight tensor, y, ...), so that the C decode layers
+ * call it as they call the 4-bit kernels; `unused` is the second weight
+ * tensor bf16 lacks. */
+int linear_bf16_bf16in(const float *x, const uint16_t *wb, const void *unused, float *y, int64_t M, int64_t N,
+                       int64_t K, int nthreads) {
     (void)unused;
 #ifdef __AVX512BF16__
     if (!takes(M, N, K, 2)) return -1;
-    struct linear_call c = {.x = x, .w = wb, .y = y, .M = M, .N = N, .K = K};
-    drive(&c, DECODE_RMAX, nthreads, bf16_f32in_tile);
+    uint16_t *xb = malloc((size_t)M * (size_t)K * sizeof(uint16_t));
+    if (!xb) return -1;
+    round_rows(x, xb, M, K, 1); /* a decode step's few rows: not worth waking the team */
+    struct linear_call c = {.x = xb, .w = wb, .y = y, .M = M, .N = N, .K = K};
+    drive(&c, BF16_DECODE_RMAX, nthreads, bf16_decode_tile);
+    free(xb);
     return 0;
 #else
     (void)x; (void)wb; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

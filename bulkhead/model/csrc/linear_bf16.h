@@ -2,7 +2,7 @@
  * grid weight rounded once, at load), every product exact and every sum and
  * the output fp32. The prompt kernel of `--linear-kernel q4-bf16in`,
  * `q4-i16in` and `bf16` (bulkhead/model/bf16in_kernel.py); below it, the
- * decode rows of `bf16` on the same packing, fp32 inputs.
+ * decode rows of `bf16` on the same packing and arithmetic.
  *
  * Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot
  * product does twice the multiply-adds of an fp32 FMA. Its first form kept
@@ -116,39 +116,31 @@ static void round_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int t
         for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(x[r * K + k]);
 }
 
-/* Decode rows of a bf16 checkpoint on the same packed weight: y = x @ w.T
- * with x fp32 (not rounded), the bf16 weights widened exactly to fp32, one
- * fused multiply-add per (row, output, k), k in order, in fp32: the numbers
- * of linear_bf16w.c (the lm_head's bf16-weight kernel), read from the prompt
- * kernel's packing, so a bf16 model holds its weights once. A decode step at
- * one request is bound by memory, and these weights are half fp32's bytes.
- *
- * A 32-bit lane of the packing holds an output's pair (w[2p] low, w[2p + 1]
- * high): shifted left 16 bits it is w[2p] in fp32, masked it is w[2p + 1].
- * The signature is linear_q4.c's (x, weight, second weight tensor, y, ...),
- * so the C decode layers (decode_layers.c) call it as they call the 4-bit
- * kernels; its second tensor is one bf16 weights do not have.
- * Batch invariance and NaN as linear_bf16w.c. */
-#define DECODE_RMAX 8 /* 8 rows x 2 sums and the 4 widened weight vectors fit the 32 registers */
-
-/* R a constant at each call (decode_rows' switch), so the sums stay in registers. */
-static inline __attribute__((always_inline)) void decode_block(const float *restrict x, int64_t K,
-                                                               const uint32_t *restrict wp, float *restrict y,
-                                                               int64_t ldy, const int R) {
-    __m512 acc[DECODE_RMAX][2];
+/* Decode rows of a bf16 checkpoint with bf16 inputs (`bf16-in` for decode
+ * rows): the prompt kernel's arithmetic (each row rounded to bf16 once a
+ * call, vdpbf16ps against the weight pairs, fp32 sums, k in order), so a
+ * row's numbers are the prompt kernel's for the same row. Why: at 16 rows
+ * the fp32-input kernel this replaced (linear_bf16_f32in, in git history)
+ * was bound by its multiply-adds (two FMAs and two widening ops per weight
+ * pair and 16 outputs, against one vdpbf16ps),
+ * while the bytes of bf16 weights stay the same (measured in process, one
+ * thread: SmolLM2's decode step at 16 rows 71.7 -> 50.2 ms, at 1 row 14.0
+ * -> 13.3 ms; docs/performance.md, "A step in process"). The lm_head of a
+ * bf16 checkpoint runs it too (head_linear's `bf16-in`). Up to
+ * BF16_DECODE_RMAX rows share a pass over a block: 8 rows x 2 sums and the two weight
+ * vectors fit the 32 registers, so 16 decode rows read each weight block
+ * twice (from L1 / L2 the second time), not three times at the prompt
+ * kernel's 6. R a constant at each call (bf16_decode_rows' switch). */
+#define BF16_DECODE_RMAX 8
+static inline __attribute__((always_inline)) void bf16_decode_block(const uint16_t *restrict xb, int64_t K,
+                                                                    const uint16_t *restrict wb, float *restrict y,
+                                                                    int64_t ldy, const int R) {
+    __m512 acc[BF16_DECODE_RMAX][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t p = 0; p < K / 2; p++) {
-        __m512i v0 = _mm512_loadu_si512(wp + p * NB), v1 = _mm512_loadu_si512(wp + p * NB + 16);
-        __m512 even0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
-        __m512 odd0 = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
-        __m512 even1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
-        __m512 odd1 = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
-        for (int r = 0; r < R; r++) {
-            __m512 xe = _mm512_set1_ps(x[r * K + 2 * p]), xo = _mm512_set1_ps(x[r * K + 2 * p + 1]);
-            acc[r][0] = _mm512_fmadd_ps(xo, odd0, _mm512_fmadd_ps(xe, even0, acc[r][0]));
-            acc[r][1] = _mm512_fmadd_ps(xo, odd1, _mm512_fmadd_ps(xe, even1, acc[r][1]));
-        }
+        const uint16_t *w = wb + p * 2 * NB;
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + NB);
+        dot_pair(acc, R, xb, K, p, w0, w1);
     }
     for (int r = 0; r < R; r++) {
         _mm512_storeu_ps(y + r * ldy, acc[r][0]);
@@ -156,17 +148,23 @@ static inline __attribute__((always_inline)) void decode_block(const float *rest
     }
 }
 
-static void decode_rows(const float *x, int64_t K, const uint32_t *wp, float *y, int64_t ldy, int R) {
+static void bf16_decode_rows(const uint16_t *xb, int64_t K, const uint16_t *wb, float *y, int64_t ldy, int R) {
     switch (R) {
-    case 1: decode_block(x, K, wp, y, ldy, 1); break;
-    case 2: decode_block(x, K, wp, y, ldy, 2); break;
-    case 3: decode_block(x, K, wp, y, ldy, 3); break;
-    case 4: decode_block(x, K, wp, y, ldy, 4); break;
-    case 5: decode_block(x, K, wp, y, ldy, 5); break;
-    case 6: decode_block(x, K, wp, y, ldy, 6); break;
-    case 7: decode_block(x, K, wp, y, ldy, 7); break;
-    default: decode_block(x, K, wp, y, ldy, DECODE_RMAX); break;
+    case 1: bf16_decode_block(xb, K, wb, y, ldy, 1); break;
+    case 2: bf16_decode_block(xb, K, wb, y, ldy, 2); break;
+    case 3: bf16_decode_block(xb, K, wb, y, ldy, 3); break;
+    case 4: bf16_decode_block(xb, K, wb, y, ldy, 4); break;
+    case 5: bf16_decode_block(xb, K, wb, y, ldy, 5); break;
+    case 6: bf16_decode_block(xb, K, wb, y, ldy, 6); break;
+    case 7: bf16_decode_block(xb, K, wb, y, ldy, 7); break;
+    default: bf16_decode_block(xb, K, wb, y, ldy, BF16_DECODE_RMAX); break;
     }
+}
+
+/* Tile (b, r) of linear_bf16_bf16in: x the rows in bf16 (rounded once a call), w as bf16in_tile's. */
+static void bf16_decode_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
+    bf16_decode_rows((const uint16_t *)c->x + r * c->K, c->K, (const uint16_t *)c->w + b * c->K * NB,
+                     (float *)c->y + r * c->N + b * NB, c->N, rows);
 }
 
 /* Tile (b, r) of linear_bf16in_rounded: x the rows in bf16, w [N / NB][K / 2][NB][2]. */
@@ -184,10 +182,5 @@ static void bf16in_silu_tile(const struct linear_call *c, int64_t b, int64_t r, 
                      (uint16_t *)c->y + r * c->N + b * NB, c->N);
 }
 
-/* Tile (b, r) of linear_bf16_f32in: x fp32 rows, w as bf16in_tile's. */
-static void bf16_f32in_tile(const struct linear_call *c, int64_t b, int64_t r, int rows) {
-    decode_rows((const float *)c->x + r * c->K, c->K, (const uint32_t *)((const uint16_t *)c->w + b * c->K * NB),
-                (float *)c->y + r * c->N + b * NB, c->N, rows);
-}
 #endif
 #endif
