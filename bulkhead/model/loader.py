@@ -37,10 +37,20 @@ def read_tensors(model_dir: Path, num_heads: int, num_kv_heads: int) -> dict[str
     return {name: d.values() for name, d in decoded.items()}
 
 
+def held_as_stored(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """A bf16 matrix under an fp32 model: loaded as bf16 (build_weights says why)."""
+    return dtype == torch.float32 and t.dtype == torch.bfloat16 and t.dim() == 2
+
+
 def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                   mapped: bool = True) -> ModelWeights:
     def take(name: str, own: bool = True) -> torch.Tensor:
-        """The tensor in `dtype`; own=True copies it out of the file's
+        """The tensor in `dtype`, but for a bf16 matrix under an fp32 model
+        (a bf16 checkpoint's linear layers and embedding), which stays bf16
+        as stored and uncopied: linear_kernel.prepare lays each one out (bf16
+        kernels pack it, the exact path widens it layer by layer), so the
+        model is never held whole in fp32 (a 1B model's 4.3 GB; two such
+        workers ran out of memory). own=True copies the rest out of the file's
         mapping where it still reads it (an fp32 tensor of an fp32 file), so
         that the whole mapping goes once the weights are laid out: an
         embedding that kept it alive held the file's 540 MB resident in
@@ -50,6 +60,8 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
             t = tensors.pop(name)
         except KeyError:
             raise KeyError(f"checkpoint lacks tensor {name!r}") from None
+        if held_as_stored(t, dtype):
+            return t.contiguous()
         out = t.to(dtype).contiguous()
         return out.clone() if mapped and own and out.data_ptr() == t.data_ptr() else out
 

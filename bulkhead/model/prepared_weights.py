@@ -132,7 +132,7 @@ def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | 
         mc, weights = load_weights(model_dir, dtype)
         kernel = linear_kernel.choose(asked, dtype, weights, weight_format.linear_format(model_dir))
         head = linear_kernel.choose_head(kernel, weights.lm_head, head_asked)
-        laid = linear_kernel.prepare(weights, kernel, head)
+        laid = linear_kernel.prepare(weights, kernel, head, release=True)  # never both whole
         del weights
     if head_asked is None and cacheable(kernel, head):
         save(model_dir, dtype, asked, laid, kernel, head)
