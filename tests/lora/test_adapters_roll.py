@@ -15,9 +15,8 @@ model, with the adapters registered in keys.toml.
 
 Each "in flight" is made certain, not hoped for: the *_until_drain faults
 (tests/faults/harness.py) keep the request in the worker's engine queue until
-the router's Drain reaches that worker; stall_prefill and stall_verify hold
-it at both workers across the reload (the response is checked to come after
-the 404s).
+the router's Drain reaches that worker (across the reload, a drain that
+comes once the removal is in force).
 """
 
 from __future__ import annotations
@@ -121,12 +120,21 @@ def _held_until_drain(cluster, pool, worker: str, case):
     return future
 
 
+def _drain(cluster, worker: str) -> httpx.Response:
+    return httpx.post(f"{cluster.url}/admin/workers/{worker}/drain", json={"force": True},
+                      headers=OPERATOR_HEADERS, timeout=30)
+
+
+def _resume(cluster, worker: str) -> None:
+    httpx.post(f"{cluster.url}/admin/workers/{worker}/resume", headers=OPERATOR_HEADERS, timeout=30)
+    wait_for(lambda: _all_live(cluster), timeout=30, what=f"{worker} live again")
+
+
 @pytest.mark.parametrize("worker", WORKERS)
 def test_an_adapter_request_held_by_a_worker_being_drained_finishes_on_its_adapter(deployment, worker):
     cluster, reference, _, _, pool = deployment
     future = _held_until_drain(cluster, pool, worker, (ALPHA, "sql"))
-    drained = httpx.post(f"{cluster.url}/admin/workers/{worker}/drain", json={"force": True},
-                         headers=OPERATOR_HEADERS, timeout=30)
+    drained = _drain(cluster, worker)
     try:
         assert drained.status_code == 200, drained.text
         r = future.result(timeout=120)
@@ -134,8 +142,7 @@ def test_an_adapter_request_held_by_a_worker_being_drained_finishes_on_its_adapt
         assert _text(r) == reference[(ALPHA, "sql")]  # its own adapter's answer, as alone
         wait_for(lambda: _states(cluster)[worker] == "drained", timeout=30, what=f"{worker} drained")
     finally:
-        httpx.post(f"{cluster.url}/admin/workers/{worker}/resume", headers=OPERATOR_HEADERS, timeout=30)
-    wait_for(lambda: _all_live(cluster), timeout=30, what=f"{worker} live again")
+        _resume(cluster, worker)
 
 
 def test_after_a_rolling_restart_adapters_serve_again_and_stay_private(deployment):
@@ -176,25 +183,21 @@ def _models(cluster, key: str) -> set[str]:
 
 def test_a_reload_that_removes_an_adapter_refuses_new_requests_and_finishes_those_in_flight(deployment):
     cluster, reference, dirs, keys, pool = deployment
-    before = total(cluster, "fault_stall_prefill", "prefill", fresh=True)
-    # Held about 2 s at each worker. Nothing else reaches an engine while armed: the
-    # reload is watched through /v1/models, and the refusal is the router's own.
-    arm(cluster, "stall_prefill", "stall_verify")
-    in_flight = pool.submit(lambda: (_post(cluster, ALPHA, "gone"), time.monotonic()))
+    # Held by decode until its Drain, which comes only once the removal was seen in force.
+    in_flight = _held_until_drain(cluster, pool, "decode-0", (ALPHA, "gone"))
     try:
-        wait_for(lambda: total(cluster, "fault_stall_prefill", "prefill") > before, what="stall_prefill fired")
         _write_keys(keys, _keys_text(dirs, leave_out=("gone",)))
         wait_for(lambda: "gone" not in _models(cluster, ALPHA), what="the reload in force")
-        refused = _post(cluster, ALPHA, "gone")
-        refused_at = time.monotonic()
+        refused = _post(cluster, ALPHA, "gone")  # the router's own refusal: no engine involved
+        assert not in_flight.done()
     finally:
-        disarm(cluster)
+        _drain(cluster, "decode-0")  # lets the held request go on
         try:
-            r, finished = in_flight.result(timeout=120)
+            r = in_flight.result(timeout=120)
         finally:
+            _resume(cluster, "decode-0")
             _write_keys(keys, _keys_text(dirs))
     assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
-    assert refused_at < finished  # the adapter was gone for new requests while this one was in flight
     assert r.json()["model"] == "gone" and _text(r) == reference[(ALPHA, "gone")]
     assert "sql" in _models(cluster, ALPHA)  # only the removed one went
     wait_for(lambda: "gone" in _models(cluster, ALPHA), what="the restored file in force")
