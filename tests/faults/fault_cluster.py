@@ -37,9 +37,12 @@ REQUEST_TIMEOUT_S = 10
 
 
 class FaultCluster:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, keys: Path | None = None, model_args: tuple[str, ...] = ()):
+        """keys: the keys file (default: the two test tenants); model_args:
+        flags every process gets (another model, as tests/lora's cluster does)."""
         self.dir = Path(directory)
-        self.keys = write_keys_file(self.dir)
+        self.keys = keys or write_keys_file(self.dir)
+        self.model_args = list(model_args)
         self.key_file = self.dir / "cluster.key"
         self.faults_file = self.dir / "faults"
         self.control = f"tcp://127.0.0.1:{free_port()}"
@@ -55,7 +58,8 @@ class FaultCluster:
         n = len(list(self.dir.glob("router*.log")))
         self.router = ServerProcess(
             ["--role", "router", "--control-address", self.control, "--api-keys", str(self.keys),
-             "--cluster-key-file", str(self.key_file), "--request-timeout", str(REQUEST_TIMEOUT_S)],
+             "--cluster-key-file", str(self.key_file), "--request-timeout", str(REQUEST_TIMEOUT_S),
+             *self.model_args],
             self.dir / f"router{n}.log", env=self.env,
         ).wait_ready(timeout=120)
 
@@ -67,7 +71,7 @@ class FaultCluster:
                 "--cluster-key-file", str(self.key_file), "--worker-name", name,
                 "--kv-memory", str(SMOLLM2_KV.bytes_per_token * POOL_TOKENS[role]),
                 "--drain-lease", str(DRAIN_LEASE_S), "--scrub-mode", "poison", "--clamp-context-length",
-                "--threads", "1"]
+                "--threads", "1", *self.model_args]
 
     def start_worker(self, name: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.{len(self._logs)}.log", "w")

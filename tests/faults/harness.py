@@ -25,6 +25,12 @@ that its fault really fired, so it cannot pass vacuously (sglang #35890).
   stall_prefill          link (in) +engine prefill's engine is busy STALL_S before the assigned
                                            request reaches it (the request waits queued)
   stall_verify           link (in) +engine decode's engine is busy STALL_S before the coverage check
+  stall_prefill_until_drain,
+  stall_verify_until_drain
+                         link (in) +engine as stall_prefill, stall_verify, but busy until the
+                                           router's Drain reaches this worker: the request held
+                                           there is in flight through the drain, however slow
+                                           the machine (tests/lora/test_adapters_roll.py)
   crash_after_grant      link (in)         prefill: os._exit on receiving decode's grant
   crash_before_manifest  link (out)        prefill: os._exit when transfer_done would leave
                                            (pages written, nothing said)
@@ -63,7 +69,8 @@ CONTROL_KINDS = ("prefill_ready", "pages_granted", "transfer_done", "drain_ack")
 KNOWN = ("corrupt_page", "wrong_pages", "short_transfer", "stale_generation", "replay_control",
          "withhold_drain_ack", "slow_transfer", "legacy_admission", "no_scrub",
          "stall_prefill", "stall_past_grant", "stall_transfer", "crash_after_grant", "crash_before_manifest",
-         "stall_verify", "crash_before_commit", "swap_adapter",
+         "stall_verify", "crash_before_commit", "swap_adapter", "stall_prefill_until_drain",
+         "stall_verify_until_drain",
          *(f"{how}_{kind}" for how in ("lose", "reorder") for kind in CONTROL_KINDS))
 STALL_S = 2.0  # stall_prefill, stall_verify: long enough for a client to leave meanwhile
 SLOW_S = 2.0  # slow_transfer
@@ -138,6 +145,7 @@ class Injector:
         self.withheld: set[str] = set()    # withhold_drain_ack: never ack these
         self.write_within_s = 0.0          # from the last grant (stall_past_grant)
         self.adapter_dirs: dict[str, str] = {}  # decode: request -> its ticket's adapter path (swap_adapter)
+        self.drain_heard = False           # the router's Drain arrived, no Resume since (*_until_drain)
 
     @classmethod
     def from_env(cls) -> "Injector":
@@ -163,6 +171,10 @@ class Injector:
     def stall_engine(self) -> None:
         """The engine thread is busy for STALL_S: whatever is queued after this waits."""
         self.engine.call(lambda: time.sleep(STALL_S))
+
+    def stall_engine_until_drain(self) -> None:
+        """The engine thread is busy until the router's Drain arrives (bounded: wait_until's timeout)."""
+        self.engine.call(lambda: wait_until(lambda: self.drain_heard))
 
     def _scrub(self, pool, ledger) -> int:
         dirty = ledger.dirty_pages()
@@ -242,6 +254,8 @@ class FaultyLink(WorkerLink):
         inj, faults, kind = self.injector, self.injector.faults, message.get("kind")
         if kind == "finalize":
             inj.finalized.add(message.get("request_id"))
+        elif kind in ("drain", "resume"):
+            inj.drain_heard = kind == "drain"
         elif kind == "reregister":
             inj.reregisters += 1  # the worker ends every job as a finalize would
         elif kind == "pages_granted":
@@ -251,6 +265,8 @@ class FaultyLink(WorkerLink):
             faults.crash("crash_before_commit")
             if faults.fire("stall_verify"):  # the check queues behind a busy engine
                 inj.stall_engine()
+            if faults.fire("stall_verify_until_drain"):
+                inj.stall_engine_until_drain()
             adapter_dir = inj.adapter_dirs.pop(message.get("request_id"), None)
             if adapter_dir is not None and faults.fire("swap_adapter"):
                 swap_weights(adapter_dir)
@@ -259,6 +275,8 @@ class FaultyLink(WorkerLink):
             inj.adapter_dirs[message["ticket"]["request_id"]] = adapter["path"]
         if kind == "assign" and self.signer.sender.startswith("prefill") and faults.fire("stall_prefill"):
             inj.stall_engine()  # the request waits in the engine's queue
+        if kind == "assign" and self.signer.sender.startswith("prefill") and faults.fire("stall_prefill_until_drain"):
+            inj.stall_engine_until_drain()
         on_message(message)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bulkhead.lora.peft_files import BaseShapes
 from bulkhead.model.config import load_model_config
-from tests.server_process import ServerProcess
+from tests.server_process import OPERATOR_HEADERS, ServerProcess
 from bench.lora_adapters import write_adapter
 
 KEYS = {"sk-a": "alpha", "sk-b": "beta", "sk-g": "gamma"}
@@ -80,6 +80,25 @@ def test_another_tenants_adapter_is_the_same_404_as_no_adapter_at_all(served):
     assert other.json()["error"]["code"] == "model_not_found"
     assert other.text.replace("sql", "X") == nowhere.text.replace("nowhere", "X")
     assert "alpha" not in other.text and "beta" not in other.text
+
+
+def test_only_an_operator_sees_the_dashboards_adapters_column(served):
+    """The dashboard lists each tenant's adapters (docs/dashboard.md): its figures
+    and /server_info answer a tenant's key with the same 403 whatever it
+    names, and the open page holds none of them."""
+    proc, _, adapters = served
+    operator = httpx.get(proc.url + "/dashboard/data", headers=OPERATOR_HEADERS, timeout=10)
+    assert operator.status_code == 200, operator.text
+    rows = operator.json()["tenants"]
+    assert rows["alpha"]["adapters"] == ["sql"] and rows["beta"]["adapters"] == ["sql"]  # what a leak would show
+    for path in ("/dashboard/data", "/server_info"):
+        for key in ("sk-a", "sk-g"):  # a tenant with adapters, one without
+            r = httpx.get(proc.url + path, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied", r.text
+            assert "sql" not in r.text and "beta" not in r.text and "adapters" not in r.text
+            assert all(str(d) not in r.text for names in adapters.values() for d in names.values())
+    page = httpx.get(proc.url + "/dashboard", timeout=10).text
+    assert "sql" not in page and "alpha-sql" not in page
 
 
 def test_a_reload_adds_and_removes_adapters(served):
