@@ -12,10 +12,13 @@ and read, by default, vLLM's names (the protocol's table, and the EPP's
     LoRA adapters          vllm:lora_requests_info     gauge (labels; value: a timestamp)
     cache config           vllm:cache_config_info      gauge (labels block_size, num_gpu_blocks)
 
-A server that does not serve LoRA adapters may leave the LoRA family out,
-but the EPP then logs "metric family not found" on every scrape; bulkhead
-says the truth instead: max_lora 0, no adapter running or waiting (a series
-with both adapter lists empty is skipped by the EPP).
+The LoRA family lists adapters by name for the EPP's adapter affinity, but
+bulkhead's adapters are tenant-private (docs/adapters.md): two tenants may
+each have an adapter called `sql`, so routing by name would treat them as
+one, and every worker loads any registered adapter on first use anyway.
+bulkhead advertises none: max_lora 0, no adapter running or waiting (a
+series with both adapter lists empty is skipped by the EPP). Leaving the
+family out would make the EPP log "metric family not found" every scrape.
 
 No family has a tenant label: these are the whole server's load, one number
 each. They are still an operator's figures (the whole server's load moves
@@ -61,7 +64,7 @@ def fleet_families(f: FleetFigures, now: Callable[[], float] = time.time) -> Ite
     yield GaugeMetricFamily(WAITING, "Requests queued, not yet running (all tenants together)", f.waiting)
     yield GaugeMetricFamily(RUNNING, "Requests being served (all tenants together)", f.running)
     yield GaugeMetricFamily(KV_USAGE, "KV cache usage, 0..1: pages a new request cannot have", f.kv_usage)
-    lora = GaugeMetricFamily(LORA_INFO, "LoRA adapters: bulkhead serves none",
+    lora = GaugeMetricFamily(LORA_INFO, "LoRA adapters: tenant-private, none advertised",
                              labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
     lora.add_metric(["0", "", ""], now())  # the protocol's value is the time of the update
     yield lora
