@@ -100,7 +100,9 @@ class LlamaModel:
         """
         # Not where decode rows are tiled (no batch-invariant row multiple
         # was measured): the C layers run every row through one matmul.
-        if batch.decode and self._c_layers is not None and not batch.row_tile and batch.lora is None:
+        # Adapter rows too, where the C delta builds (bulkhead.model.lora_layers).
+        if batch.decode and self._c_layers is not None and not batch.row_tile \
+                and (batch.lora is None or self._c_layers.takes_adapters()):
             x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
             return self._head(x, batch)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
