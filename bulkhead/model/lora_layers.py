@@ -13,10 +13,13 @@ step, 9.8 MB in bf16 for rank 16 on SmolLM2-135M's seven linears (19.5 MB
 in fp32), beside about 100 MB of base weights. A PEFT file stored in bf16
 (the common case) packs exactly; one stored in fp32 is rounded once, to
 nearest even, a relative 2^-9 of each weight of the delta (docs/adapters.md
-gives the logit bound measured). The torch path (prompts, the exact path,
-and where this library does not build) keeps the fp32 weights of
-bulkhead.model.lora_weights, so the packed copy is made only where a decode
-step runs the C layers with adapter rows, the first time it does.
+gives the logit bound measured). Where the C decode layers run adapter
+rows, prompt passes take the same function over the same packed weights
+(bulkhead.model.llama), so a request's prompt and decode steps read one
+copy; the exact path (`--linear-kernel aten`) and a process where this
+library does not build keep the fp32 weights of
+bulkhead.model.lora_weights (bulkhead.model.lora_rows), and the packed copy
+is made the first time an adapter runs in C.
 
 Batch invariance: the C function sums each row alone in a fixed order
 (its file says how); grouping rows by adapter only shares weight reads.
@@ -30,6 +33,7 @@ import threading
 import torch
 
 from bulkhead.model import lora_kernel
+from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.lora_weights import LoraWeights
 
 LINEARS = ("qkv", "o", "gate_up", "down")  # csrc/decode_layers.c's `which`, in its order
@@ -103,11 +107,14 @@ def load() -> ctypes.CDLL | None:
 
 
 class StepDeltas:
-    """A decode step's adapter rows for decode_layers.c: `fn` and `step`
-    are its last two arguments. Holds what the struct points into."""
+    """A pass's adapter rows for lora_layer_delta. A decode step hands `fn`
+    and `step` to decode_layers.c (its last two arguments); a prompt pass's
+    torch glue calls `add` after each matmul, as it would LoraRows.add.
+    Holds what the struct points into."""
 
     def __init__(self, lib: ctypes.CDLL, lora) -> None:
-        """lora: the step's bulkhead.model.lora_rows.LoraRows."""
+        """lora: the pass's bulkhead.model.lora_rows.LoraRows."""
+        self._lib, self._lora = lib, lora
         adapters = [packed(weights) for weights, _ in lora.groups]
         self._rows = torch.cat([rows for _, rows in lora.groups]).contiguous()  # [n] int64, grouped by adapter
         sizes = [0] + [len(rows) for _, rows in lora.groups]
@@ -119,3 +126,19 @@ class StepDeltas:
         self.step = _Step(len(adapters), ctypes.addressof(self._tables), self._starts.data_ptr(),
                           self._rows.data_ptr(), self._u.data_ptr(), u_stride)
         self.fn = ctypes.cast(lib.lora_layer_delta, ctypes.c_void_p).value
+
+    def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out] (the base output of `linear` for x [T, in], fp32 with
+        unit column stride) plus each adapter row's delta, in place."""
+        x = x.contiguous()
+        if x.dtype != torch.float32 or y.dtype != torch.float32 or y.stride(-1) != 1:
+            raise KernelError(f"the C LoRA delta takes float32 rows, not {x.dtype} into {y.dtype}")
+        rc = self._lib.lora_layer_delta(ctypes.addressof(self.step), layer, LINEARS.index(linear), x.data_ptr(),
+                                        x.stride(0), x.shape[1], y.data_ptr(), y.stride(0), torch.get_num_threads())
+        if rc:
+            raise KernelError(f"the C LoRA delta refused layer {layer}'s {linear}: an adapter's input width or "
+                              f"rank does not fit it")
+        return y
+
+    def touches(self, layer: int, linear: str) -> bool:
+        return self._lora.touches(layer, linear)

@@ -140,3 +140,27 @@ def test_the_c_layers_agree_with_the_exact_path_within_the_fast_paths_bound(smol
           for k, v in kl_mean.items()}
     assert kl["c"] <= 1e-3, kl
     assert kl["c, delta skipped"] > 10 * kl["c"], kl
+
+
+@pytest.mark.parametrize("adapter,atol", [(0, 2e-4), (2, 1e-2)])
+def test_a_prompt_under_an_adapter_takes_the_same_c_delta_and_agrees_with_the_torch_glue(
+        c_model, adapters, monkeypatch, adapter, atol):
+    """A prompt pass's rows go through lora_layer_delta over the packed
+    weights too (bulkhead.model.llama's _adapter_deltas), not per-module
+    torch matmuls; the bounds are the decode step's, for the same reasons."""
+    calls, add = [], lora_layers.StepDeltas.add
+    monkeypatch.setattr(lora_layers.StepDeltas, "add", lambda self, *a: (calls.append(a[1]), add(self, *a))[1])
+
+    def first_logits(model, digest):
+        runner, _ = prefilled(model, adapters, [])
+        pages = tuple(runner.ledger.allocate("p", "t", 3))
+        return runner.run(StepPlan(PrefillWork("p", "t", 0, tuple(PROMPTS[0]), pages, True, adapter=digest),
+                                   (), ()))[1][0]
+
+    ours = first_logits(c_model, adapters[adapter].digest)
+    assert len(calls) == 4 * c_model.config.num_layers  # qkv, o, gate_up and down of every layer
+    theirs = first_logits(LlamaModel(c_model.config, c_model.weights, "c", "torch", c_model.prefill_attention,
+                                     c_model.prefill_glue), adapters[adapter].digest)
+    base = first_logits(c_model, None)
+    assert (ours - theirs).abs().max().item() < atol
+    assert (ours - base).abs().max().item() > 10 * atol
