@@ -138,8 +138,8 @@ def test_the_c_layers_agree_with_the_exact_path_within_the_fast_paths_bound(smol
     ref = kl_mean.pop("exact").log_softmax(-1)
     kl = {k: torch.nn.functional.kl_div(v.log_softmax(-1), ref, log_target=True, reduction="none").sum(-1).mean().item()
           for k, v in kl_mean.items()}
-    assert kl["c"] <= 1e-3, kl
-    assert kl["c, delta skipped"] > 10 * kl["c"], kl
+    assert kl["c"] <= 1e-3, kl  # measured 3.9e-5
+    assert kl["c, delta skipped"] > 1e-3, kl  # measured 1.7e-2: the bound tells a skipped delta
 
 
 @pytest.mark.parametrize("adapter,atol", [(0, 2e-4), (2, 1e-2)])
