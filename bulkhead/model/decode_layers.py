@@ -19,7 +19,9 @@ torch path's up to the order of two sums (the C file says which). Batch
 invariance: each row's glue reads only that row and the two kernels are
 invariant themselves (tested bitwise in tests/model/test_decode_layers.py);
 where the engine tiles decode rows instead (no invariant row multiple was
-measured), the model takes the torch path.
+measured), the model takes the torch path. Rows under a LoRA adapter stay
+here: the C file adds their deltas after each matmul through
+bulkhead.model.lora_layers (where that builds; else the torch path).
 """
 
 from __future__ import annotations

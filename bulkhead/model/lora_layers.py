@@ -116,15 +116,18 @@ class StepDeltas:
         """lora: the pass's bulkhead.model.lora_rows.LoraRows."""
         self._lib, self._lora = lib, lora
         adapters = [packed(weights) for weights, _ in lora.groups]
-        self._rows = torch.cat([rows for _, rows in lora.groups]).contiguous()  # [n] int64, grouped by adapter
-        sizes = [0] + [len(rows) for _, rows in lora.groups]
-        self._starts = torch.tensor(sizes, dtype=torch.int64).cumsum(0)  # [groups + 1]
+        starts = [0]
+        for _, rows in lora.groups:
+            starts.append(starts[-1] + len(rows))
+        # One int64 tensor (a step pays per tensor): each group's start in the rows, then the rows grouped by adapter.
+        self._index = torch.cat([torch.tensor(starts), *(rows for _, rows in lora.groups)])
         self._tables = (ctypes.c_void_p * len(adapters))(*(ctypes.addressof(a.deltas) for a in adapters))
         self._adapters = adapters  # alive while the struct points into them
         u_stride = max(a.max_rank for a in adapters)
-        self._u = torch.empty(len(self._rows), max(u_stride, 1))  # scratch: each row's A x
-        self.step = _Step(len(adapters), ctypes.addressof(self._tables), self._starts.data_ptr(),
-                          self._rows.data_ptr(), self._u.data_ptr(), u_stride)
+        self._u = torch.empty(starts[-1] * max(u_stride, 1))  # scratch: each row's A x, [rows, u_stride]
+        index = self._index.data_ptr()
+        self.step = _Step(len(adapters), ctypes.addressof(self._tables), index, index + 8 * len(starts),
+                          self._u.data_ptr(), u_stride)
         self.fn = ctypes.cast(lib.lora_layer_delta, ctypes.c_void_p).value
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

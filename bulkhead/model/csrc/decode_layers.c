@@ -117,9 +117,9 @@ static void store_kv(const Model *m, const Layer *layer, int64_t page, int64_t o
  * padding: they run through the matmuls, attend to nothing and write no KV,
  * as in the torch path. positions [T]; write_slots [S] (page * page_size +
  * offset); pages, page_offset [S], kv_len [S] as the attention kernel takes
- * them. lora, lora_step: the adapter rows' deltas after each matmul (each
- * before the bias-free op that follows: rotary, the residual add, SiLU), or
- * NULL where no row has an adapter. Returns 0; b + 1 where attention
+ * them. lora, lora_step: the adapter rows' deltas, added to each matmul's
+ * output (after the qkv bias, before rotary, SiLU and the residual adds, as
+ * the torch path adds them), or NULL where no row has an adapter. Returns 0; b + 1 where attention
  * refused request b's page list; or a negative code above. */
 int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int64_t *positions,
                       const int64_t *write_slots, const int64_t *pages, int64_t table_len,

@@ -142,7 +142,8 @@ int64_t lora_layer_delta(const LoraStep *s, int64_t layer, int64_t which, const 
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < n * d->rank; t++) {
                 int64_t r = t / d->rank, k = t % d->rank;
-                s->u[(first + r) * s->u_stride + k] = dot_bf16(d->a + k * d->in, x + s->rows[first + r] * x_stride, d->in);
+                const float *row = x + s->rows[first + r] * x_stride;
+                s->u[(first + r) * s->u_stride + k] = dot_bf16(d->a + k * d->in, row, d->in);
             }
         }
 #pragma omp barrier
