@@ -1,12 +1,14 @@
 """One decode step under LoRA adapters, in process: where an adapter's time goes.
 
 The bundled SmolLM2 on its default kernels, decode rows of 1 and 16
-requests: the base model on the C decode layers, the base model through
-torch glue (what rows with an adapter run on), and the same rows under
-adapters of rank 16 on every linear layer (16 rows over four adapters).
-Medians of --reps steps, milliseconds.
+requests, on the C decode layers and through torch glue: the base model,
+and the same rows under adapters of rank 16 on every linear layer (16 rows
+over four adapters). The four levels are interleaved, one step of each in
+turn, so that a noisy neighbour slows them alike. Medians of --reps steps,
+milliseconds: wall time, or with --cpu-time this thread's CPU time (with
+--threads 1 every kernel runs on this thread).
 
-    .venv/bin/python -m bench.lora_step [--reps 9] [--threads 2]
+    .venv/bin/python -m bench.lora_step [--reps 9] [--threads 2] [--cpu-time] [--glue c]
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def runner_for(glue: str) -> ModelRunner:
     return ModelRunner(model, KVPool(layout, 256, "zero"), PageLedger(256), RunnerConfig(decode_row_multiple=2))
 
 
-def timed_steps(runner: ModelRunner, work: tempfile.TemporaryDirectory, reps: int) -> dict[str, float]:
+def timed_steps(runner: ModelRunner, work: tempfile.TemporaryDirectory, reps: int,
+                clock=time.perf_counter) -> dict[str, float]:
     shapes = BaseShapes.of(runner.model.config)
     digests = []
     for i in range(4):
@@ -53,31 +56,38 @@ def timed_steps(runner: ModelRunner, work: tempfile.TemporaryDirectory, reps: in
     def step(adapters) -> float:
         plan = StepPlan(None, tuple(DecodeWork(f"r{j}", "t", 40, 500 + j, pages[j], a)
                                     for j, a in enumerate(adapters)), ())
-        start = time.perf_counter()
+        start = clock()
         runner.run(plan)
-        return time.perf_counter() - start
+        return clock() - start
 
     levels = {"1 row": [None], "1 row, adapter": digests[:1], "16 rows": [None] * 16,
               "16 rows, 4 adapters": [digests[j % 4] for j in range(16)]}
-    out = {}
-    for name, adapters in levels.items():
-        step(adapters)  # warm-up
-        out[name] = statistics.median(step(adapters) for _ in range(reps)) * 1000
-    return out
+    for adapters in levels.values():
+        step(adapters)  # warm-up (and the adapters' packing for the C decode layers)
+    times = {name: [] for name in levels}
+    for _ in range(reps):
+        for name, adapters in levels.items():
+            times[name].append(step(adapters))
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cpu-time", action="store_true", help="this thread's CPU time instead of wall time")
+    p.add_argument("--glue", choices=("c", "torch"), action="append", help="decode glue to run (default both)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
-        for glue in ("c", "torch"):
+        for glue in args.glue or ("c", "torch"):
             runner = runner_for(glue)
-            figures = timed_steps(runner, work, args.reps)
+            figures = timed_steps(runner, work, args.reps, time.thread_time if args.cpu_time else time.perf_counter)
+            ratios = (figures["1 row"] / figures["1 row, adapter"],
+                      figures["16 rows"] / figures["16 rows, 4 adapters"])
             print(f"decode glue {runner.model.decode_glue}: "
-                  + ", ".join(f"{k} {v:.1f} ms" for k, v in figures.items()), flush=True)
+                  + ", ".join(f"{k} {v:.1f} ms" for k, v in figures.items())
+                  + f"; base/adapter step time {ratios[0]:.2f} at 1 row, {ratios[1]:.2f} at 16", flush=True)
     return 0
 
 

@@ -19,7 +19,9 @@ torch path's up to the order of two sums (the C file says which). Batch
 invariance: each row's glue reads only that row and the two kernels are
 invariant themselves (tested bitwise in tests/model/test_decode_layers.py);
 where the engine tiles decode rows instead (no invariant row multiple was
-measured), the model takes the torch path.
+measured), the model takes the torch path. Rows under a LoRA adapter stay
+here: the C file adds their deltas after each matmul through
+bulkhead.model.lora_layers (where that builds; else the torch path).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 from bulkhead.model import kernel_names
-from bulkhead.model import decode_kernel, q4_kernel
+from bulkhead.model import decode_kernel, lora_layers, q4_kernel
 from bulkhead.model.decode_kernel import KernelError
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ CHOICES = kernel_names.DECODE_GLUE
 KV_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 ERRORS = {-1: "a pool or model geometry it does not take (or attention refused its geometry, or ran out of memory)",
           -2: "a write slot outside the pool", -3: "a position outside the rotary tables", -4: "no memory",
-          -5: "a matmul the 4-bit kernel refused (a shape it does not take, or no memory for its scratch)"}
+          -5: "a matmul the 4-bit kernel refused (a shape it does not take, or no memory for its scratch)",
+          -6: "an adapter's delta whose input width or rank does not fit the layer"}
 
 
 class _Q4(ctypes.Structure):
@@ -84,7 +87,8 @@ def load() -> ctypes.CDLL | None:
     assert lib.max_kv_row() == MAX_KV_ROW
     lib.decode_layers.restype = ctypes.c_int64
     lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                  *[ctypes.c_void_p] * 3, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int]
+                                  *[ctypes.c_void_p] * 3, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -126,6 +130,13 @@ class DecodeLayers:
         if load() is None:
             return "the C file could not be built here (see the log)"
         return None
+
+    @staticmethod
+    def takes_adapters() -> bool:
+        """Whether steps with adapter rows run here: the C delta they call
+        builds (a process's answer never changes, so a row's path never
+        depends on its batch)."""
+        return lora_layers.load() is not None
 
     def _bind(self, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Model:
         """The C Model struct for this pool, built once per pool."""
@@ -185,10 +196,13 @@ class DecodeLayers:
                 or batch.decode_page_offset.shape[0] != rows or batch.positions.shape[0] != x.shape[0]:
             raise KernelError("the C decode layers take float32 rows, one write slot and page offset per request "
                               "and contiguous 1-D int64 index tensors")
+        # The adapter rows' deltas (bulkhead.model.lora_layers), or none.
+        deltas = lora_layers.StepDeltas(lora_layers.load(), batch.lora) if batch.lora is not None else None
         rc = self.lib.decode_layers(ctypes.addressof(model), x.data_ptr(), x.shape[0], rows,
                                     batch.positions.data_ptr(), batch.write_slots.data_ptr(), batch.pages.data_ptr(),
                                     batch.pages.shape[0], batch.decode_page_offset.data_ptr(),
-                                    batch.decode_kv_len.data_ptr(), torch.get_num_threads())
+                                    batch.decode_kv_len.data_ptr(), torch.get_num_threads(),
+                                    deltas and deltas.fn, deltas and ctypes.addressof(deltas.step))
         if rc > 0:
             raise decode_kernel.page_list_refused(rc - 1, model.num_pool_pages)
         if rc < 0:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model.attention import paged_attention
-from bulkhead.model import decode_layers, prefill_glue
+from bulkhead.model import decode_layers, lora_layers, prefill_glue
 from bulkhead.model.batch import PagedBatch
 from bulkhead.model.config import ModelConfig
 from bulkhead.model.linear_kernel import Linear
@@ -100,7 +100,9 @@ class LlamaModel:
         """
         # Not where decode rows are tiled (no batch-invariant row multiple
         # was measured): the C layers run every row through one matmul.
-        if batch.decode and self._c_layers is not None and not batch.row_tile and batch.lora is None:
+        # Adapter rows too, where the C delta builds (bulkhead.model.lora_layers).
+        if batch.decode and self._c_layers is not None and not batch.row_tile \
+                and (batch.lora is None or self._c_layers.takes_adapters()):
             x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
             return self._head(x, batch)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
@@ -128,6 +130,16 @@ class LlamaModel:
         x = _rms_norm(x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
         return _linear(x, self.weights.lm_head, None, batch).float()
 
+    def _adapter_deltas(self, batch: PagedBatch):
+        """Where the C decode layers run adapter rows, the same C delta over
+        the same bf16 weights (bulkhead.model.lora_layers), so a request's
+        prompt and decode steps read one copy of its adapter; elsewhere (the
+        exact path) bulkhead.model.lora_rows over fp32 weights. None: no
+        row has an adapter."""
+        if batch.lora is None or self._c_layers is None or not self._c_layers.takes_adapters():
+            return batch.lora
+        return lora_layers.StepDeltas(lora_layers.load(), batch.lora)
+
     def _torch_layers(self, state: PassState, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
                       start: int, stop: int) -> PassState:
         """Layers [start, stop), one torch op (or, for prompt rows under
@@ -144,7 +156,7 @@ class LlamaModel:
             h = glue.rms_norm(x, w.layers[0].input_norm)
         else:
             x, h = state.x, state.h
-        lora = batch.lora  # each row's adapter delta after each base matmul (bulkhead.model.lora_rows)
+        lora = self._adapter_deltas(batch)  # each row's adapter delta after each base matmul
         for i in range(start, stop):
             layer, (k_pages, v_pages) = w.layers[i], kv_layers[i]
             qkv = _linear(h, layer.qkv, layer.qkv_bias, batch)  # [T, (H + 2 * KVH) * hd]

@@ -20,7 +20,7 @@ validation cannot slip in. Non-finite values are refused (AdapterRefused).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -47,6 +47,9 @@ class LoraWeights:
     digest: str
     layers: tuple[dict[str, FusedDelta], ...]  # per layer: fused linear name -> its delta (absent: none)
     nbytes: int  # the fp32 tensors held
+    # bulkhead.model.lora_layers.packed's bf16 copy for the C decode layers, made
+    # on first use there (at most one entry); dropped with these weights.
+    packed: list = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def load(cls, files: AdapterFiles, config: ModelConfig, data: bytes) -> LoraWeights:

@@ -47,6 +47,11 @@ typedef int64_t (*attention_fn)(const float *q, const void *k_pool, const void *
                                 int64_t pool_page_stride, const int64_t *pages, int64_t table_len,
                                 const int64_t *page_offset, const int64_t *kv_len, float *out, int B, int H,
                                 int KVH, int hd, int page_size, float scale, int threads);
+/* The adapter rows' LoRA deltas on one fused linear (lora_delta.c's
+ * lora_layer_delta; `step` is its LoraStep, opaque here): y[row] += the
+ * row's adapter's B (A x[row]). which: 0 qkv, 1 o, 2 gate_up, 3 down. */
+typedef int64_t (*lora_fn)(const void *step, int64_t layer, int64_t which, const float *x, int64_t x_stride,
+                           int64_t in_f, float *y, int64_t y_stride, int threads);
 
 typedef struct {
     const uint8_t *qs;  /* q4_kernel.pack's two tensors (bf16: bf16in_kernel.pack's, and an unused one) */
@@ -73,6 +78,7 @@ typedef struct {
 } Model;
 
 enum { BAD_GEOMETRY = -1, BAD_SLOT = -2, BAD_POSITION = -3, NO_MEMORY = -4, LINEAR_REFUSED = -5 };
+/* lora_delta.c's codes (LORA_BAD_SHAPE = -6) pass through. */
 
 #define LINE_BYTES 64  /* a cache line */
 
@@ -111,11 +117,14 @@ static void store_kv(const Model *m, const Layer *layer, int64_t page, int64_t o
  * padding: they run through the matmuls, attend to nothing and write no KV,
  * as in the torch path. positions [T]; write_slots [S] (page * page_size +
  * offset); pages, page_offset [S], kv_len [S] as the attention kernel takes
- * them. Returns 0; b + 1 where attention refused request b's page list;
- * or a negative code above. */
+ * them. lora, lora_step: the adapter rows' deltas, added to each matmul's
+ * output (after the qkv bias, before rotary, SiLU and the residual adds, as
+ * the torch path adds them), or NULL where no row has an adapter. Returns 0; b + 1 where attention
+ * refused request b's page list; or a negative code above. */
 int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int64_t *positions,
                       const int64_t *write_slots, const int64_t *pages, int64_t table_len,
-                      const int64_t *page_offset, const int64_t *kv_len, int nthreads) {
+                      const int64_t *page_offset, const int64_t *kv_len, int nthreads,
+                      lora_fn lora, const void *lora_step) {
     const int64_t D = m->D, hd = m->hd, qd = m->H * hd, kvd = m->KVH * hd, qkvd = qd + 2 * kvd, I = m->I;
     if (T < 1 || S < 0 || S > T || hd % 2 || m->num_layers < 1 || m->page_size <= 0 || m->KVH <= 0 ||
         m->H % m->KVH || kvd > MAX_KV_ROW || m->page_stride < kvd * m->page_size || m->kv_kind < 0 || m->kv_kind > 2)
@@ -153,10 +162,12 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
         const Layer *layer = &m->layers[l];
         for (int64_t t = 0; t < T; t++) rms_norm_row(x + t * D, layer->input_norm, h + t * D, D, m->eps);
         if (m->linear(h, layer->qkv.qs, layer->qkv.dm, qkv, T, qkvd, D, nthreads)) { rc = LINEAR_REFUSED; break; }
+        if (layer->qkv_bias)  /* the bias, then the delta: the torch path's order */
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t e = 0; e < qkvd; e++) qkv[t * qkvd + e] = qkv[t * qkvd + e] + layer->qkv_bias[e];
+        if (lora && (rc = lora(lora_step, l, 0, h, D, D, qkv, qkvd, nthreads))) break;
         for (int64_t t = 0; t < T; t++) {
             float *row = qkv + t * qkvd;
-            if (layer->qkv_bias)
-                for (int64_t e = 0; e < qkvd; e++) row[e] = row[e] + layer->qkv_bias[e];
             const float *cos = m->cos + positions[t] * hd, *sin = m->sin + positions[t] * hd;
             rope(row, q + t * qd, m->H, hd, cos, sin);
             if (t < S) {
@@ -171,14 +182,17 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
             if (rc) break;
         }
         if (m->linear(attn, layer->o.qs, layer->o.dm, proj, T, D, qd, nthreads)) { rc = LINEAR_REFUSED; break; }
+        if (lora && (rc = lora(lora_step, l, 1, attn, qd, qd, proj, D, nthreads))) break;
         for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
         for (int64_t t = 0; t < T; t++) rms_norm_row(x + t * D, layer->post_norm, h + t * D, D, m->eps);
         if (m->linear(h, layer->gate_up.qs, layer->gate_up.dm, gate_up, T, 2 * I, D, nthreads)) {
             rc = LINEAR_REFUSED;
             break;
         }
+        if (lora && (rc = lora(lora_step, l, 2, h, D, D, gate_up, 2 * I, nthreads))) break;
         for (int64_t t = 0; t < T; t++) silu_mul_row(gate_up + t * 2 * I, act + t * I, I);
         if (m->linear(act, layer->down.qs, layer->down.dm, proj, T, D, I, nthreads)) { rc = LINEAR_REFUSED; break; }
+        if (lora && (rc = lora(lora_step, l, 3, act, I, I, proj, D, nthreads))) break;
         for (int64_t e = 0; e < T * D; e++) x[e] = x[e] + proj[e];
     }
     free(buf);

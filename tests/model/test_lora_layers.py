@@ -1,0 +1,166 @@
+"""Adapter rows inside the C decode layers (bulkhead.model.lora_layers,
+csrc/lora_delta.c's lora_layer_delta called from csrc/decode_layers.c):
+the step stays in C, a row's numbers do not depend on its batch, and they
+agree with the torch glue's and with the exact path's."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bench.lora_adapters import write_adapter
+from bulkhead.engine.admission import AdapterRef
+from bulkhead.engine.runner import ModelRunner, RunnerConfig
+from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
+from bulkhead.kv.layout import KVLayout
+from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.pool import KVPool
+from bulkhead.lora.peft_files import BaseShapes, read_adapter
+from bulkhead.model import decode_kernel, decode_layers, lora_layers, q4_kernel
+from bulkhead.model.linear_kernel import onednn_usable
+from bulkhead.model.llama import LlamaModel
+from bulkhead.model.loader import load_model
+
+pytestmark = pytest.mark.skipif(
+    decode_layers.load() is None or q4_kernel.load() is None or decode_kernel.load(64, 3, 16) is None
+    or lora_layers.load() is None or not onednn_usable(torch.float32), reason="the C kernels cannot be built here")
+
+PROMPTS = [list(range(100, 140)), list(range(300, 317)), list(range(1000, 1063)), list(range(2000, 2025))]
+
+
+@pytest.fixture(scope="module")
+def c_model(smollm2_dir):
+    model = load_model(smollm2_dir, linear_kernel="q4", decode_attention="c", decode_glue="c")
+    assert model.decode_glue == "c"
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, c_model):
+    """Rank 16 on all seven linears, as bench/lora.py's: two stored in bf16 (PEFT's usual dtype), one in fp32."""
+    shapes, root = BaseShapes.of(c_model.config), tmp_path_factory.mktemp("adapters")
+    refs = []
+    for i, dtype in enumerate((torch.bfloat16, torch.bfloat16, torch.float32)):
+        d = write_adapter(root / f"a{i}", shapes, rank=16, alpha=32, seed=i, scale=0.02, dtype=dtype)
+        refs.append(AdapterRef(f"a{i}", str(d), read_adapter(d, shapes).digest))
+    return refs
+
+
+def prefilled(model, refs, row_adapters, kv_dtype="float32"):
+    """A runner whose pool holds each prompt's KV under its adapter (index into refs, or None for the base
+    model); returns it and each request's next DecodeWork."""
+    c = model.config
+    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, kv_dtype)
+    runner = ModelRunner(model, KVPool(layout, 48, "poison"), PageLedger(48),
+                         RunnerConfig(prefill_row_bucket=32, decode_row_multiple=1))
+    for ref in refs:
+        runner.adapters.acquire(ref)
+    works = []
+    for i, (ids, a) in enumerate(zip(PROMPTS, row_adapters)):
+        digest = None if a is None else refs[a].digest
+        pages = tuple(runner.ledger.allocate(f"r{i}", "t", layout.pages_for_tokens(len(ids) + 4)))
+        runner.run(StepPlan(PrefillWork(f"r{i}", "t", 0, tuple(ids[:-1]), pages, False, adapter=digest), (), ()))
+        works.append(DecodeWork(f"r{i}", "t", len(ids) - 1, ids[-1], pages, digest))
+    return runner, works
+
+
+def decode(runner, works):
+    return runner.run(StepPlan(None, tuple(works), ()))[1]
+
+
+def c_steps_with_adapters(model, monkeypatch) -> list:
+    """Records each C decode-layer step that carried adapter rows."""
+    calls, run = [], model._c_layers.run
+
+    def recorded(x, batch, kv_layers):
+        calls.append(batch.lora is not None)
+        return run(x, batch, kv_layers)
+
+    monkeypatch.setattr(model._c_layers, "run", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_adapter_row_gets_the_same_numbers_alone_beside_base_rows_and_beside_other_adapters(
+        c_model, adapters, monkeypatch, threads):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runner, works = prefilled(c_model, adapters, [0, None, 1, 0])
+        calls = c_steps_with_adapters(c_model, monkeypatch)
+        before = runner.pool.data.clone()
+        together = decode(runner, works)
+        for i, work in enumerate(works):
+            runner.pool.data.copy_(before)
+            assert torch.equal(decode(runner, [work])[0], together[i]), i
+        assert calls == [True, True, False, True, True]  # every step with an adapter row stayed in C
+    finally:
+        torch.set_num_threads(previous)
+
+
+# Max |logit difference| against the torch glue on the same weights (logits
+# reach ~20). Adapters stored in bf16 pack exactly: only the glue's two sums
+# differ (the base model's bound in test_decode_layers, measured 5e-5 with
+# fp32 KV). Stored in fp32, the C layers read them rounded to bf16 and the
+# torch glue does not: measured 1.5e-3 at rank 16 (docs/adapters.md).
+@pytest.mark.parametrize("adapter,atol", [(0, 2e-4), (2, 1e-2)])
+def test_the_c_layers_agree_with_the_torch_glue_and_apply_the_delta(c_model, adapters, monkeypatch, adapter, atol):
+    runner, works = prefilled(c_model, adapters, [adapter, None, adapter])
+    calls = c_steps_with_adapters(c_model, monkeypatch)
+    before = runner.pool.data.clone()
+    ours = decode(runner, works)
+    runner.pool.data.copy_(before)
+    runner.model = LlamaModel(c_model.config, c_model.weights, "c", "torch")
+    theirs = decode(runner, works)
+    assert calls == [True]
+    assert (ours - theirs).abs().max().item() < atol
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    # Without its delta an adapter row would be the base model's: far outside
+    # the bound (measured ~1 at rank 16, scale 0.02).
+    runner.pool.data.copy_(before)
+    runner.model = c_model
+    base = decode(runner, [dataclasses.replace(w, adapter=None) for w in works])
+    assert (ours[0] - base[0]).abs().max().item() > 10 * atol
+    assert torch.equal(ours[1], base[1])  # the base row is untouched
+
+
+def test_the_c_layers_agree_with_the_exact_path_within_the_fast_paths_bound(smollm2_dir, c_model, adapters):
+    """The exact path (aten weights, fp32 deltas through torch glue) equals
+    transformers with the adapter merged (tests/lora/test_lora_model.py);
+    the C layers with adapter rows stay within the fast path's bound
+    against it (docs/performance.md: mean KL <= 1e-3 nats), as the base
+    model's fast path does, and far from the exact path without the delta."""
+    exact = load_model(smollm2_dir, linear_kernel="aten", decode_attention="torch", decode_glue="torch")
+    kl_mean = {}
+    for label, model, adapter in (("c", c_model, 0), ("c, delta skipped", c_model, None), ("exact", exact, 0)):
+        runner, works = prefilled(model, adapters, [adapter] * 4)
+        kl_mean[label] = decode(runner, works)
+    ref = kl_mean.pop("exact").log_softmax(-1)
+    kl = {k: torch.nn.functional.kl_div(v.log_softmax(-1), ref, log_target=True, reduction="none").sum(-1).mean().item()
+          for k, v in kl_mean.items()}
+    assert kl["c"] <= 1e-3, kl  # measured 3.9e-5
+    assert kl["c, delta skipped"] > 1e-3, kl  # measured 1.7e-2: the bound tells a skipped delta
+
+
+@pytest.mark.parametrize("adapter,atol", [(0, 2e-4), (2, 1e-2)])
+def test_a_prompt_under_an_adapter_takes_the_same_c_delta_and_agrees_with_the_torch_glue(
+        c_model, adapters, monkeypatch, adapter, atol):
+    """A prompt pass's rows go through lora_layer_delta over the packed
+    weights too (bulkhead.model.llama's _adapter_deltas), not per-module
+    torch matmuls; the bounds are the decode step's, for the same reasons."""
+    calls, add = [], lora_layers.StepDeltas.add
+    monkeypatch.setattr(lora_layers.StepDeltas, "add", lambda self, *a: (calls.append(a[1]), add(self, *a))[1])
+
+    def first_logits(model, digest):
+        runner, _ = prefilled(model, adapters, [])
+        pages = tuple(runner.ledger.allocate("p", "t", 3))
+        return runner.run(StepPlan(PrefillWork("p", "t", 0, tuple(PROMPTS[0]), pages, True, adapter=digest),
+                                   (), ()))[1][0]
+
+    ours = first_logits(c_model, adapters[adapter].digest)
+    assert len(calls) == 4 * c_model.config.num_layers  # qkv, o, gate_up and down of every layer
+    theirs = first_logits(LlamaModel(c_model.config, c_model.weights, "c", "torch", c_model.prefill_attention,
+                                     c_model.prefill_glue), adapters[adapter].digest)
+    base = first_logits(c_model, None)
+    assert (ours - theirs).abs().max().item() < atol
+    assert (ours - base).abs().max().item() > 10 * atol
