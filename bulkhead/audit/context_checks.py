@@ -72,10 +72,9 @@ def over_length(probe: Probe, report: ProbeReport, context: int | None) -> None:
             # the context was read or written: safe, and said as such.
             clamped = reply.total_tokens
             continue
-        got = reply.transport_error or f"HTTP {reply.status}"
         result.status = "findings"
         report.findings.append(ProbeFinding(
-            "over_length", f"{name} (context {context:,}, max_tokens {n}) got {got}, not a 4xx"))
+            "over_length", f"{name} (context {context:,}, max_tokens {n}) got {reply.failure}, not a 4xx"))
     result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
     if clamped is not None and result.status == "ok":
         result.status = "clamps"
@@ -132,8 +131,8 @@ def coherence(probe: Probe, report: ProbeReport, context: int | None) -> None:
     size = f"{reply.prompt_tokens:,} prompt tokens" if reply.prompt_tokens else f"~{target:,} prompt tokens"
     if not reply.ok:
         result.status = "findings"
-        got = reply.transport_error or f"HTTP {reply.status}" + (f" ({reply.error_code})" if reply.error_code else "")
-        report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit got {got}"))
+        report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit "
+                                            f"got {reply.failure}"))
     elif canary not in reply.text:
         result.status = "findings"
         report.findings.append(ProbeFinding(

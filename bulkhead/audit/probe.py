@@ -120,9 +120,7 @@ class Probe:
         solo_replies = [self.client.complete(job.key, job.body) for job in solo]
         self._note("solo", solo, solo_replies)
         if not any(r.ok for r in solo_replies):
-            first = solo_replies[0]
-            why = first.transport_error or f"HTTP {first.status}" + (f" ({first.error_code})" if first.error_code else "")
-            raise EngineResponseError(self.client.base_url, f"no completion succeeded: {why}")
+            raise EngineResponseError(self.client.base_url, f"no completion succeeded: {solo_replies[0].failure}")
         self.solo, self.solo_replies = solo, solo_replies
 
         traffic = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
@@ -144,17 +142,9 @@ class Probe:
             report.checks[-1].detail = "one tenant in the keys file: no other tenant to leak to"
             report.warnings.append("cross-tenant check skipped: the keys file names one tenant; give two or more")
 
-        differ = tolerated = 0
-        for job, before in zip(solo, solo_replies):
-            after = again[id(job)]
-            if not (before.ok and after.ok):
-                continue
-            verdict = self._compare(before, after)
-            if verdict == "differ":
-                differ += 1
-            elif verdict == "tolerated":
-                tolerated += 1
-        compared = sum(1 for job, b in zip(solo, solo_replies) if b.ok and again[id(job)].ok)
+        verdicts = [self._compare(before, again[id(job)]) for job, before in zip(solo, solo_replies)
+                    if before.ok and again[id(job)].ok]
+        compared, differ, tolerated = len(verdicts), verdicts.count("differ"), verdicts.count("tolerated")
         result = CheckResult("differential", len(solo) * 2,
                              detail=f"{compared} greedy prompt(s) compared solo vs among {len(traffic)} concurrent")
         if tolerated:
@@ -202,8 +192,8 @@ class Probe:
         self.canaries.scan(job.tenant, after.text, "after aborts")
         if not after.ok:
             result.status = "findings"
-            got = after.transport_error or f"HTTP {after.status}"
-            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got {got}"))
+            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got "
+                                                f"{after.failure}"))
         elif before.ok and self._compare(before, after) == "differ":
             result.status = "findings"
             report.findings.append(ProbeFinding(
@@ -259,7 +249,7 @@ class Probe:
         if self.failed:
             by_phase: dict[str, list[str]] = {}
             for phase, reply in self.failed:
-                by_phase.setdefault(phase, []).append(reply.transport_error or f"HTTP {reply.status}")
+                by_phase.setdefault(phase, []).append(reply.failure)
             for phase, errors in by_phase.items():
                 report.findings.append(ProbeFinding(
                     "request_failed", f"{phase}: {len(errors)} within-limit request(s) failed "
