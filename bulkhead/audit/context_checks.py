@@ -1,13 +1,8 @@
-"""`bulkhead probe`'s checks at the context limit.
-
-  over_length  prompts just over the advertised context (the prompt alone,
-               and prompt + max_tokens) must get a 4xx; a 2xx is a finding,
-               except a generation clamped at the context (vLLM's way: safe)
-  coherence    a prompt near the limit with a canary early on must recall
-               the canary at the end
-
-Prompts are token ids where the endpoint takes them (exact without a
-tokenizer), else filler text sized from usage.prompt_tokens.
+"""`bulkhead probe`'s checks at the context limit: over_length (a 2xx just
+over the advertised context is a finding, unless generation was clamped at
+the context) and coherence (a canary early in a near-limit prompt must be
+recalled at its end). Prompts are token ids where the endpoint takes them,
+else filler text sized from usage.prompt_tokens.
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""The checks preflight runs over live limits, each producing typed findings.
-
-Worker checks (every record but a router's):
-  pool_unreported        the engine did not say how big its KV pool is
-  context_unreported     the engine did not say what context it advertises
-  pool_below_context     pool_tokens < context_length: a full-context request
-                         cannot be held (the incident: 681,280 < 1,048,576)
-  input_limit_off_context  max_input_tokens is above context_length, or more
-                         than the dialect's documented margin below it (an
-                         input limit the pool shrank, on one side only)
-  router_context_above_worker  a router advertises more than a worker it
-                         routes to will accept
-Pair checks (every prefill x decode):
-  pair_mismatch          model, context, input limit, page size or KV dtype differ
-  role_conflict          the role given on the command line is not the engine's
-"""
+"""The checks preflight runs over live limits, each producing typed
+findings (docs/audit.md lists them: pool_below_context is the incident)."""
 
 from __future__ import annotations
 

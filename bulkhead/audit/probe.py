@@ -1,34 +1,12 @@
 """`bulkhead probe`: an active leak and coherence probe against an OpenAI-compatible endpoint.
 
 The incident's 155 leaking responses had normal HTTP codes and latency; only
-their text showed the fault. This probe looks at text. Against bulkhead,
-vLLM or SGLang, with one API key per tenant, it runs five checks:
-
-  cross_tenant   every prompt carries a per-run canary (`ZQ-7f3a9c`) owned by
-                 the tenant that sent it; a response to tenant X holding a
-                 canary of tenant Y != X is a hit (the tenants and the canary
-                 are reported, never the response text)
-  over_length    prompts just over the advertised context (the prompt alone,
-                 and prompt + max_tokens) must get a 4xx; a 2xx is a finding
-  differential   greedy completions sent alone, then the same prompts amid
-                 every tenant's concurrent traffic, must match
-  coherence      a prompt near the limit with a canary early on must recall
-                 the canary at the end (the check the incident's pre-launch
-                 testing lacked)
-  aborts         streams closed after their first chunk must leave the
-                 endpoint answering, and answering the same
-  structured     chat requests with response_format json_schema and with a
-                 forced tool call, amid plain completions of every tenant:
-                 their answers (content and tool-call arguments) are scanned
-                 for canaries too, and must parse (skipped where the endpoint
-                 refuses both)
-
-Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
-(unreachable, keys refused, bad input, or no completion succeeded).
-
-The canaries live in canaries.py, the context-limit checks (over_length,
-coherence) in context_checks.py, the report and its rendering in
-probe_report.py.
+their text showed the fault, so this probe looks at text: with one API key
+per tenant it runs the checks docs/audit.md lists (cross_tenant,
+over_length, differential, coherence, aborts, structured, and the adapter
+checks of probe_adapters.py). Findings name tenants and canaries, never a
+response's text. Exit 0: no findings; 1: findings; 2: the endpoint could not
+be probed (unreachable, keys refused, bad input, or no completion succeeded).
 """
 
 from __future__ import annotations
