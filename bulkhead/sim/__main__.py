@@ -1,5 +1,5 @@
 import sys
 
-from bulkhead.sim.cli import main
+from bulkhead.cli import main
 
-sys.exit(main())
+sys.exit(main(["sim", *sys.argv[1:]]))
