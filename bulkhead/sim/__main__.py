@@ -1,5 +1,5 @@
 import sys
 
-from bulkhead.cli import main
+from bulkhead.sim.cli import main
 
-sys.exit(main(["sim", *sys.argv[1:]]))
+sys.exit(main())
