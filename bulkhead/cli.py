@@ -19,45 +19,31 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def build_parser(serve_arguments: bool = True) -> argparse.ArgumentParser:
-    """serve_arguments=False leaves `serve`'s flags out: building them
-    (bulkhead.server.serve_flags) loads the kernel modules and torch, which
-    took most of the ~4 s that `bulkhead admin workers` or `bulkhead lineage`
-    spent before doing anything; main() builds them only for `serve`."""
-    parser = argparse.ArgumentParser(
-        prog="bulkhead",
-        description="Multi-tenant LLM inference server that cannot hand one tenant's KV cache to another.",
-    )
+    """serve_arguments=False leaves `serve`'s flags out: building them loads
+    the kernel modules and torch (seconds), so main() builds them only for `serve`."""
+    parser = argparse.ArgumentParser(prog="bulkhead", description="Multi-tenant LLM inference server that cannot "
+                                     "hand one tenant's KV cache to another.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser(
-        "serve", help="start the OpenAI-compatible server",
-        description="Start the OpenAI-compatible server. Example: bulkhead serve --api-keys ~/bulkhead/keys.toml",
-    )
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible server", description="Start the "
+                           "OpenAI-compatible server. Example: bulkhead serve --api-keys ~/bulkhead/keys.toml")
     if serve_arguments:
         from bulkhead.server.serve_flags import add_serve_arguments
 
         add_serve_arguments(serve)
-    convert = sub.add_parser(
-        "convert", help="import a GGUF checkpoint as a Hugging Face safetensors directory",
-        description="Example: bulkhead convert model.gguf ./model-hf (no GGUF: the bundled SmolLM2)",
-    )
+    convert = sub.add_parser("convert", help="import a GGUF checkpoint as a Hugging Face safetensors directory",
+                             description="Example: bulkhead convert model.gguf ./model-hf "
+                                         "(no GGUF: the bundled SmolLM2)")
     convert.add_argument("gguf", type=Path, nargs="?", default=None)
     convert.add_argument("out", type=Path)
+    from bulkhead.admin.cli import add_subcommand as add_admin
     from bulkhead.audit.cli import add_subcommands as add_audit
-
-    add_audit(sub)  # plan, preflight: each sets args.func
+    from bulkhead.lineage.cli import add_subcommand as add_lineage
+    from bulkhead.sim.cli import add_subcommand as add_sim
     from bulkhead.verify.cli import add_subcommand as add_verify
 
-    add_verify(sub)  # verify: the protocol model checker
-    from bulkhead.sim.cli import add_subcommand as add_sim
-
-    add_sim(sub)  # sim: the deterministic simulation of the running system
-    from bulkhead.admin.cli import add_subcommand as add_admin
-
-    add_admin(sub)  # admin: list, drain and resume workers
-
-    from bulkhead.lineage.cli import add_subcommand as add_lineage
-
-    add_lineage(sub)  # lineage: verify and query the page-lineage log
+    # plan, preflight, probe; verify; sim; admin; lineage: each sets args.func
+    for add in (add_audit, add_verify, add_sim, add_admin, add_lineage):
+        add(sub)
     return parser
 
 

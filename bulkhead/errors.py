@@ -1,8 +1,5 @@
-"""Typed errors in the OpenAI error shape.
-
-Each carries what the user needs to fix the request: which parameter, the
-limit and the value that broke it.
-"""
+"""Typed errors in the OpenAI error shape. Each carries what the user needs
+to fix the request: which parameter, the limit and the value that broke it."""
 
 from __future__ import annotations
 
@@ -15,15 +12,8 @@ class BulkheadError(Exception):
     type = "server_error"
     code = "internal_error"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        limit: int | float | None = None,
-        value: Any = None,
-    ):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 limit: int | float | None = None, value: Any = None):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -111,7 +101,6 @@ class RateLimited(BulkheadError):
 
 class Overloaded(BulkheadError):
     status = 503
-    type = "server_error"
     code = "server_overloaded"
 
 
@@ -121,15 +110,12 @@ class AdapterUnavailable(BulkheadError):
     rather than decoded with other weights."""
 
     status = 503
-    type = "server_error"
     code = "adapter_unavailable"
 
 
 class EngineFailure(BulkheadError):
     """The engine failed this request and refused to answer from unverified state."""
 
-    status = 500
-    type = "server_error"
     code = "engine_failure"
 
 
@@ -143,11 +129,9 @@ class PeerLostError(BulkheadError):
     """A worker holding the request stopped answering or restarted."""
 
     status = 503
-    type = "server_error"
     code = "worker_lost"
 
 
 class RequestTimedOut(BulkheadError):
     status = 504
-    type = "server_error"
     code = "request_timed_out"

@@ -44,10 +44,6 @@ class Canaries:
                 if owner is None or owner == receiver or (receiver, owner, canary) in self._seen:
                     continue
                 self._seen.add((receiver, owner, canary))
-                self.hits.append(ProbeFinding(
-                    "cross_tenant",
-                    f"{where}: a response to tenant {receiver!r} contained canary {canary} "
-                    f"from a prompt of tenant {owner!r}",
-                    (receiver, owner),
-                    canary,
-                ))
+                self.hits.append(ProbeFinding("cross_tenant", f"{where}: a response to tenant {receiver!r} "
+                                              f"contained canary {canary} from a prompt of tenant {owner!r}",
+                                              (receiver, owner), canary))

@@ -1,12 +1,5 @@
-"""argparse wiring for the audit commands.
-
-`add_subcommands(subparsers)` adds `plan`, `preflight` and `probe` to any argparse
-subparsers object and sets `func` on each, a callable taking the parsed
-Namespace and returning the exit code:
-
-    args = parser.parse_args()
-    sys.exit(args.func(args))
-"""
+"""argparse wiring for the audit commands: `add_subcommands(subparsers)`
+adds `plan`, `preflight` and `probe`, each with `func(args) -> exit code`."""
 
 from __future__ import annotations
 
@@ -62,21 +55,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerator-memory", required=True, help="memory of one accelerator, e.g. 141GiB")
     parser.add_argument("--weights-bytes", required=True, help="size of all model weights, e.g. 140GB or bytes")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per worker (default 1)")
-    parser.add_argument(
-        "--mem-fraction",
-        default=DEFAULT_MEM_FRACTION,
-        help=f"share of accelerator memory for weights + KV (default {DEFAULT_MEM_FRACTION})",
-    )
-    parser.add_argument(
-        "--context-length", type=int, default=None, help="context to advertise (default: config max_position_embeddings)"
-    )
+    parser.add_argument("--mem-fraction", default=DEFAULT_MEM_FRACTION,
+                        help=f"share of accelerator memory for weights + KV (default {DEFAULT_MEM_FRACTION})")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="context to advertise (default: config max_position_embeddings)")
     parser.add_argument("--kv-dtype", default="auto", help="KV cache dtype: auto (the config's), bfloat16, fp8_e4m3, ...")
     parser.add_argument("--page-size", type=int, default=1, help="tokens per KV page; the pool is whole pages (default 1)")
-    parser.add_argument(
-        "--activation-reserve",
-        default=DEFAULT_ACTIVATION_RESERVE,
-        help=f"per-rank memory kept for activations and graphs (default {DEFAULT_ACTIVATION_RESERVE})",
-    )
+    parser.add_argument("--activation-reserve", default=DEFAULT_ACTIVATION_RESERVE,
+                        help=f"per-rank memory kept for activations and graphs (default {DEFAULT_ACTIVATION_RESERVE})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -108,35 +94,26 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context length to probe, when the endpoint does not advertise one")
 
 
+COMMANDS = (  # name, help, description, epilog, arguments, run
+    ("plan", "KV pool size from a model config and accelerator memory, against the context length",
+     "Compute KV bytes per token and pool tokens per worker, and whether the pool holds the context.",
+     PLAN_EPILOG, add_plan_arguments, run_plan),
+    ("preflight", "read live limits from running engines and flag pools and pairs that disagree",
+     "Read each engine's live limits and check pool vs context, input limits, and prefill/decode pairs.",
+     PREFLIGHT_EPILOG, add_preflight_arguments, run_preflight),
+    ("probe", "active cross-tenant leak and coherence probe against an OpenAI-compatible endpoint",
+     "Send canary-carrying completions as several tenants and check for leaks, over-length requests answered "
+     "2xx, solo vs concurrent divergence, long-context recall and abort safety.",
+     PROBE_EPILOG, add_probe_arguments, run_probe),
+)
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    plan = subparsers.add_parser(
-        "plan",
-        help="KV pool size from a model config and accelerator memory, against the context length",
-        description="Compute KV bytes per token and pool tokens per worker, and whether the pool holds the context.",
-        epilog=PLAN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_plan_arguments(plan)
-    plan.set_defaults(func=run_plan)
-    preflight = subparsers.add_parser(
-        "preflight",
-        help="read live limits from running engines and flag pools and pairs that disagree",
-        description="Read each engine's live limits and check pool vs context, input limits, and prefill/decode pairs.",
-        epilog=PREFLIGHT_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_preflight_arguments(preflight)
-    preflight.set_defaults(func=run_preflight)
-    probe = subparsers.add_parser(
-        "probe",
-        help="active cross-tenant leak and coherence probe against an OpenAI-compatible endpoint",
-        description="Send canary-carrying completions as several tenants and check for leaks, over-length "
-        "requests answered 2xx, solo vs concurrent divergence, long-context recall and abort safety.",
-        epilog=PROBE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_probe_arguments(probe)
-    probe.set_defaults(func=run_probe)
+    for name, helptext, description, epilog, add_arguments, run in COMMANDS:
+        parser = subparsers.add_parser(name, help=helptext, description=description, epilog=epilog,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(parser)
+        parser.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,13 +1,8 @@
-"""`bulkhead probe`'s checks at the context limit.
-
-  over_length  prompts just over the advertised context (the prompt alone,
-               and prompt + max_tokens) must get a 4xx; a 2xx is a finding,
-               except a generation clamped at the context (vLLM's way: safe)
-  coherence    a prompt near the limit with a canary early on must recall
-               the canary at the end
-
-Prompts are token ids where the endpoint takes them (exact without a
-tokenizer), else filler text sized from usage.prompt_tokens.
+"""`bulkhead probe`'s checks at the context limit: over_length (a 2xx just
+over the advertised context is a finding, unless generation was clamped at
+the context) and coherence (a canary early in a near-limit prompt must be
+recalled at its end). Prompts are token ids where the endpoint takes them,
+else filler text sized from usage.prompt_tokens.
 """
 
 from __future__ import annotations
@@ -72,10 +67,9 @@ def over_length(probe: Probe, report: ProbeReport, context: int | None) -> None:
             # the context was read or written: safe, and said as such.
             clamped = reply.total_tokens
             continue
-        got = reply.transport_error or f"HTTP {reply.status}"
         result.status = "findings"
         report.findings.append(ProbeFinding(
-            "over_length", f"{name} (context {context:,}, max_tokens {n}) got {got}, not a 4xx"))
+            "over_length", f"{name} (context {context:,}, max_tokens {n}) got {reply.failure}, not a 4xx"))
     result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
     if clamped is not None and result.status == "ok":
         result.status = "clamps"
@@ -132,8 +126,8 @@ def coherence(probe: Probe, report: ProbeReport, context: int | None) -> None:
     size = f"{reply.prompt_tokens:,} prompt tokens" if reply.prompt_tokens else f"~{target:,} prompt tokens"
     if not reply.ok:
         result.status = "findings"
-        got = reply.transport_error or f"HTTP {reply.status}" + (f" ({reply.error_code})" if reply.error_code else "")
-        report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit got {got}"))
+        report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit "
+                                            f"got {reply.failure}"))
     elif canary not in reply.text:
         result.status = "findings"
         report.findings.append(ProbeFinding(

@@ -1,8 +1,5 @@
-"""Typed errors for the audit commands.
-
-Each carries what the operator needs to fix the input or reach the engine;
-the CLI maps them to exit codes (input errors 2, unreachable engines 2).
-"""
+"""Typed errors for the audit commands: each carries what the operator
+needs to fix the input or reach the engine; each exits 2."""
 
 from __future__ import annotations
 
@@ -23,19 +20,16 @@ class MemorySizeError(PlanInputError):
         self.text = text
 
 
-class EngineUnreachable(AuditError):
+class _EngineError(AuditError):
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class EngineUnreachable(_EngineError):
     """An engine URL could not be read: no connection, timeout, or refused auth."""
 
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
 
-
-class EngineResponseError(AuditError):
+class EngineResponseError(_EngineError):
     """An engine answered, but not in a shape any dialect understands."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason

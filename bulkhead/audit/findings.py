@@ -1,19 +1,5 @@
-"""The checks preflight runs over live limits, each producing typed findings.
-
-Worker checks (every record but a router's):
-  pool_unreported        the engine did not say how big its KV pool is
-  context_unreported     the engine did not say what context it advertises
-  pool_below_context     pool_tokens < context_length: a full-context request
-                         cannot be held (the incident: 681,280 < 1,048,576)
-  input_limit_off_context  max_input_tokens is above context_length, or more
-                         than the dialect's documented margin below it (an
-                         input limit the pool shrank, on one side only)
-  router_context_above_worker  a router advertises more than a worker it
-                         routes to will accept
-Pair checks (every prefill x decode):
-  pair_mismatch          model, context, input limit, page size or KV dtype differ
-  role_conflict          the role given on the command line is not the engine's
-"""
+"""The checks preflight runs over live limits, each producing typed
+findings (docs/audit.md lists them: pool_below_context is the incident)."""
 
 from __future__ import annotations
 
@@ -42,16 +28,10 @@ def check_worker(worker: EngineLimits) -> list[Finding]:
         found.append(Finding("pool_unreported", here, "the engine does not report its KV pool size, so it cannot be checked"))
     if worker.context_length is None:
         found.append(Finding("context_unreported", here, "the engine does not report the context length it advertises"))
-    if worker.pool_tokens is not None and worker.context_length is not None:
-        if worker.pool_tokens < worker.context_length:
-            found.append(
-                Finding(
-                    "pool_below_context",
-                    here,
-                    f"KV pool holds {worker.pool_tokens:,} tokens but the advertised context is "
-                    f"{worker.context_length:,}: {worker.context_length - worker.pool_tokens:,} tokens short",
-                )
-            )
+    if None not in (worker.pool_tokens, worker.context_length) and worker.pool_tokens < worker.context_length:
+        found.append(Finding("pool_below_context", here,
+                             f"KV pool holds {worker.pool_tokens:,} tokens but the advertised context is "
+                             f"{worker.context_length:,}: {worker.context_length - worker.pool_tokens:,} tokens short"))
     found.extend(_check_input_limit(worker))
     return found
 
@@ -62,30 +42,18 @@ def _check_input_limit(worker: EngineLimits) -> list[Finding]:
     gap = worker.context_length - worker.max_input_tokens
     if 0 <= gap <= worker.input_margin:
         return []
-    return [
-        Finding(
-            "input_limit_off_context",
-            (worker.url,),
-            f"max input tokens {worker.max_input_tokens:,} vs context length {worker.context_length:,}: "
-            f"gap {gap:,}, {worker.engine} documents 0..{worker.input_margin}",
-        )
-    ]
+    return [Finding("input_limit_off_context", (worker.url,),
+                    f"max input tokens {worker.max_input_tokens:,} vs context length {worker.context_length:,}: "
+                    f"gap {gap:,}, {worker.engine} documents 0..{worker.input_margin}")]
 
 
 def check_router(router: EngineLimits, workers: Iterable[EngineLimits]) -> list[Finding]:
-    found = []
-    for worker in workers:
-        if None in (router.context_length, worker.context_length):
-            continue
-        if router.context_length > worker.context_length:
-            found.append(
-                Finding(
-                    "router_context_above_worker",
-                    (router.url, worker.url),
-                    f"router advertises {router.context_length:,} tokens; this {worker.role} worker accepts {worker.context_length:,}",
-                )
-            )
-    return found
+    return [Finding("router_context_above_worker", (router.url, worker.url),
+                    f"router advertises {router.context_length:,} tokens; "
+                    f"this {worker.role} worker accepts {worker.context_length:,}")
+            for worker in workers
+            if None not in (router.context_length, worker.context_length)
+            and router.context_length > worker.context_length]
 
 
 def check_pairs(records: Iterable[EngineLimits]) -> list[Finding]:
@@ -96,15 +64,9 @@ def check_pairs(records: Iterable[EngineLimits]) -> list[Finding]:
     for prefill, decode in product(prefills, decodes):
         for field in PAIR_FIELDS:
             left, right = getattr(prefill, field), getattr(decode, field)
-            if left is None or right is None or left == right:
-                continue
-            found.append(
-                Finding(
-                    "pair_mismatch",
-                    (prefill.url, decode.url),
-                    f"{field}: prefill {_show(left)} vs decode {_show(right)}",
-                )
-            )
+            if None not in (left, right) and left != right:
+                found.append(Finding("pair_mismatch", (prefill.url, decode.url),
+                                     f"{field}: prefill {_show(left)} vs decode {_show(right)}"))
     return found
 
 

@@ -129,11 +129,4 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
     budget = usable - weights_per_rank - inputs.activation_reserve_bytes
     tokens = max(0, budget) // per_token
     pool = tokens // inputs.page_size * inputs.page_size
-    return CapacityPlan(
-        inputs=inputs,
-        kv_bytes_per_token=per_token,
-        usable_bytes=usable,
-        weights_bytes_per_rank=weights_per_rank,
-        kv_budget_bytes=budget,
-        pool_tokens=pool,
-    )
+    return CapacityPlan(inputs, per_token, usable, weights_per_rank, budget, pool)

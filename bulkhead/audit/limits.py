@@ -10,14 +10,9 @@ ROLES = ("colocated", "prefill", "decode", "router", "unknown")
 # Spellings of the same KV dtype across engines, mapped to one name so that a
 # bf16 prefill and a bfloat16 decode are not reported as a mismatch.
 _DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "float": "float32",
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
     "fp8": "fp8_e4m3",  # vLLM's "fp8" and SGLang's default fp8 are both e4m3
-    "float8_e4m3fn": "fp8_e4m3",
-    "float8_e5m2": "fp8_e5m2",
+    "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
 }
 
 

@@ -65,22 +65,14 @@ def attention_layout(config: Mapping[str, Any]) -> AttentionLayout:
         config = {**config["text_config"], **{k: v for k, v in config.items() if k != "text_config"}}
     num_layers = _positive_int(config, "num_hidden_layers")
     num_heads = _positive_int(config, "num_attention_heads")
-    common = dict(
-        model_type=str(config.get("model_type", "unknown")),
-        num_layers=num_layers,
-        num_attention_heads=num_heads,
-        max_position_embeddings=_optional_positive_int(config, "max_position_embeddings"),
-        config_dtype=config.get("torch_dtype") or config.get("dtype"),
-    )
+    common = dict(model_type=str(config.get("model_type", "unknown")), num_layers=num_layers,
+                  num_attention_heads=num_heads,
+                  max_position_embeddings=_optional_positive_int(config, "max_position_embeddings"),
+                  config_dtype=config.get("torch_dtype") or config.get("dtype"))
     if config.get("kv_lora_rank"):
-        return AttentionLayout(
-            is_mla=True,
-            num_kv_heads=0,
-            head_dim=0,
-            kv_lora_rank=_positive_int(config, "kv_lora_rank"),
-            qk_rope_head_dim=_positive_int(config, "qk_rope_head_dim"),
-            **common,
-        )
+        return AttentionLayout(is_mla=True, num_kv_heads=0, head_dim=0,
+                               kv_lora_rank=_positive_int(config, "kv_lora_rank"),
+                               qk_rope_head_dim=_positive_int(config, "qk_rope_head_dim"), **common)
     # MHA configs omit num_key_value_heads: every attention head has its own K/V.
     num_kv_heads = _optional_positive_int(config, "num_key_value_heads") or num_heads
     # head_dim must be read when given: GLM-4.5 has 96 heads of 128 over a
@@ -91,14 +83,8 @@ def attention_layout(config: Mapping[str, Any]) -> AttentionLayout:
         if hidden % num_heads:
             raise PlanInputError(f"hidden_size {hidden} is not divisible by num_attention_heads {num_heads}; set head_dim")
         head_dim = hidden // num_heads
-    return AttentionLayout(
-        is_mla=False,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        kv_lora_rank=0,
-        qk_rope_head_dim=0,
-        **common,
-    )
+    return AttentionLayout(is_mla=False, num_kv_heads=num_kv_heads, head_dim=head_dim, kv_lora_rank=0,
+                           qk_rope_head_dim=0, **common)
 
 
 def _optional_positive_int(config: Mapping[str, Any], key: str) -> int | None:

@@ -39,34 +39,24 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     except InvalidOperation as error:
         raise PlanInputError(f"--mem-fraction {args.mem_fraction!r} is not a number") from error
     return PlanInputs(
-        layout=layout,
+        layout=layout, tp=args.tp, mem_fraction=fraction, context_length=context, kv_dtype=kv_dtype,
+        kv_dtype_bytes=kv_dtype_bytes, page_size=args.page_size,
         accelerator_memory_bytes=parse_memory_size(args.accelerator_memory, unit_required=True,
                                                    what="--accelerator-memory"),
         # A bare number is bytes here, as the flag's name says (docs/audit.md's example gives one).
         weights_bytes=parse_memory_size(args.weights_bytes, what="--weights-bytes"),
-        tp=args.tp,
-        mem_fraction=fraction,
-        context_length=context,
-        kv_dtype=kv_dtype,
-        kv_dtype_bytes=kv_dtype_bytes,
-        page_size=args.page_size,
         activation_reserve_bytes=parse_memory_size(args.activation_reserve, unit_required=True,
-                                                   what="--activation-reserve"),
-    )
+                                                   what="--activation-reserve"))
 
 
 def per_token_formula(plan: CapacityPlan) -> str:
     layout, inputs = plan.inputs.layout, plan.inputs
     if layout.is_mla:
-        return (
-            f"{layout.num_layers} layers x ({layout.kv_lora_rank} kv_lora_rank + "
-            f"{layout.qk_rope_head_dim} qk_rope_head_dim) x {inputs.kv_dtype_bytes} B, not split by TP"
-        )
+        return (f"{layout.num_layers} layers x ({layout.kv_lora_rank} kv_lora_rank + "
+                f"{layout.qk_rope_head_dim} qk_rope_head_dim) x {inputs.kv_dtype_bytes} B, not split by TP")
     heads_per_rank = plan.kv_bytes_per_token // (2 * layout.num_layers * layout.head_dim * inputs.kv_dtype_bytes)
-    return (
-        f"2 x {layout.num_layers} layers x {heads_per_rank} of {layout.num_kv_heads} KV heads per rank x "
-        f"{layout.head_dim} head_dim x {inputs.kv_dtype_bytes} B"
-    )
+    return (f"2 x {layout.num_layers} layers x {heads_per_rank} of {layout.num_kv_heads} KV heads per rank x "
+            f"{layout.head_dim} head_dim x {inputs.kv_dtype_bytes} B")
 
 
 def plan_as_dict(plan: CapacityPlan, context_source: str) -> dict[str, Any]:
@@ -108,12 +98,10 @@ def render_text(plan: CapacityPlan, context_source: str) -> str:
     if plan.holds_context:
         verdict = f"OK: the pool holds the context with {plan.pool_tokens - inputs.context_length:,} tokens to spare"
     else:
-        verdict = (
-            f"DOES NOT HOLD: {plan.shortfall_tokens:,} tokens short; a full-context request needs "
-            f"{format_bytes(plan.context_kv_bytes)} of KV per rank, i.e. at least "
-            f"{format_bytes(plan.accelerator_memory_needed_bytes)} accelerator memory at fraction {inputs.mem_fraction} "
-            f"(or more TP, a smaller KV dtype, or a smaller --context-length)"
-        )
+        verdict = (f"DOES NOT HOLD: {plan.shortfall_tokens:,} tokens short; a full-context request needs "
+                   f"{format_bytes(plan.context_kv_bytes)} of KV per rank, i.e. at least "
+                   f"{format_bytes(plan.accelerator_memory_needed_bytes)} accelerator memory at fraction "
+                   f"{inputs.mem_fraction} (or more TP, a smaller KV dtype, or a smaller --context-length)")
     rows.append(("verdict", verdict))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
@@ -128,8 +116,5 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"bulkhead plan: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     source = "--context-length" if args.context_length else "config max_position_embeddings"
-    if args.json:
-        print(json.dumps(plan_as_dict(plan, source), indent=2))
-    else:
-        print(render_text(plan, source))
+    print(json.dumps(plan_as_dict(plan, source), indent=2) if args.json else render_text(plan, source))
     return EXIT_HOLDS if plan.holds_context else EXIT_DOES_NOT_HOLD

@@ -49,8 +49,7 @@ class EngineTarget:
 
 
 def _engine_root(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.rstrip("/").removesuffix("/v1")
 
 
 @dataclass(frozen=True)

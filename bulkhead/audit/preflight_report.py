@@ -8,17 +8,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bulkhead.audit.preflight import PreflightReport
 
-_COLUMNS = (
-    ("URL", "url"),
-    ("ENGINE", "engine"),
-    ("ROLE", "role"),
-    ("MODEL", "model"),
-    ("CONTEXT", "context_length"),
-    ("MAX INPUT", "max_input_tokens"),
-    ("POOL", "pool_tokens"),
-    ("PAGE", "page_size"),
-    ("KV DTYPE", "kv_dtype"),
-)
+_COLUMNS = (("URL", "url"), ("ENGINE", "engine"), ("ROLE", "role"), ("MODEL", "model"),
+            ("CONTEXT", "context_length"), ("MAX INPUT", "max_input_tokens"), ("POOL", "pool_tokens"),
+            ("PAGE", "page_size"), ("KV DTYPE", "kv_dtype"))
 
 
 def _cell(value: object) -> str:
@@ -46,12 +38,9 @@ def render_table(report: PreflightReport) -> str:
 
 
 def render_json(report: PreflightReport) -> str:
-    return json.dumps(
-        {
-            "records": [r.as_dict() for r in report.records],
-            "findings": [{"check": f.check, "urls": list(f.urls), "message": f.message} for f in report.findings],
-            "unreadable": [{"url": u.url, "reason": u.reason} for u in report.unreadable],
-            "exit_code": report.exit_code,
-        },
-        indent=2,
-    )
+    return json.dumps({
+        "records": [r.as_dict() for r in report.records],
+        "findings": [{"check": f.check, "urls": list(f.urls), "message": f.message} for f in report.findings],
+        "unreadable": [{"url": u.url, "reason": u.reason} for u in report.unreadable],
+        "exit_code": report.exit_code,
+    }, indent=2)

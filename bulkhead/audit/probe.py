@@ -1,34 +1,12 @@
 """`bulkhead probe`: an active leak and coherence probe against an OpenAI-compatible endpoint.
 
 The incident's 155 leaking responses had normal HTTP codes and latency; only
-their text showed the fault. This probe looks at text. Against bulkhead,
-vLLM or SGLang, with one API key per tenant, it runs five checks:
-
-  cross_tenant   every prompt carries a per-run canary (`ZQ-7f3a9c`) owned by
-                 the tenant that sent it; a response to tenant X holding a
-                 canary of tenant Y != X is a hit (the tenants and the canary
-                 are reported, never the response text)
-  over_length    prompts just over the advertised context (the prompt alone,
-                 and prompt + max_tokens) must get a 4xx; a 2xx is a finding
-  differential   greedy completions sent alone, then the same prompts amid
-                 every tenant's concurrent traffic, must match
-  coherence      a prompt near the limit with a canary early on must recall
-                 the canary at the end (the check the incident's pre-launch
-                 testing lacked)
-  aborts         streams closed after their first chunk must leave the
-                 endpoint answering, and answering the same
-  structured     chat requests with response_format json_schema and with a
-                 forced tool call, amid plain completions of every tenant:
-                 their answers (content and tool-call arguments) are scanned
-                 for canaries too, and must parse (skipped where the endpoint
-                 refuses both)
-
-Exit 0: no findings. 1: findings. 2: the endpoint could not be probed
-(unreachable, keys refused, bad input, or no completion succeeded).
-
-The canaries live in canaries.py, the context-limit checks (over_length,
-coherence) in context_checks.py, the report and its rendering in
-probe_report.py.
+their text showed the fault, so this probe looks at text: with one API key
+per tenant it runs the checks docs/audit.md lists (cross_tenant,
+over_length, differential, coherence, aborts, structured, and the adapter
+checks of probe_adapters.py). Findings name tenants and canaries, never a
+response's text. Exit 0: no findings; 1: findings; 2: the endpoint could not
+be probed (unreachable, keys refused, bad input, or no completion succeeded).
 """
 
 from __future__ import annotations
@@ -120,9 +98,7 @@ class Probe:
         solo_replies = [self.client.complete(job.key, job.body) for job in solo]
         self._note("solo", solo, solo_replies)
         if not any(r.ok for r in solo_replies):
-            first = solo_replies[0]
-            why = first.transport_error or f"HTTP {first.status}" + (f" ({first.error_code})" if first.error_code else "")
-            raise EngineResponseError(self.client.base_url, f"no completion succeeded: {why}")
+            raise EngineResponseError(self.client.base_url, f"no completion succeeded: {solo_replies[0].failure}")
         self.solo, self.solo_replies = solo, solo_replies
 
         traffic = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
@@ -144,17 +120,9 @@ class Probe:
             report.checks[-1].detail = "one tenant in the keys file: no other tenant to leak to"
             report.warnings.append("cross-tenant check skipped: the keys file names one tenant; give two or more")
 
-        differ = tolerated = 0
-        for job, before in zip(solo, solo_replies):
-            after = again[id(job)]
-            if not (before.ok and after.ok):
-                continue
-            verdict = self._compare(before, after)
-            if verdict == "differ":
-                differ += 1
-            elif verdict == "tolerated":
-                tolerated += 1
-        compared = sum(1 for job, b in zip(solo, solo_replies) if b.ok and again[id(job)].ok)
+        verdicts = [self._compare(before, again[id(job)]) for job, before in zip(solo, solo_replies)
+                    if before.ok and again[id(job)].ok]
+        compared, differ, tolerated = len(verdicts), verdicts.count("differ"), verdicts.count("tolerated")
         result = CheckResult("differential", len(solo) * 2,
                              detail=f"{compared} greedy prompt(s) compared solo vs among {len(traffic)} concurrent")
         if tolerated:
@@ -202,8 +170,8 @@ class Probe:
         self.canaries.scan(job.tenant, after.text, "after aborts")
         if not after.ok:
             result.status = "findings"
-            got = after.transport_error or f"HTTP {after.status}"
-            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got {got}"))
+            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got "
+                                                f"{after.failure}"))
         elif before.ok and self._compare(before, after) == "differ":
             result.status = "findings"
             report.findings.append(ProbeFinding(
@@ -259,7 +227,7 @@ class Probe:
         if self.failed:
             by_phase: dict[str, list[str]] = {}
             for phase, reply in self.failed:
-                by_phase.setdefault(phase, []).append(reply.transport_error or f"HTTP {reply.status}")
+                by_phase.setdefault(phase, []).append(reply.failure)
             for phase, errors in by_phase.items():
                 report.findings.append(ProbeFinding(
                     "request_failed", f"{phase}: {len(errors)} within-limit request(s) failed "

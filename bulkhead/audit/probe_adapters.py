@@ -1,29 +1,11 @@
 """`bulkhead probe`'s adapter checks: a tenant's LoRA adapters are its own.
 
-Each tenant's GET /v1/models lists the base model and that tenant's own
-adapters (bulkhead; vLLM lists every adapter to everyone, which the first
-check then reports). The probe picks tenant A's adapter N that another
-tenant B does not list, and runs:
-
-  adapter_names   B naming N must get exactly what B gets for a name that
-                  exists nowhere (status, code and body, the names swapped):
-                  a 200 is B running A's weights; any other difference tells
-                  B that A has an adapter called N
-  adapter_timing  A sends secret prompts under N (so they sit in A's cache
-                  under N's weights); then, one at a time and in an order
-                  drawn afresh, each secret and as many decoys (fresh ids,
-                  cached by nobody) are timed to the first token as B sends
-                  them, and as A sends them under the base model. The
-                  classifier reads "secret" when the first token is quick;
-                  an AUC at or over AUC_LIMIT is a finding (by chance:
-                  0.34% with 10 + 10 guesses, bench/roc.py). A's own
-                  secrets re-sent under N are the control: a low AUC there
-                  means the cache's effect was not measurable here, said as
-                  a warning
-
-The prompts are token ids (exact without a tokenizer), as the prefix-cache
-side-channel bench sends them (bench/side_channel.py, whose method this
-follows); a finding names tenants and the adapter, never a response's text.
+Tenant A lists adapter N that tenant B does not. adapter_names: B naming N
+must get exactly what B gets for a name that exists nowhere (else B ran A's
+weights, or learnt that N exists). adapter_timing: B must not tell prompts
+cached under N by time to first token (AUC under AUC_LIMIT; the control is A
+re-sending its own). The method is bench/side_channel.py's; docs/audit.md
+gives the numbers. Prompts are token ids: exact without a tokenizer.
 """
 
 from __future__ import annotations

@@ -56,6 +56,12 @@ class Reply:
     def ok(self) -> bool:
         return 200 <= self.status < 300
 
+    @property
+    def failure(self) -> str:
+        """What went wrong, for a finding: the transport error, or the status and error code."""
+        code = f" ({self.error_code})" if self.error_code else ""
+        return self.transport_error or f"HTTP {self.status}{code}"
+
 
 @dataclass(frozen=True)
 class RawReply:
@@ -87,9 +93,7 @@ class ProbeClient:
     """One endpoint, one httpx client shared by the probe's threads."""
 
     def __init__(self, base_url: str, client: httpx.Client) -> None:
-        base = base_url.rstrip("/")
-        # Accept both http://host:port and http://host:port/v1.
-        self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")  # http://host:port, with or without /v1
         self._client = client
 
     @staticmethod

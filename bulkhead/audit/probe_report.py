@@ -8,7 +8,7 @@ another customer's data.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from bulkhead.audit.canaries import ProbeFinding
 
@@ -41,12 +41,8 @@ class ProbeReport:
 
 def render_table(report: ProbeReport) -> str:
     context = f"{report.context_length:,}" if report.context_length is not None else "-"
-    lines = [
-        f"endpoint  {report.url}",
-        f"model     {report.model}  (context {context}, from {report.context_source})",
-        f"tenants   {', '.join(report.tenants)}",
-        "",
-    ]
+    lines = [f"endpoint  {report.url}", f"model     {report.model}  (context {context}, from {report.context_source})",
+             f"tenants   {', '.join(report.tenants)}", ""]
     header = ("CHECK", "SENT", "RESULT", "DETAIL")
     rows = [(c.check, str(c.sent), c.status.upper() if c.status != "ok" else "ok", c.detail) for c in report.checks]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
@@ -66,20 +62,11 @@ def render_table(report: ProbeReport) -> str:
 
 
 def render_json(report: ProbeReport) -> str:
-    return json.dumps(
-        {
-            "url": report.url,
-            "model": report.model,
-            "context_length": report.context_length,
-            "context_source": report.context_source,
-            "tenants": list(report.tenants),
-            "checks": [{"check": c.check, "sent": c.sent, "status": c.status, "detail": c.detail}
-                       for c in report.checks],
-            "findings": [{"check": f.check, "message": f.message, "tenants": list(f.tenants), "canary": f.canary}
-                         for f in report.findings],
-            "cross_tenant_hits": sum(1 for f in report.findings if f.check == "cross_tenant"),
-            "warnings": report.warnings,
-            "exit_code": report.exit_code,
-        },
-        indent=2,
-    )
+    return json.dumps({
+        "url": report.url, "model": report.model, "context_length": report.context_length,
+        "context_source": report.context_source, "tenants": list(report.tenants),
+        "checks": [asdict(c) for c in report.checks],
+        "findings": [asdict(f) for f in report.findings],
+        "cross_tenant_hits": sum(1 for f in report.findings if f.check == "cross_tenant"),
+        "warnings": report.warnings, "exit_code": report.exit_code,
+    }, indent=2)

@@ -29,7 +29,4 @@ def label_sets(text: str, metric: str) -> list[dict[str, str]]:
 
 
 def _parse_labels(text: str) -> dict[str, str]:
-    labels = {}
-    for name, raw in _LABEL.findall(text):
-        labels[name] = re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], raw)
-    return labels
+    return {name: re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], raw) for name, raw in _LABEL.findall(text)}

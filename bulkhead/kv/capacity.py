@@ -31,13 +31,10 @@ def gate_context_length(context_length: int, pool_tokens: int, clamp: bool) -> C
     if pool_tokens >= context_length:
         return CapacityDecision(context_length, pool_tokens, clamped=False)
     if not clamp:
-        raise CapacityError(
-            f"the KV pool holds {pool_tokens} tokens but the context length is {context_length}: "
-            f"one request could need more KV than exists. Raise --kv-memory, lower --context-length "
-            f"to at most {pool_tokens}, or pass --clamp-context-length to advertise {pool_tokens}."
-        )
-    log.warning(
-        "context length clamped from %d to %d tokens: the KV pool holds no more (--clamp-context-length)",
-        context_length, pool_tokens,
-    )
+        raise CapacityError(f"the KV pool holds {pool_tokens} tokens but the context length is {context_length}: "
+                            f"one request could need more KV than exists. Raise --kv-memory, lower "
+                            f"--context-length to at most {pool_tokens}, or pass --clamp-context-length to "
+                            f"advertise {pool_tokens}.")
+    log.warning("context length clamped from %d to %d tokens: the KV pool holds no more (--clamp-context-length)",
+                context_length, pool_tokens)
     return CapacityDecision(pool_tokens, pool_tokens, clamped=True)

@@ -118,9 +118,12 @@ class PageLedger:
         if pages is None:
             raise LedgerError(f"release of {request_id}, which holds no pages (double free?)")
         del self._tenant_of[request_id]
+        self._to_dirty(request_id, pages)
+        return pages
+
+    def _to_dirty(self, owner: str, pages: list[int]) -> None:
         if self.lineage.enabled:
-            self.lineage.freed(request_id, pages, [self._generation[p] for p in pages],
-                               [self._tenant[p] for p in pages])
+            self.lineage.freed(owner, pages, [self._generation[p] for p in pages], [self._tenant[p] for p in pages])
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
@@ -129,7 +132,6 @@ class PageLedger:
         # where the next prompt goes (the incident's worst case), as the
         # model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
         self._dirty.extend(reversed(pages))
-        return pages
 
     def donate(self, request_id: str, page: int, new_owner: str) -> None:
         """Move one page from request_id to new_owner (the prefix cache); the
@@ -156,12 +158,7 @@ class PageLedger:
         self._pages_of[owner] = [p for p in held if p not in drop]
         if not self._pages_of[owner]:
             del self._pages_of[owner]
-        if self.lineage.enabled:
-            self.lineage.freed(owner, pages, [self._generation[p] for p in pages], [self._tenant[p] for p in pages])
-        for p in pages:
-            self._owner[p] = None
-            self._tenant[p] = None
-        self._dirty.extend(reversed(pages))  # as release(): the block comes back in its old order
+        self._to_dirty(owner, pages)
 
     def dirty_pages(self) -> list[int]:
         return list(self._dirty)

@@ -50,13 +50,13 @@ def check_lineage_flags(args) -> str | None:
     from bulkhead.lineage.chain import LineageKeyError, load_key
 
     try:
-        key = load_key(args.lineage_key, create=True)
+        load_key(args.lineage_key, create=True)
     except (OSError, LineageKeyError) as e:
         return str(e)
-    if args.cluster_key_file is not None and Path(args.cluster_key_file).exists() and \
-            Path(args.cluster_key_file).resolve() == Path(args.lineage_key).resolve():
+    cluster_key = args.cluster_key_file
+    if cluster_key is not None and Path(cluster_key).exists() and \
+            Path(cluster_key).resolve() == Path(args.lineage_key).resolve():
         return "--lineage-key must be a key of its own, not the cluster key"
-    del key
     if args.role == "router":
         log.warning("--lineage-log on a router alone records nothing: it holds no KV pages (pass it to the workers)")
     return None

@@ -28,8 +28,6 @@ from pathlib import Path
 
 from bulkhead.lineage.verify import Line, read_lines
 
-CACHE_READS = ("cache_hit",)
-
 
 @dataclass(frozen=True)
 class Read:
@@ -118,10 +116,6 @@ class RequestStory:
         """The LoRA adapter the request ran under (name and digest), from its `adapter` record; None: the base model."""
         return next(({"name": r["name"], "digest": r["digest"]} for r in self.records if r.get("kind") == "adapter"),
                     None)
-
-    def pages_by_via(self, via: str) -> list[int]:
-        """Pages the request got by `via` ("alloc" or "cache_hit")."""
-        return [p for (_log, p), s in self.pages.items() if s.via == via]
 
     def to_dict(self) -> dict:
         out = []

@@ -15,9 +15,7 @@ actor (bulkhead.verify.actors.decode) and the running decode worker
     lease_expired     the fence ran out                  RELEASE_PAGES
     finished          the last token                     RELEASE_PAGES (the runtime's engine already has)
 
-`runtime` picks the lifecycle table: the model's (False) or the runtime's,
-whose few extra rows (bulkhead.protocol.lifecycle.RUNTIME) say where the
-running system differs.
+`runtime` picks the lifecycle table: the model's, or the runtime's (lifecycle.RUNTIME).
 """
 from __future__ import annotations
 

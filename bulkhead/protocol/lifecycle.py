@@ -2,25 +2,17 @@
 
     advance(actor, phase, event) -> the next phase, or IllegalTransition
 
-The model checker's step functions (router.py, prefill.py and decode.py in
-bulkhead.verify.actors) make every phase change through advance(), so the model checker
-explores exactly these rows: a step that is not a row raises, and
-tests/disagg/test_lifecycle.py checks that an exhaustive search takes every
-row. The runtime's records (bulkhead.disagg: router.Route,
-prefill_worker.PrefillJob, decode_worker.DecodeJob) change
-phase only through the same table, with runtime=True, which adds the
-RUNTIME rows below, each saying why the running system differs from the
-model there. Today there are none: every step the runtime takes, the model
-checker explores. A from-phase of None (shown "-") means no record yet: the event
-creates it.
+The model checker's actors and the runtime's records (bulkhead.disagg's
+Route, PrefillJob, DecodeJob) change phase only through advance(), so the
+checker explores exactly these rows (tests/disagg/test_lifecycle.py checks
+that a search takes every row). runtime=True adds the RUNTIME rows, each
+saying why the running system differs from the model there; today there are
+none. A from-phase of None ("-") means no record yet: the event creates it.
 
-LEGACY and the guard ablations take only PROTOCOL rows (they change what
-the checks decide, not which phases follow which), so they go through the
-same strict table. With drain_before_reuse off, decode frees pages at the
-finalize as though prefill had already acked (DRAINING -drain_ack-> DONE in
-the same step): that unfenced reuse is what the ablation shows is unsafe.
-
-Pure: enums, tuples and dicts; no I/O, no clock, no torch.
+LEGACY and the guard ablations take only PROTOCOL rows: they change what the
+checks decide, not which phases follow which. With drain_before_reuse off,
+decode frees pages at the finalize as though prefill had already acked:
+that unfenced reuse is what the ablation shows is unsafe.
 """
 from __future__ import annotations
 
@@ -120,8 +112,7 @@ PROTOCOL = {
     ),
 }
 
-# Where the running system differs from the model (none today; the last, a
-# decode reservation the outcome overtakes, is the model's now). A row with
+# Where the running system differs from the model (none today). A row with
 # the key of a PROTOCOL row replaces it for the runtime.
 RUNTIME = {
     ROUTER: (),

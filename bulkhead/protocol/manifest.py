@@ -1,12 +1,11 @@
 """Exact coverage (invariant 3): the transfer manifest against decode's allocation. Pure.
 
-Shared with the protocol model the checker explores
-(bulkhead.protocol.decode): `write_admissible` (may a remote write
-land) and the manifest checks `identity_problems` and `mismatched_pages`,
-which the running decode worker (bulkhead.disagg.decode_worker) calls through
-`coverage_problems`. Not shared: the runtime's check that the granted pages'
-generations and owners are unchanged at commit (the model checks
-generations per write instead) and the model's wait for in-flight landings.
+The checker's decode actor and the running decode worker share
+`write_admissible` and the manifest checks `identity_problems` and
+`mismatched_pages` (the worker through `coverage_problems`). Not shared: the
+runtime's check that the granted pages' generations and owners are unchanged at commit
+(the model checks generations per write instead) and the model's wait for
+in-flight landings.
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ def mismatched_pages(pages, local_digests, claimed_digests) -> list[int]:
             if mine is not None and mine != theirs]
 
 
-def coverage_problems(
-    alloc: Allocation, manifest: Manifest, current_generations: tuple[int, ...], local_digests: tuple[int, ...]
-) -> list[str]:
+def coverage_problems(alloc: Allocation, manifest: Manifest, current_generations: tuple[int, ...],
+                      local_digests: tuple[int, ...]) -> list[str]:
     """Every reason not to commit; empty means decode may mark the KV ready.
 
     current_generations: the ledger's generation of each allocated page now

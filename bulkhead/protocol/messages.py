@@ -21,20 +21,12 @@ on the runtime's wire and in the model checker's network.
     PrefillFailed  prefill -> router            the prompt could not be prefilled (LEGACY: its 400)
     TransferFailed worker -> router             the KV could not be moved or verified
 
-Who a message goes to, and whether it is authentic, is not part of it: the
-runtime's link seals each one in the signer's envelope (sender,
-incarnation, sequence number, HMAC; disagg/signing.py) and encodes it with
-the one codec (disagg/messages.py: encode, decode, handler_for); the model
-checker's network carries each in an `Envelope` (destination, and `signed`,
-which the environment clears when it forges one; bulkhead.verify.actors.network,
-with the model's data plane: PageWrite and Landing, one page of what a
-transfer backend's write_pages does). The model's network
-carries worker-to-worker messages directly where the runtime's router
-relays them (PagesGranted, TransferDone; DrainAck goes through the router's
-record of the pair, as the runtime's relay does). Which fields the model
-fills and which it leaves at a stand-in is said at each field.
-
-Pure: frozen dataclasses over ids, ints and strings; no torch, no sockets.
+Who a message goes to, and whether it is authentic, is not part of it:
+the runtime's link seals each in the signer's envelope (disagg/signing.py)
+and encodes it with the one codec (disagg/messages.py); the model checker's
+network carries each in an `Envelope` (bulkhead.verify.actors.network),
+worker to worker where the runtime's router relays. Which fields the model
+leaves at a stand-in is said at each field.
 """
 from __future__ import annotations
 
@@ -102,7 +94,6 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Assign:
-    """Bootstrap: the admitted request's signed ticket, sent to both workers."""
     kind = "assign"
     request_id: RequestId
     ticket: SignedTicket
@@ -119,17 +110,14 @@ class PrefillReady:
 @dataclass(frozen=True)
 class Endpoint:
     """Where a writer writes: a transfer backend and its descriptor (the
-    runtime's: the backend's own, e.g. host and port; the model's: the
-    decode worker's index and incarnation, whose registered memory a write
-    reaches)."""
+    model's: the decode worker's index and incarnation)."""
     backend: str
     descriptor: typing.Any
 
 
 @dataclass(frozen=True)
 class PagesGranted:
-    """Decode's allocation for the request's prompt pages, with the ledger
-    generation of each page: a write at another generation is refused."""
+    """A write at another generation than the ledger's is refused."""
     kind = "pages_granted"
     request_id: RequestId
     room: int
@@ -138,15 +126,13 @@ class PagesGranted:
     generations: tuple[int, ...]   # the ledger's, one per page
     transfer: Endpoint             # decode's endpoint
     # Prefill starts no write for this grant after this many seconds, so a
-    # writer that never acks is done long before decode's lease ends. (The
-    # model has no clock: inf; its fence is the lease-expiry event's
-    # enabling condition.)
+    # writer that never acks is done long before decode's lease ends (the
+    # model has no clock: inf).
     write_within_s: float
 
 
 @dataclass(frozen=True)
 class TransferDone:
-    """Prefill's claim: every page in the manifest was written."""
     kind = "transfer_done"
     request_id: RequestId
     manifest: Manifest
@@ -158,16 +144,16 @@ class TransferDone:
 
 @dataclass(frozen=True)
 class DrainAck:
-    """Prefill: no write for this request is in flight and none will be
-    posted again; decode may free the pages."""
+    """No write for this request is in flight and none will be posted
+    again; decode may free the pages."""
     kind = "drain_ack"
     request_id: RequestId
 
 
 @dataclass(frozen=True)
 class Finalize:
-    """The router's terminal decision. Workers record it, stop work and
-    release resources (decode only after the prefill's drain ack)."""
+    """Workers record it, stop work and release resources (decode only
+    after the prefill's drain ack)."""
     kind = "finalize"
     request_id: RequestId
     outcome: Outcome
@@ -175,9 +161,8 @@ class Finalize:
 
 @dataclass(frozen=True)
 class Output:
-    """Decode's tokens (or its typed error) for the client. A finished one
-    without an error is the 200 (the model's decode sends one, with no
-    tokens, after its one decode step on committed KV)."""
+    """A finished one without an error is the 200 (the model's carries no
+    tokens)."""
     kind = "output"
     output: RequestOutput
 
@@ -199,7 +184,6 @@ class PrefillFailed:
 
 @dataclass(frozen=True)
 class TransferFailed:
-    """The KV could not be moved or verified: fail closed."""
     kind = "transfer_failed"
     request_id: RequestId
     reason: str

@@ -12,8 +12,7 @@ actor (bulkhead.verify.actors.prefill) and the running prefill worker
     quiesced        no write of ours is outstanding       SEND_DRAIN_ACK, RELEASE_LOCAL
     undrained       the transfer failed, a write in flight RELEASE_LOCAL (never acked: the lease fences it)
 
-`runtime` picks the lifecycle table (bulkhead.protocol.lifecycle): the
-model's, or the runtime's with its few extra rows.
+`runtime` picks the lifecycle table: the model's, or the runtime's (lifecycle.RUNTIME).
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """The admission ticket: the router's one decision about one request, bound
 to the room and epoch it was bootstrapped in. One type for the runtime and
-the model checker; signing is a wrapper around it.
+the model checker; signing is a wrapper around it (the runtime's MAC is an
+HMAC under the cluster key, bulkhead.disagg.ticket; the model's a stand-in,
+verify.actors.values.MODEL_MAC).
 
-    Ticket        what both workers of the pair receive
-    SignedTicket  a Ticket and its MAC (an HMAC under the cluster key in the
-                  runtime, bulkhead.disagg.ticket; in the model a stand-in
-                  that an attacker without the key cannot produce,
-                  bulkhead.verify.actors.values.MODEL_MAC)
-
-`admitted` is the decision itself, as admission returned it: the runtime's
-`engine.admission.Admitted` (prompt tokens, sampling parameters, context),
-the model's `RequestSpec` (pages, and the pair it goes to;
-bulkhead.verify.actors.config). Both have
-`request_id` and `tenant`. Workers verify the MAC, then re-check the
-ticket against their own limits; they never decide admission again.
+`admitted` is the decision itself: the runtime's `engine.admission.Admitted`
+or the model's `RequestSpec`, each with `request_id` and `tenant`. Workers
+verify the MAC, then re-check the ticket against their own limits; they
+never decide admission again.
 """
 from __future__ import annotations
 

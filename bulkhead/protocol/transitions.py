@@ -1,18 +1,14 @@
-"""What the checker and the runtime share: the per-request transition
-functions of each actor (router_job.py, prefill_job.py, decode_job.py).
+"""The per-request transition functions' common parts (router_job.py,
+prefill_job.py, decode_job.py call `transition`):
 
     a transition: (phase, facts) -> JobStep(phase, effects, outcome)
 
-The model checker's actors (bulkhead.verify.actors) and the running router
-and workers (bulkhead.disagg) call the same functions for
-every decision about a request: which phase follows, and what must happen
-(send a grant, free pages, abort the engine...). The caller only carries out
-the effects: the model on its ledger model and network, the runtime on its
-engine and link. Each function declares every outcome (branch) it may take; an outcome
-that only the runtime takes (a step the model does not have) is declared
-runtime_only, with why. Every call is counted by outcome (`calls`), so
-`bulkhead verify` can say, for each of the runtime's handlers
-(bulkhead.verify.handlers), which of its outcomes the search explored.
+The caller only carries out the effects: the model on its ledger and
+network, the runtime on its engine and link. Each function declares every
+outcome (branch) it may take; one only the runtime (or only the model)
+takes is declared with why. Every call is counted by outcome (`calls`), so
+`bulkhead verify` can say, for each runtime handler, which of its outcomes
+the search explored.
 """
 from __future__ import annotations
 
@@ -101,7 +97,6 @@ def transition(actor: str, outcomes: tuple[str, ...], runtime_only: dict | None 
             calls[(name, step.outcome)] += 1
             return step
 
-        counted.transition_name = name
         return counted
     return wrap
 

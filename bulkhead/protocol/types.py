@@ -1,13 +1,7 @@
 """The two enums every actor of the transfer protocol shares with the
-runtime: where a request is (Phase) and how it ended (Outcome). The
-transfer manifest (protocol.manifest) and the admission ticket
-(protocol.ticket) are shared too, one type each; what only the model
-checker's actors use (guards, variants, request specs, addresses, page
-contents) is in bulkhead.verify.actors.
-
-Both are enums whose members hash by identity, so a protocol state is cheap
-to hash (the model checker stores millions of them) and serializable by
-value (the runtime puts the same values on the wire).
+runtime: where a request is (Phase) and how it ended (Outcome). Members
+hash by identity, so a protocol state is cheap to hash (the model checker
+stores millions of them), and serialize by value (the runtime's wire).
 """
 from __future__ import annotations
 

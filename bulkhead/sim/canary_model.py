@@ -1,19 +1,13 @@
 """A stand-in for the transformer that makes every KV read checkable.
 
 Each simulated request's prompt is one repeated token, its *canary*, unique
-to the request. The model writes, for every token it computes, K = the token
-and V = its position into every layer's page slot, exactly where the real
-model writes K/V; it then reads back every position [0, kv_len) of each
-sequence, as attention would, and expects K = the sequence's own canary and
-V = the position. Anything else is a read of KV not written for this request:
-another request's canary (cross-request read), 0 (a scrubbed, never-written
-slot) or a moved position. It predicts the canary again, so greedy decoding
-keeps writing the request's own canary.
-
-Why not the tiny random Llama: thousands of seeds with ~50 engine steps each
-must fit in the test suite's budget, and a real model's KV does not say whose
-it is. The engine, scheduler, runner, ledger, pool, sampler, transfer
-verification and workers around this model are the real ones.
+to the request. For every token computed the model writes K = the token and
+V = its position where the real model writes K/V; it then reads back every
+position [0, kv_len) of each sequence, as attention would, and expects K =
+the sequence's own canary and V = the position. Anything else (another
+request's canary, a scrubbed 0, a moved position) is a read of KV not
+written for this request. It predicts the canary again, so greedy decoding
+keeps writing the request's own. Why not a tiny Llama: docs/simulation.md.
 """
 
 from __future__ import annotations

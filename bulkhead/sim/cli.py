@@ -12,7 +12,6 @@ Exit status 0: no violation, and (with --seeds) every fault kind fired.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from bulkhead.sim.faults import FAULT_KINDS
@@ -83,7 +82,3 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,7 @@
-"""Router + 2 prefill + 2 decode workers, the real classes, wired to the simulator.
-
-What the simulator replaces, through the seams the runtime takes: the clock
-(`clock=`), the control-plane link (`make_link=`), the transfer backend (a
-`SimSource` in the prefill worker's `sources`, a `SimTarget` as decode's
-target), the transfer thread (prefill's `transfers` executor becomes a
-scheduled event) and the engine thread (`Engine.run_once`, one step per
-event). Each of those events costs virtual time, so messages, engine steps
-and transfers interleave differently per seed.
+"""Router + 2 prefill + 2 decode workers, the real classes, wired to the
+simulator at the seams docs/simulation.md lists (clock, link, transfer source
+and target, transfer thread, engine thread). Each event costs virtual time,
+so messages, engine steps and transfers interleave differently per seed.
 """
 
 from __future__ import annotations

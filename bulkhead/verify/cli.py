@@ -15,7 +15,6 @@ incident reproduced for `legacy`.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from bulkhead.protocol import transitions
 from bulkhead.verify.actors.config import Guards, Variant
@@ -121,7 +120,3 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

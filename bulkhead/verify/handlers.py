@@ -87,7 +87,3 @@ HANDLERS = (
     H("decode", "drain", ("_on_drain",), why_none=DRAIN),
     H("decode", "resume", ("_on_resume",), why_none=DRAIN),
 )
-
-
-def by_actor(actor: str) -> tuple[Handler, ...]:
-    return tuple(h for h in HANDLERS if h.actor == actor)

@@ -1,13 +1,8 @@
 """The world state and the environment: every action an adversarial but
-bounded environment may take, each applied through the protocol's own
-transition functions.
-
-The environment may: submit requests in any order; deliver any message in
-flight, in any order; duplicate a message; drop a data-plane write (control
+bounded environment may take (docs/verification.md, "What is modelled"),
+each applied through the protocol's own transition functions. Control
 messages are retransmitted until acked, so a control drop is a delay, which
-reordering already covers); corrupt a write's payload; forge an unsigned
-control message; abort a request; pass a deadline; expire a drain lease;
-crash and restart a worker. Page allocation is LIFO, as the incident's was.
+reordering already covers; page allocation is LIFO, as the incident's was.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
 """The safety properties, checked on every reachable state and every
-transition. Each returns (kind, explanation) pairs; an empty list is safe.
-
-Kinds, most severe first:
-  cross_tenant_read    attention read another tenant's KV
-  foreign_read         attention read KV not written for this request and epoch
-                       (another request of the same tenant, or a garbled payload)
-  commit_not_exact     decode committed, but a page allocated for the request
-                       does not hold exactly its KV from its own room and epoch
-  write_on_moved_page  a DMA landed on a page whose owner or generation changed
-  rejected_not_clean   a rejected request holds a room, a page, a write or a token
-  page_owned_twice     two live requests (or a request and the free stack) share a page
-  room_reused          two live requests hold the same bootstrap room
-  outcome_disagreement router, prefill and decode record different outcomes
-  outcome_changed      a recorded outcome changed
-  free_page_dirty      a free page still holds someone's KV (data at rest)
-  assigned_to_draining the router assigned a request to a worker it had drained
+transition (docs/verification.md's table says each kind). Each check returns
+(kind, explanation) pairs; an empty list is safe.
 """
 from __future__ import annotations
 

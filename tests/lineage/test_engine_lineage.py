@@ -48,7 +48,7 @@ def test_with_the_incident_faults_who_read_names_exactly_the_stub_that_read_anot
     stub, _ = run(built, injector._admit, "b-over", "B", prompt(100, 2), max_tokens=2)  # over 64: the bug
     assert isinstance(stub, LegacyTicket) and injector.faults.fired["no_scrub"] >= 1  # the faults really fired
     log.flush()
-    a_pages = sorted(request_story([log.path], "a1").pages_by_via("alloc"))
+    a_pages = sorted(p for (_, p), s in request_story([log.path], "a1").pages.items() if s.via == "alloc")
     assert len(a_pages) == 4
     reads = who_read([log.path], "A")
     assert sorted((r.request, r.tenant, r.page, r.scrubbed) for r in reads) == \

@@ -13,7 +13,7 @@ from bulkhead.disagg.decode_worker import DecodeWorker
 from bulkhead.disagg.prefill_worker import PrefillWorker
 from bulkhead.disagg.router import DisaggBackend
 from bulkhead.protocol.transitions import REGISTRY
-from bulkhead.verify.handlers import HANDLERS, by_actor
+from bulkhead.verify.handlers import HANDLERS
 
 RUNTIME = {"router": DisaggBackend, "prefill": PrefillWorker, "decode": DecodeWorker}
 CALL = re.compile(r"\b(router|prefill|decode)_job\.(\w+)\(")
@@ -36,7 +36,7 @@ def test_each_handler_calls_exactly_the_transitions_it_lists(handler):
 @pytest.mark.parametrize("actor", sorted(RUNTIME))
 def test_every_method_that_calls_a_transition_is_part_of_a_listed_handler(actor):
     cls = RUNTIME[actor]
-    listed = {name for h in by_actor(actor) for name in h.methods}
+    listed = {name for h in HANDLERS if h.actor == actor for name in h.methods}
     for name, member in inspect.getmembers(cls, inspect.isfunction):
         if CALL.search(inspect.getsource(member)):
             assert name in listed, f"{cls.__name__}.{name} takes transitions but no handler lists it"
@@ -53,7 +53,7 @@ def _dispatch_kinds(actor) -> set[str]:
 
 @pytest.mark.parametrize("actor", sorted(RUNTIME))
 def test_every_message_a_dispatch_table_takes_is_a_listed_handler(actor):
-    assert _dispatch_kinds(actor) <= {h.on for h in by_actor(actor)}
+    assert _dispatch_kinds(actor) <= {h.on for h in HANDLERS if h.actor == actor}
 
 
 def test_every_transition_function_is_called_by_some_handler():

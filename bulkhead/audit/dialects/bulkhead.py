@@ -35,16 +35,7 @@ def read_limits(client: EngineClient, url: str) -> list[EngineLimits] | None:
 
 def _record(info: dict[str, Any], url: str, behind: str | None) -> EngineLimits:
     role = str(info.get("role") or "unknown")
-    return EngineLimits(
-        url=url,
-        engine=NAME,
-        role=role if role in ROLES else "unknown",
-        model=info.get("model"),
-        context_length=as_int(info.get("context_length")),
-        max_input_tokens=as_int(info.get("max_input_tokens")),
-        pool_tokens=as_int(info.get("pool_tokens")),
-        page_size=as_int(info.get("page_size")),
-        kv_dtype=normalise_dtype(info.get("kv_dtype")),
-        input_margin=INPUT_MARGIN,
-        behind=behind,
-    )
+    ints = {name: as_int(info.get(name)) for name in ("context_length", "max_input_tokens", "pool_tokens", "page_size")}
+    return EngineLimits(url=url, engine=NAME, role=role if role in ROLES else "unknown", model=info.get("model"),
+                        kv_dtype=normalise_dtype(info.get("kv_dtype")), input_margin=INPUT_MARGIN, behind=behind,
+                        **ints)

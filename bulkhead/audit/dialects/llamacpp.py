@@ -33,20 +33,8 @@ def read_limits(client: EngineClient, url: str) -> list[EngineLimits] | None:
     slots = [s for s in client.try_list("/slots") or () if isinstance(s, dict)]  # None with --no-slots
     slot_ctx = smallest(s.get("n_ctx") for s in slots) or slot_ctx
     model = first_model(client.try_json("/v1/models")).get("id") or _basename(props.get("model_path"))
-    return [
-        EngineLimits(
-            url=url,
-            engine=NAME,
-            role="colocated",
-            model=model,
-            context_length=slot_ctx,
-            max_input_tokens=None,
-            pool_tokens=slot_ctx,
-            page_size=None,
-            kv_dtype=None,
-            input_margin=None,
-        )
-    ]
+    return [EngineLimits(url=url, engine=NAME, role="colocated", model=model, context_length=slot_ctx,
+                         max_input_tokens=None, pool_tokens=slot_ctx, page_size=None, kv_dtype=None)]
 
 
 def _basename(path: object) -> str | None:

@@ -37,33 +37,20 @@ def read_limits(client: EngineClient, url: str) -> list[EngineLimits] | None:
         return None
     card = first_model(client.try_json("/v1/models"))
     states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
-    pool = smallest(
-        [info.get("max_total_num_tokens")]
-        + [s.get("max_total_num_tokens") for s in states]
-        + [(s.get("memory_usage") or {}).get("token_capacity") for s in states if isinstance(s.get("memory_usage"), dict)]
-    )
+    usages = [s["memory_usage"] for s in states if isinstance(s.get("memory_usage"), dict)]
+    pool = smallest([info.get("max_total_num_tokens")] + [s.get("max_total_num_tokens") for s in states]
+                    + [u.get("token_capacity") for u in usages])
     max_input = smallest([info.get("max_req_input_len")] + [s.get("max_req_input_len") for s in states])
     mode = str(info.get("disaggregation_mode") or "null").lower()
-    return [
-        EngineLimits(
-            url=url,
-            engine=NAME,
-            role=_ROLE_BY_MODE.get(mode, "unknown"),
-            model=card.get("id") or info.get("served_model_name") or info.get("model_path"),
-            context_length=as_int(card.get("max_model_len")) or as_int(info.get("context_length")),
-            max_input_tokens=max_input,
-            pool_tokens=pool,
-            page_size=as_int(info.get("page_size")),
-            kv_dtype=_kv_dtype(info),
-            input_margin=INPUT_MARGIN,
-        )
-    ]
+    model = card.get("id") or info.get("served_model_name") or info.get("model_path")
+    return [EngineLimits(url=url, engine=NAME, role=_ROLE_BY_MODE.get(mode, "unknown"), model=model,
+                         context_length=as_int(card.get("max_model_len")) or as_int(info.get("context_length")),
+                         max_input_tokens=max_input, pool_tokens=pool, page_size=as_int(info.get("page_size")),
+                         kv_dtype=_kv_dtype(info), input_margin=INPUT_MARGIN)]
 
 
 def _is_sglang(info: dict[str, Any] | None) -> bool:
-    if info is None:
-        return False
-    return "max_total_num_tokens" in info or "disaggregation_mode" in info
+    return info is not None and ("max_total_num_tokens" in info or "disaggregation_mode" in info)
 
 
 def _kv_dtype(info: dict[str, Any]) -> str | None:

@@ -37,17 +37,7 @@ def read_limits(client: EngineClient, url: str) -> list[EngineLimits] | None:
         if blocks is not None and block_size is not None:
             pools.append(blocks * block_size)
     card = first_model(client.try_json("/v1/models"))
-    return [
-        EngineLimits(
-            url=url,
-            engine=NAME,
-            role="unknown",
-            model=card.get("id"),
-            context_length=as_int(card.get("max_model_len")),
-            max_input_tokens=None,
-            pool_tokens=min(pools) if pools else None,
-            page_size=as_int(caches[0].get("block_size")),
-            kv_dtype=normalise_dtype(caches[0].get("cache_dtype")),
-            input_margin=None,
-        )
-    ]
+    return [EngineLimits(url=url, engine=NAME, role="unknown", model=card.get("id"),
+                         context_length=as_int(card.get("max_model_len")), max_input_tokens=None,
+                         pool_tokens=min(pools) if pools else None, page_size=as_int(caches[0].get("block_size")),
+                         kv_dtype=normalise_dtype(caches[0].get("cache_dtype")))]

@@ -1,10 +1,7 @@
 """The decode worker's half of the protocol: allocate pages for a ticket,
 admit writes against the ledger, commit only on exact, verified coverage,
-decode, and free pages only when no writer can still reach them.
-
-Every decision about a request's phase is a function of decode_job.py,
-the same one the running decode worker calls; this module carries out the
-effects on the model's ledger and network.
+decode, and free pages only when no writer can still reach them. Its
+decisions are decode_job.py's.
 """
 from __future__ import annotations
 

@@ -17,6 +17,13 @@ from bulkhead.verify.actors.config import RequestSpec
 
 
 @dataclass(frozen=True)
+class _ForRequest:
+    """An event about one request (each subclass is its own event: dataclass
+    equality compares the class)."""
+    rid: int
+
+
+@dataclass(frozen=True)
 class Submit:
     spec: RequestSpec
 
@@ -28,16 +35,13 @@ class DrainWorker:
     worker: tuple
 
 
-@dataclass(frozen=True)
-class ClientAbort:
-    rid: int
+class ClientAbort(_ForRequest):
+    """The client went away."""
 
 
-@dataclass(frozen=True)
-class DeadlinePassed:
+class DeadlinePassed(_ForRequest):
     """The runtime's timer says the request's deadline passed: logical time
     enters the protocol only through events like this one."""
-    rid: int
 
 
 @dataclass(frozen=True)
@@ -47,45 +51,33 @@ class PeerLost:
     incarnation: int
 
 
-@dataclass(frozen=True)
-class Reserved:
+class Reserved(_ForRequest):
     """Decode's engine has reserved rid's pages (a command of its own, on
     the engine thread): the reservation's outcome reaches the job."""
-    rid: int
 
 
-@dataclass(frozen=True)
-class HandedOver:
+class HandedOver(_ForRequest):
     """Prefill's engine has computed rid's prompt and hands its KV over
     (after the outcome too: the engine is not stopped mid-step)."""
-    rid: int
 
 
-@dataclass(frozen=True)
-class PromptFailed:
+class PromptFailed(_ForRequest):
     """Prefill's engine ends rid's prompt with an error before the hand-over."""
-    rid: int
 
 
-@dataclass(frozen=True)
-class Quiesced:
+class Quiesced(_ForRequest):
     """Prefill's completion queue holds no outstanding write for rid."""
-    rid: int
 
 
-@dataclass(frozen=True)
-class WriteFailed:
+class WriteFailed(_ForRequest):
     """Prefill's transfer failed while a write of it may still be in flight
     (the runtime's TransferError(drained=False), a timeout): it reports the
     failure and never acks."""
-    rid: int
 
 
-@dataclass(frozen=True)
-class LeaseExpired:
+class LeaseExpired(_ForRequest):
     """Decode's drain lease for rid ran out (the fence: the writer's own
     lease ran out earlier and in-flight DMA outlives neither)."""
-    rid: int
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,11 @@
 """The model's network: its envelope, and the data plane as the model sees
-one page of it. The control messages it carries are the runtime's own
-(bulkhead.protocol.messages); these three types are the model's alone.
+one page of it (the runtime's transfer backends write a grant's pages in
+one write_pages call). The control messages it carries are the runtime's
+own (bulkhead.protocol.messages); these three types are the model's alone.
 
     PageWrite  prefill -> decode   a one-sided write of one page, to be admitted
     Landing    decode's pool       an admitted write's DMA, landing unconditionally
-    Envelope   any -> any          a message in flight: where it goes, and whether
-                                   it is authentic (the environment forges by
-                                   clearing `signed`)
-
-The runtime's transfer backends write a grant's pages in one write_pages
-call, and its link seals each control message in the signer's envelope
-(disagg/signing.py) instead.
-
-Pure: frozen dataclasses over ids, ints and strings.
+    Envelope   any -> any          a message in flight (below)
 """
 from __future__ import annotations
 

@@ -4,11 +4,8 @@ and after the router's outcome acknowledge the drain.
 
 Prefill never decides admission (REAL): the ticket says the request fits.
 LEGACY keeps the incident's behaviour: a prompt over prefill's own limit
-gets a pending rejection and continues as a live 1-token stub.
-
-Every decision about a request's phase is a function of prefill_job.py,
-the same one the running prefill worker calls; this module carries out
-the effects on the model's pool and network.
+gets a pending rejection and continues as a live 1-token stub. Its
+decisions are prefill_job.py's.
 """
 from __future__ import annotations
 

@@ -3,10 +3,7 @@
 
 The router is the only actor that decides an outcome. Workers report
 (Output, TransferFailed) and record what the router decided (Finalize),
-so router, prefill and decode always agree.
-
-Every decision about a request's phase is a function of router_job.py, the
-same one the running router calls; this module carries out the effects.
+so router, prefill and decode always agree. Its decisions are router_job.py's.
 """
 from __future__ import annotations
 

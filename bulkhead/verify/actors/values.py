@@ -61,16 +61,10 @@ MODEL_MAC = "router"
 
 def find(records: tuple, rid: int):
     """The record for rid in a rid-sorted tuple of records, or None."""
-    for record in records:
-        if record.rid == rid:
-            return record
-    return None
+    return next((record for record in records if record.rid == rid), None)
 
 
 def upsert(records: tuple, record) -> tuple:
     """records with `record` replacing the one of the same rid (or added),
     kept sorted by rid so equal states hash equal."""
-    kept = [r for r in records if r.rid != record.rid]
-    kept.append(record)
-    kept.sort(key=lambda r: r.rid)
-    return tuple(kept)
+    return tuple(sorted([r for r in records if r.rid != record.rid] + [record], key=lambda r: r.rid))
