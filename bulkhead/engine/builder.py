@@ -47,6 +47,21 @@ PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 
 
+# Decode kernels whose every output is one thread's fixed sum whatever the
+# team's size (the C linear driver hands out whole output blocks, the C
+# decode layers a (request, KV head) per thread). With the C decode layers
+# and a row-by-row lm_head, a decode pass of one row may run on one thread
+# (RunnerConfig.single_thread_decode_rows) and its numbers are those it
+# gets beside others on every thread: tests/engine/test_runner.py, bit for bit.
+THREAD_COUNT_INVARIANT_DECODE = ("q4-i16in", "bf16")
+
+
+def single_thread_decode_rows(kernel: str, head: str, decode_glue: str) -> int:
+    invariant = kernel in THREAD_COUNT_INVARIANT_DECODE and head in linear_kernel.ROW_BY_ROW_HEADS \
+        and decode_glue == "c"
+    return 1 if invariant else 0
+
+
 def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bool:
     """A step's prompt chunks may share one pass (RunnerConfig.batch_prompts):
     every kernel a prompt row meets computes each row alone by construction
@@ -135,7 +150,9 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
                                  prefill_row_bucket=0 if m.kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
                                  batch_prompts=prompts_share_passes(m.kernel, m.head, m.model.prefill_glue),
-                                 safe_mode=cfg.safe_mode and cfg.guards)
+                                 safe_mode=cfg.safe_mode and cfg.guards,
+                                 single_thread_decode_rows=single_thread_decode_rows(m.kernel, m.head,
+                                                                                     m.model.decode_glue))
     lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
     runner = ModelRunner(m.model, pool, ledger, runner_config, lease)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))

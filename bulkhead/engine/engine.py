@@ -239,10 +239,11 @@ class Engine:
 
     def _run_plan(self, plan: StepPlan) -> None:
         try:
-            ids, logits = self.runner.run(plan)
-            requests = [self.scheduler.requests[i] for i in ids]
-            # A slice that does not end its pass samples nothing.
-            tokens, logprobs = self.sampler.sample(requests, logits) if requests else ([], [])
+            with self.runner.threads_for(plan):  # a lone decode row: one thread (RunnerConfig)
+                ids, logits = self.runner.run(plan)
+                requests = [self.scheduler.requests[i] for i in ids]
+                # A slice that does not end its pass samples nothing.
+                tokens, logprobs = self.sampler.sample(requests, logits) if requests else ([], [])
             for rid, start, rows in self.runner.prompt_rows:
                 req = self.scheduler.requests[rid]
                 got = prompt_logprobs(rows, start, req.prompt_token_ids, req.params.prompt_logprobs or 0)

@@ -54,6 +54,18 @@ class RunnerConfig:
     # that will read it (invariant 5), and that logits are finite. Costs
     # microseconds per step.
     safe_mode: bool = True
+    # Steps that only decode, at most this many rows, run on one thread (the
+    # pass and its sampling); 0: every step on torch's threads. One
+    # request's decode step is bound by reading every weight once, and one
+    # thread's step (6.7 ms of CPU on Q4_0) was shorter than the served time
+    # per token with two (10.0 ms): on a 2-core machine the control plane's
+    # threads (links, router, HTTP) wake for every token, and each wake-up
+    # took a core from one of the pass's OpenMP threads while the other
+    # waited at the next barrier. One thread leaves them the other core.
+    # Only where every kernel of a decode pass computes each output with the
+    # same sums whatever the thread count (the builder decides), so a row's
+    # numbers do not depend on whether it ran alone.
+    single_thread_decode_rows: int = 0
 
 
 class ModelRunner:
@@ -142,6 +154,15 @@ class ModelRunner:
             raise NonFiniteLogits(f"non-finite logits for {ids}")
         return ids, logits
 
+    def threads_for(self, plan: StepPlan) -> AbstractContextManager:
+        """Held around a step's run and sampling: one thread where the step
+        only decodes few rows (RunnerConfig.single_thread_decode_rows), else
+        torch's threads. The sampling too: its argmax and the finite check
+        over the vocabulary woke the second thread, which then spun."""
+        if plan.prefills or not plan.decode or len(plan.decode) > self.config.single_thread_decode_rows:
+            return contextlib.nullcontext()
+        return _one_thread()
+
     def _run_slice(self, work: PrefillWork) -> tuple[PagedBatch, list[str], torch.Tensor | None]:
         """Layers work.layers of work's pass, from its first layer or from
         where its last slice paused; logits only when the slice ends the pass."""
@@ -194,6 +215,17 @@ class ModelRunner:
         if multiple:
             rows.pad_to_multiple(multiple, decode)
         return rows.batch(tile, decode), rows.ids
+
+
+@contextlib.contextmanager
+def _one_thread():
+    # torch.get_num_threads() is also what the C kernels are handed (0.1 us a switch).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class _BatchRows:

@@ -5,10 +5,10 @@ then each row gets the numbers its own pass gave it."""
 import pytest
 import torch
 
-from bulkhead.engine.builder import EngineConfig, build_engine, prompts_share_passes
+from bulkhead.engine.builder import EngineConfig, build_engine, prompts_share_passes, single_thread_decode_rows
 from bulkhead.engine.adapter_store import AdapterStore
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
-from bulkhead.engine.scheduler import PrefillWork, StepPlan
+from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
@@ -87,3 +87,46 @@ def test_the_builder_lets_prompts_share_a_pass_exactly_where_its_kernels_allow(s
     # auto is q4-i16in here (needs_kernels): its prompt rows never meet a kernel that mixes rows.
     assert built.linear_kernel == ("q4-i16in" if kernel == "auto" else kernel)
     assert built.engine.runner.config.batch_prompts is shares
+
+
+def decode_logits(runner, pages, rows: int):
+    """One decode pass of the first `rows` requests, each with 40 tokens of
+    KV in its pages (the pool's random values): (the torch threads the pass
+    ran on, its logits)."""
+    plan = StepPlan((), tuple(DecodeWork(f"d{i}", "t", 40, 500 + i, pages[i]) for i in range(rows)), ())
+    seen, forward = [], runner.model.forward
+    runner.model.forward = lambda *a, **k: seen.append(torch.get_num_threads()) or forward(*a, **k)
+    try:
+        with runner.threads_for(plan):  # as the engine holds it around a step's run and sampling
+            return seen, runner.run(plan)[1]
+    finally:
+        runner.model.forward = forward
+
+
+@needs_kernels
+def test_a_lone_decode_row_runs_on_one_thread_and_gets_the_numbers_it_gets_beside_others(smollm2_dir):
+    model = load_model(smollm2_dir, linear_kernel="q4-i16in", decode_attention="c", decode_glue="c", prefill_glue="c")
+    c = model.config
+    assert single_thread_decode_rows("q4-i16in", "q8-i16in", model.decode_glue) == 1
+    pool, ledger = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "bfloat16"), 40, "zero"), \
+        PageLedger(40)
+    pool.data.normal_(0, 1, generator=torch.Generator().manual_seed(0))
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_row_multiple=1, single_thread_decode_rows=1))
+    pages = [tuple(ledger.allocate(f"d{i}", "t", 3)) for i in range(3)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone_threads, alone = decode_logits(runner, pages, 1)
+        beside_threads, beside = decode_logits(runner, pages, 3)  # its row 0: the same token, position and KV
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert alone_threads == [1] and beside_threads == [2] and after == 2
+    assert torch.equal(alone[0], beside[0])  # bit for bit: running alone on one thread moved nothing
+
+
+def test_only_kernels_whose_sums_ignore_the_thread_count_decode_a_lone_row_on_one_thread():
+    assert single_thread_decode_rows("q4-i16in", "q8-i16in", "c") == 1
+    assert single_thread_decode_rows("bf16", "bf16w", "c") == 1
+    assert single_thread_decode_rows("onednn", "fp32", "c") == 0  # oneDNN may split a row's sums by thread
+    assert single_thread_decode_rows("q4-i16in", "q8-i16in", "torch") == 0  # torch's glue: not shown invariant
