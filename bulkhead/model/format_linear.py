@@ -11,13 +11,14 @@ codes read once, exact int32 sums (csrc/linear_i16in.h, csrc/linear_q8a.h):
 | codes (gguf_codes) | stored as | decode kernel | bytes a weight read |
 |---|---|---|---|
 | Q4Codes | Q4_0, Q4_1, Q4_K | linear_q4_i16in | 0.75 |
-| Q8Codes with q in -16..15 | Q5_0 | linear_q5_i16in (q + 16, m = -16 d) | 0.875 |
-| Q8ACodes with q in 0..31, one scale per 32 | Q5_1, Q5_K | linear_q5_i16in | 0.875 |
-| Q8Codes | Q8_0 | linear_q8_i16in | 1.125 |
-| Q8ACodes | Q6_K, a fused layer of mixed formats | linear_q8a_i16in | 1.375 |
+| Q8Codes | Q8_0, Q5_0 | linear_q8_i16in | 1.125 |
+| Q8ACodes | Q6_K, Q5_K, Q5_1, a fused layer of mixed formats | linear_q8a_i16in | 1.375 |
 
-`kernel_of` reads which from the codes themselves (a Q8_0 tensor whose
-codes happen to lie in -16..15 is as exact on the 5-bit kernel).
+Q5_0 stays on int8 codes: a 5-bit kernel (0.875 bytes a weight, the fifth
+bits ORed in per input pair) lost to linear_q8_i16in on the same Q5_0
+codes, one thread: 100 vs 72 us a [1536, 576] layer at 1 row out of cache,
+282 vs 266 at 16 (its unpacking, not memory, bounds a core); git history
+has it (csrc/linear_q5.h).
 
 The C decode layers call one function for every matmul, so each layer
 hands them `linear_coded` and a descriptor (its format's tag and its two
@@ -39,10 +40,10 @@ from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
 from bulkhead.model.linear import Linear
 
 # csrc/linear.c's CODED_* tags, by decode kernel (kernel_table's names).
-TAGS = {"q4-i16in": 0, "q8-i16in": 1, "q8a-i16in": 2, "q5-i16in": 3}
+TAGS = {"q4-i16in": 0, "q8-i16in": 1, "q8a-i16in": 2}
 
 # A GGUF type each decode kernel stands for in kernel_table's rows.
-TABLE_FORMATS = {"q4-i16in": "Q4_K", "q5-i16in": "Q5_0", "q8-i16in": "Q8_0", "q8a-i16in": "Q6_K"}
+TABLE_FORMATS = {"q4-i16in": "Q4_K", "q8-i16in": "Q8_0", "q8a-i16in": "Q6_K"}
 
 # A fused weight's stored codes, while it lives (gguf_weights.remember_codes).
 _CODES = WeakIdKeyDictionary()
@@ -72,23 +73,9 @@ def decode_kernels(weights) -> set[str]:
     return {kernel_of(codes_of(w)) for w in linears(weights)}
 
 
-def _five_bit(codes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """codes as (q uint8 0..31, d, m) per group of 32, w = q * d + m exactly, where they are 5-bit."""
-    if isinstance(codes, Q8Codes) and int(codes.q.min()) >= -16 and int(codes.q.max()) <= 15:
-        return (codes.q + 16).to(torch.uint8), codes.d, -16 * codes.d  # d * (q - 16): -16 d exact
-    if isinstance(codes, Q8ACodes) and int(codes.q.min()) >= 0 and int(codes.q.max()) <= 31 \
-            and torch.equal(codes.d[:, 0::2], codes.d[:, 1::2]):
-        return codes.q.to(torch.uint8), codes.d[:, 0::2], codes.m
-    return None
-
-
 def kernel_of(codes) -> str:
-    """The decode kernel that reads `codes` in the fewest bytes, exactly."""
-    if isinstance(codes, Q4Codes):
-        return "q4-i16in"
-    if _five_bit(codes) is not None:
-        return "q5-i16in"
-    return "q8-i16in" if isinstance(codes, Q8Codes) else "q8a-i16in"
+    """The decode kernel of `codes` (the table at the top)."""
+    return {Q4Codes: "q4-i16in", Q8Codes: "q8-i16in"}.get(type(codes), "q8a-i16in")
 
 
 def group_formats(weights) -> set[str]:
@@ -107,27 +94,11 @@ def pack_q8a(codes: Q8ACodes) -> tuple[torch.Tensor, torch.Tensor]:
     return qb, torch.cat([d, m], -1).permute(0, 2, 3, 1).contiguous()
 
 
-def pack_q5(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(per block of NB outputs linear_q4's nibbles [K, NB/2] then the fifth bits [K/2, 2] uint32 (word h
-    of pair p: bit 16 i + j is output 16 h + j's of input 2 p + i), as bytes; dm as linear_q4's):
-    csrc/linear_q5.h's layout."""
-    n, k = q.shape[0], q.shape[1] * q.shape[2]
-    nb = q4_kernel.BLOCK
-    qs, dm = q4_kernel.pack_grid(q & 15, d, m)  # [N/NB, K, NB/2]
-    high = (q >> 4).reshape(n // nb, nb, k // 2, 2).permute(0, 2, 1, 3).to(torch.int64)  # [N/NB, K/2, NB, 2]
-    high = high.reshape(n // nb, k // 2, 2, nb // 2, 2).transpose(3, 4)  # [blocks, pairs, half, input, j]
-    words = (high.reshape(n // nb, k // 2, 2, nb) << torch.arange(nb, dtype=torch.int64)).sum(-1)  # bit 16 i + j
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-    return torch.cat([qs.reshape(n // nb, -1), words.view(torch.uint8).reshape(n // nb, -1)], 1).contiguous(), dm
-
-
 def pack(codes) -> tuple[torch.Tensor, torch.Tensor]:
     """The two tensors of `codes`' decode kernel (kernel_of's)."""
     kernel = kernel_of(codes)
     if kernel == "q4-i16in":
         return q4_kernel.pack_grid(codes.q, codes.d, codes.m)
-    if kernel == "q5-i16in":
-        return pack_q5(*_five_bit(codes))
     if kernel == "q8-i16in":
         return i16in_kernel.pack_q8_grid(codes.q, codes.d)
     return pack_q8a(codes)

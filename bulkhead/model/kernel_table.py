@@ -13,10 +13,9 @@ Q8_0 (the bundled SmolLM2's tied embedding); another lm_head in that row
 takes `bf16w` (head_linear.choose_head).
 
 `gguf-i16in` (format_linear) runs each tensor group of a GGUF file on its
-own format's decode kernel: `q4-i16in`, `q5-i16in` over 5-bit codes
-(csrc/linear_q5.h), `q8-i16in` over int8 codes with a scale per 32
-(csrc/linear_i16in.h), `q8a-i16in` int8 codes with a scale per 16 and an
-offset per 32 (csrc/linear_q8a.h); a file whose groups differ
+own format's decode kernel: `q4-i16in`, `q8-i16in` over int8 codes with a
+scale per 32 (csrc/linear_i16in.h), `q8a-i16in` int8 codes with a scale per
+16 and an offset per 32 (csrc/linear_q8a.h); a file whose groups differ
 (Q4_K_M) takes it where `per_group` says every group has such a row.
 
 Kernels: `bf16-in` bf16 inputs and weights, fp32 sums (csrc/linear_bf16.h);
@@ -45,7 +44,8 @@ class Row(NamedTuple):
 
 
 GRID_4BIT = ("Q4_0", "Q4_1", "Q4_K")  # Q4_K: decoded onto the same grid (gguf-direct work)
-GRID_5BIT = ("Q5_0", "Q5_1", "Q5_K")  # 5-bit codes, a scale and an offset per 32 (format_linear.kernel_of)
+GRID_8BIT = ("Q8_0", "Q5_0")  # int8 codes, a scale per 32 (gguf_codes.Q8Codes)
+SCALE_16 = ("Q6_K", "Q5_K", "Q5_1")  # int8 codes, a scale per 16, an offset per 32 (gguf_codes.Q8ACodes)
 FP32 = ("F32",)
 EXACT = Row(FP32, (), "onednn", "onednn-fp32", "onednn-fp32", "fp32")
 BF16, VNNI = "avx512_bf16", "avx512_vnni"
@@ -55,9 +55,8 @@ TABLE = (
     Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
     Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
     Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
-    Row(GRID_5BIT, (BF16, VNNI), "gguf-i16in", "bf16-in",    "q5-i16in",   "q8-i16in"),
-    Row(("Q8_0",), (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8-i16in",   "q8-i16in"),
-    Row(("Q6_K",), (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8a-i16in",  "q8-i16in"),
+    Row(GRID_8BIT, (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8-i16in",   "q8-i16in"),
+    Row(SCALE_16,  (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8a-i16in",  "q8-i16in"),
     Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-f32in", "bf16w"),
     # TODO(kernel-table): F16 is held as fp32 today; a bf16-weight row loses
     # 3 mantissa bits, so it waits for an f16 micro-kernel or the quality gate.
@@ -68,7 +67,7 @@ TABLE = (
 
 
 # Decode kernels over a GGUF tensor's codes as stored (format_linear), which gguf-i16in runs side by side.
-I16IN_DECODES = ("q4-i16in", "q5-i16in", "q8-i16in", "q8a-i16in")
+I16IN_DECODES = ("q4-i16in", "q8-i16in", "q8a-i16in")
 
 
 def per_group(formats: set[str], features: frozenset[str]) -> bool:

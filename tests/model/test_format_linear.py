@@ -22,8 +22,7 @@ G = 32
 
 
 def dyadic_codes(kind: str, n: int, k: int, seed: int = 0):
-    """Codes for decode kernel `kind` (format_linear.kernel_of's names, q5_0
-    and q5_1 for the two 5-bit forms) whose scales are powers of two and
+    """Codes of `kind` (KERNEL's keys: q5_0 and q5_1 as the decoders give them) whose scales are powers of two and
     offsets small multiples of one: every product and sum below stays exact in fp32."""
     gen = torch.Generator().manual_seed(seed)
     scale = lambda shape: 2.0 ** -torch.randint(2, 4, shape, generator=gen).float()  # noqa: E731
@@ -38,7 +37,7 @@ def dyadic_codes(kind: str, n: int, k: int, seed: int = 0):
     return Q8ACodes(codes(-32, 32), scale((n, k // 16, 1)), offset((n, k // G, 1)))
 
 
-KERNEL = {"q4": "q4-i16in", "q5_0": "q5-i16in", "q5_1": "q5-i16in", "q8": "q8-i16in", "q8a": "q8a-i16in"}
+KERNEL = {"q4": "q4-i16in", "q5_0": "q8-i16in", "q5_1": "q8a-i16in", "q8": "q8-i16in", "q8a": "q8a-i16in"}
 
 
 def exactly_quantized_inputs(rows: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -71,7 +70,7 @@ def test_where_the_inputs_quantize_exactly_each_kernel_is_the_exact_path_bit_for
 
 
 @needs_i16in
-@pytest.mark.parametrize("type_name, kernel", [("Q6_K", "q8a-i16in"), ("Q5_K", "q5-i16in")])
+@pytest.mark.parametrize("type_name, kernel", [("Q6_K", "q8a-i16in"), ("Q5_K", "q8a-i16in")])
 def test_k_quant_codes_run_near_the_exact_path(type_name, kernel):
     """Random Q6_K and Q5_K blocks (moderate scales): the kernel's only error is
     each input within 2^-16 of its group's largest |x|."""
@@ -132,7 +131,7 @@ def test_a_file_of_mixed_formats_runs_each_group_on_its_own_kernel_near_the_exac
     assert (fast.linear_kernel, fast.lm_head_kernel) == ("gguf-i16in", "q8-i16in")
     layer = fast.engine.runner.model.weights.layers[0]
     assert {name: getattr(layer, name).format for name in ("qkv", "o", "gate_up", "down")} == \
-        {"qkv": "q8a-i16in", "o": "q8-i16in", "gate_up": "q4-i16in", "down": "q5-i16in"}
+        {"qkv": "q8a-i16in", "o": "q8-i16in", "gate_up": "q4-i16in", "down": "q8-i16in"}
     assert_close_to_exact(fast, build_exact(mixed_dir))
 
 
