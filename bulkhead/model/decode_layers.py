@@ -116,7 +116,7 @@ class DecodeLayers:
             return f"the model is {weights.embed.dtype}, not float32"
         linears = [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         if not any(all(isinstance(lin, kind) for lin in linears) for kind in (Q4Linear, BF16Linear, CodedLinear)):
-            return "the linear layers do not all run the q4 kernel, nor all the bf16 one, nor all gguf-i16in"
+            return "the linear layers do not run the q4 kernel, nor all the bf16 one, nor all gguf-i16in"
         if isinstance(linears[0], Q4Linear) and q4_kernel.load() is None:
             return "the q4 kernel cannot be built here"
         if len({lin.decode_inputs for lin in linears}) > 1:  # the C layers call one kernel for every matmul
