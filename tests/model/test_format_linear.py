@@ -142,3 +142,12 @@ def test_the_c_decode_layers_take_a_model_of_mixed_formats(mixed_dir):
     assert decode_layers.DecodeLayers.why_not(model.config, model.weights, "c") is None
     assert model._c_layers is not None  # what the engine built: decode steps in one C call
     assert linear_kernel.choose("exact", torch.float32) in linear_kernel.EXACT_KERNELS
+
+
+def test_a_file_of_mixed_formats_takes_gguf_i16in_only_where_every_groups_format_has_a_16_bit_input_row():
+    from bulkhead.model import kernel_table
+
+    every = frozenset(kernel_table.CPU_FEATURES)
+    assert kernel_table.per_group({"Q4_K", "Q6_K", "Q5_0", "Q8_0"}, every)
+    assert not kernel_table.per_group({"Q4_K", "F16"}, every)  # F16 has no such row: the exact path
+    assert not kernel_table.per_group({"Q4_K", "Q6_K"}, frozenset({"avx512_bf16"}))  # no VNNI
