@@ -8,7 +8,9 @@ the batched serving path.
 Formats (bench/checkpoints.py makes all but the first from the bundled model,
 once, under --work): `q4_1`, the bundled GGUF; `q4_0` and `q8_0`, its Q4_1
 tensors requantized by gguf-py (token_embd stays Q8_0); `bf16`, bf16
-safetensors on no 4-bit grid.
+safetensors on no 4-bit grid; `q4_k_m`, the q8_0 file requantized by
+llama.cpp's llama-quantize (--llama-quantize) to Q4_K_M and served as the
+file (each group on its own format's kernel: bulkhead.model.format_linear).
 
 For each format two engines are built from the same directory, the exact
 one (EXACT below) and the default (`auto`). Every prompt goes into one batch:
@@ -47,7 +49,9 @@ from bulkhead.engine.request import SamplingParams  # noqa: E402
 from bulkhead.engine.sampler import Sampler  # noqa: E402
 from bulkhead.model.gguf_import import bundled_gguf_path, cache_root, default_model_dir  # noqa: E402
 
-FORMATS = ("q4_1", "q4_0", "q8_0", "bf16")
+FORMATS = ("q4_1", "q4_0", "q8_0", "bf16", "q4_k_m")
+# llama.cpp's quantizer (bench/setup_llama.sh builds it beside llama-server): makes q4_k_m.
+LLAMA_QUANTIZE = ROOT / "bench" / ".llama-cpp" / "bin" / "llama-quantize"
 # The exact model: fp32 linear layers and lm_head, fp32 KV, torch attention.
 EXACT = dict(linear_kernel="onednn", kv_dtype="float32")
 # Long prompts' text: project documents as of this commit (in the repository's history).
@@ -77,9 +81,27 @@ def checkpoint(fmt: str, work: Path) -> Path:
         return out
     if fmt == "bf16":
         return checkpoints.bf16_checkpoint(out)
+    if fmt == "q4_k_m":
+        return q4_k_m_checkpoint(work)
     gguf_file = work / f"smollm2.{fmt.upper()}.gguf"
     checkpoints.requantize_gguf(bundled_gguf_path(), gguf_file, to=fmt.upper())
     return checkpoints.import_gguf(gguf_file, out)
+
+
+def q4_k_m_checkpoint(work: Path, quantize: Path | None = None) -> Path:
+    """The q8_0 file requantized by llama.cpp's own Q4_K_M recipe (its mix of
+    Q4_K, Q6_K and, where a row is not whole super-blocks, Q5_0 / Q8_0),
+    served as the file: its codes read as stored."""
+    from bulkhead.model.gguf_import import model_dir_for
+
+    gguf_file = work / "smollm2.Q4_K_M.gguf"
+    if not gguf_file.exists():
+        checkpoint("q8_0", work)  # makes smollm2.Q8_0.gguf
+        tmp = gguf_file.with_suffix(".tmp")
+        subprocess.run([str(quantize or LLAMA_QUANTIZE), "--allow-requantize", str(work / "smollm2.Q8_0.gguf"),
+                        str(tmp), "Q4_K_M"], check=True, capture_output=True)
+        tmp.rename(gguf_file)
+    return model_dir_for(gguf_file)
 
 
 def long_prompts(tok, lengths: tuple[int, ...]) -> list[list[int]]:
@@ -191,13 +213,16 @@ def gate(fmt: str, work: Path, tokens: int, lengths: tuple[int, ...], short_prom
 
 
 def main(argv=None) -> int:
+    global LLAMA_QUANTIZE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens of the exact model per prompt")
     ap.add_argument("--long", default=",".join(map(str, LONG_LENGTHS)),
                     help="comma list of long prompts' document lengths in tokens ('' for none)")
     ap.add_argument("--work", type=Path, default=work_dir(), help="where the made checkpoints are kept")
+    ap.add_argument("--llama-quantize", type=Path, default=LLAMA_QUANTIZE, help="llama.cpp's quantizer (q4_k_m)")
     args = ap.parse_args(argv)
+    LLAMA_QUANTIZE = args.llama_quantize
     args.work.mkdir(parents=True, exist_ok=True)
     lengths = tuple(int(x) for x in args.long.split(",") if x)
     print(f"{len(PROMPTS)} short prompts and {len(lengths)} long ones in one batch, {args.tokens} tokens each, "

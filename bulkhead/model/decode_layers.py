@@ -109,7 +109,8 @@ class DecodeLayers:
         """Why the C layers cannot run this model, or None when they can:
         every layer's linear weights run the 4-bit kernel, decode attention
         is the C kernel, and the glue builds here."""
-        from bulkhead.model.linear_kernel import BF16Linear, Q4Linear  # they import this module's neighbours
+        from bulkhead.model.format_linear import CodedLinear  # they import this module's neighbours
+        from bulkhead.model.linear_kernel import BF16Linear, Q4Linear
 
         if decode_attention != "c":
             return f"decode attention is {decode_attention}, not c"
@@ -118,9 +119,8 @@ class DecodeLayers:
         if weights.embed.dtype != torch.float32:
             return f"the model is {weights.embed.dtype}, not float32"
         linears = [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        if not all(isinstance(lin, Q4Linear) for lin in linears) and not all(isinstance(lin, BF16Linear)
-                                                                           for lin in linears):
-            return "the linear layers do not run the q4 kernel, nor all the bf16 one"
+        if not any(all(isinstance(lin, kind) for lin in linears) for kind in (Q4Linear, BF16Linear, CodedLinear)):
+            return "the linear layers do not run the q4 kernel, nor all the bf16 one, nor all gguf-i16in"
         if isinstance(linears[0], Q4Linear) and q4_kernel.load() is None:
             return "the q4 kernel cannot be built here"
         if len({lin.decode_inputs for lin in linears}) > 1:  # the C layers call one kernel for every matmul

@@ -9,6 +9,7 @@ GGUFReader maps them) and returns one of:
 |---|---|---|
 | `Q4Codes(q, d, m)` | w = q * d + m per group of 32 inputs, q in 0..15, d >= 0 (q4_kernel.grid's convention) | the 4-bit kernels (q4_kernel.pack_grid) |
 | `Q8Codes(q, d)` | w = q * d per group of 32, q int8, d of fp16 precision (i16in_kernel.q8_grid's) | the 8-bit lm_head (q8-i16in) |
+| `Q8ACodes(q, d, m)` | w = q * d + m, q int8, d per 16 inputs, m per 32 (Q6_K, Q5_K, Q5_1; a fused layer of mixed formats) | the 8-bit-codes kernel with a scale per 16 (q8a-i16in: format_linear) |
 | `Values(w)` | the stored values in fp32 (F32, F16 and BF16 are exact in fp32) | the float kernels |
 
 Every result's `values()` is the tensor in fp32, bit for bit what gguf-py's
@@ -58,6 +59,37 @@ class Q8Codes:
 
 
 @dataclasses.dataclass(frozen=True)
+class Q8ACodes:
+    """The widest home of GGUF codes (csrc/linear_q8a.h): every type above
+    and every K-quant rewrites into it exactly (`as_q8a`), so a fused
+    layer whose parts are stored in different formats keeps its codes."""
+
+    q: torch.Tensor  # [N, K/32, 32] int8 (Q6_K -32..31, Q5 0..31, Q4 0..15, Q8 -127..127)
+    d: torch.Tensor  # [N, K/16, 1] float32: q * d exact in fp32 (an fp16 scale times <= 7 bits)
+    m: torch.Tensor  # [N, K/32, 1] float32: the value q = 0 stands for (0 for the scaled types)
+
+    def values(self) -> torch.Tensor:
+        n = self.q.shape[0]
+        w = (self.q.reshape(n, -1, 16).float() * self.d).reshape(self.q.shape)
+        return (w + self.m).reshape(n, -1)  # q * d exact: one rounding, as fma(q, d, m)
+
+
+def no_offset(shape) -> torch.Tensor:
+    """The offset of a type without one: -0.0, as w + -0.0 is w bit for bit (a -0 value included, which
+    + 0.0 would make +0) and the kernel's m * S adds a zero."""
+    return torch.full(shape, -0.0)
+
+
+def as_q8a(codes) -> Q8ACodes:
+    """Q4Codes, Q8Codes or Q8ACodes as Q8ACodes: the same numbers (values() equal), each per-32 scale twice."""
+    if isinstance(codes, Q8ACodes):
+        return codes
+    d = codes.d.repeat_interleave(2, 1)
+    m = codes.m if isinstance(codes, Q4Codes) else no_offset(codes.d.shape)
+    return Q8ACodes(codes.q.to(torch.int8), d, m)
+
+
+@dataclasses.dataclass(frozen=True)
 class Values:
     w: torch.Tensor  # [N, K] (or [K] for a norm) float32
 
@@ -65,7 +97,7 @@ class Values:
         return self.w
 
 
-Decoded = Q4Codes | Q8Codes | Values
+Decoded = Q4Codes | Q8Codes | Q8ACodes | Values
 
 
 def _scaled(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
@@ -205,12 +237,22 @@ def decode(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> Decoded:
 
 def _from_kquant(found, shape: tuple[int, ...]) -> Decoded:
     """gguf_kquants' AffineCodes/ScaledCodes as this module's types: Q4_K's
-    groups of 32 are the 4-bit grid, Q5_0's the 8-bit one; anything without
-    an exact kernel (Q5_K, Q6_K, Q5_1) goes to the fp32 path as its exact values."""
+    groups of 32 are the 4-bit grid, Q5_0's the 8-bit one; Q6_K (a scale
+    per 16), Q5_K and Q5_1 (5-bit codes and an offset) the 8-bit codes
+    with a scale per 16 (Q8ACodes). Codes wider than int8 (none of GGUF's)
+    go to the fp32 path as their exact values."""
     from bulkhead.model import gguf_kquants
 
-    if found.family == gguf_kquants.Q4_GRID and found.q.shape[-1] == GROUP:
+    g = found.q.shape[-1]
+    if found.family == gguf_kquants.Q4_GRID and g == GROUP:
         return Q4Codes(found.q, found.d, found.m)
-    if found.family == gguf_kquants.Q8_GRID and found.q.shape[-1] == GROUP:
+    if found.family == gguf_kquants.Q8_GRID and g == GROUP:
         return Q8Codes(found.q, found.d)
+    n = found.q.shape[0]
+    small = int(found.q.to(torch.int16).abs().amax()) <= 127 if found.q.numel() else True
+    if small and g in (16, GROUP) and (found.q.shape[1] * g) % GROUP == 0:
+        q = found.q.to(torch.int8).reshape(n, -1, GROUP)
+        d = found.d if g == 16 else found.d.repeat_interleave(2, 1)
+        m = found.m if hasattr(found, "m") else no_offset((n, q.shape[1], 1))
+        return Q8ACodes(q, d, m)
     return Values(found.values().reshape(shape))

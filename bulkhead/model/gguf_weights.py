@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bulkhead.model import gguf_codes, i16in_kernel, q4_kernel
-from bulkhead.model.gguf_codes import Decoded, Q4Codes, Q8Codes
+from bulkhead.model import format_linear, gguf_codes, i16in_kernel, q4_kernel
+from bulkhead.model.gguf_codes import Decoded, Q4Codes, Q8ACodes, Q8Codes
 
 log = logging.getLogger(__name__)
 
@@ -115,26 +115,36 @@ def read(path: Path, num_heads: int, num_kv_heads: int, table: dict | None = Non
 
 
 def _fused(parts: list[Decoded]) -> Decoded | None:
-    """The codes of a fused layer (its parts' rows one after another), where every part has the same kind."""
+    """The codes of a fused layer (its parts' rows one after another): of
+    the parts' kind where they share one, else all as Q8ACodes (a Q4_K_M
+    file's Q4_K q and k beside a Q6_K v); None where a part has no codes."""
     if all(isinstance(p, Q4Codes) for p in parts):
         return Q4Codes(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
     if all(isinstance(p, Q8Codes) for p in parts):
         return Q8Codes(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d")))
+    if all(isinstance(p, (Q4Codes, Q8Codes, Q8ACodes)) for p in parts):
+        wide = [gguf_codes.as_q8a(p) for p in parts]
+        return Q8ACodes(*(torch.cat([getattr(p, f) for p in wide]) for f in ("q", "d", "m")))
     return None
 
 
 def remember_codes(weights, decoded: dict[str, Decoded]) -> dict[str, str]:
     """Hand the kernels the stored codes of `weights` (a ModelWeights built
     from `decoded`'s values): each fused linear layer's 4-bit codes
-    (q4_kernel.grid answers with them), the lm_head's 8-bit ones
-    (i16in_kernel.q8_grid). Returns {layer group: the kind of codes given}."""
+    (q4_kernel.grid answers with them), every fused layer's codes of any
+    kind (format_linear.codes_of: the per-format kernels), the lm_head's
+    8-bit ones (i16in_kernel.q8_grid). Returns {layer group: the kind of
+    codes given, in the last layer}."""
     given = {}
     for i, layer in enumerate(weights.layers):
         for fused, parts in FUSED.items():
             codes = _fused([decoded[f"model.layers.{i}.{p}.weight"] for p in parts])
+            if codes is None:
+                continue
+            format_linear.remember(getattr(layer, fused), codes)
+            given[fused] = type(codes).__name__.removesuffix("Codes")
             if isinstance(codes, Q4Codes):
                 q4_kernel.remember_grid(getattr(layer, fused), (codes.q, codes.d, codes.m))
-                given[fused] = "Q4"
     head = decoded.get("lm_head.weight", decoded.get("model.embed_tokens.weight"))
     w = weights.lm_head
     if isinstance(head, Q8Codes) and w.dtype == torch.float32 and w.dim() == 2 \

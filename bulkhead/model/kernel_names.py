@@ -6,18 +6,18 @@ each one)."""
 
 # "exact" is the exact fp32 path, `--precision exact`: it resolves to onednn
 # (aten without oneDNN). bulkhead.model.kernel_table says which "auto" picks.
-KERNELS = ("auto", "exact", "onednn", "aten", "q4", "q4-bf16in", "q4-i16in", "bf16")
+KERNELS = ("auto", "exact", "onednn", "aten", "q4", "q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
 EXACT_KERNELS = ("onednn", "aten")
 # The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-i16in", "bf16")
+BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
 Q4_KERNELS = ("q4", "q4-bf16in", "q4-i16in")
 # The kernels that are not the exact fp32 model (their lm_head may take bf16w).
-REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16")
+REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
 # What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel) or
 # 16-bit integers (i16in_kernel).
-DECODE_INPUTS = {"q4-i16in": "i16"}
+DECODE_INPUTS = {"q4-i16in": "i16", "gguf-i16in": "i16"}
 HEAD_KERNELS = ("fp32", "bf16w", "bf16-in", "q8-i16in")
 # lm_head kernels that run each row alone, the same operations whatever its
 # batch mates (Q8I16InLinear, BF16WeightLinear, BF16InputHead); fp32's oneDNN GEMM does not.
@@ -30,6 +30,9 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                     "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
                                 "fp32 scales",
+                    "gguf-i16in": "each tensor group's GGUF codes as stored (4-bit, 8-bit, 8-bit with a scale per "
+                                  "16); prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs "
+                                  "as 16-bit integers per group of 32, exact int32 sums, fp32 scales",
                     "bf16": "the checkpoint's bf16 weights as stored; prompts and decode rows bf16 inputs, fp32 sums "
                             "and outputs"}
 HEAD_PRECISION = {"fp32": "lm_head fp32",

@@ -12,6 +12,12 @@ computes in). The lm_head column's `q8-i16in` is for an lm_head stored as
 Q8_0 (the bundled SmolLM2's tied embedding); another lm_head in that row
 takes `bf16w` (head_linear.choose_head).
 
+`gguf-i16in` (format_linear) runs each tensor group of a GGUF file on its
+own format's decode kernel: `q4-i16in`, `q8-i16in` over int8 codes with a
+scale per 32 (csrc/linear_i16in.h), `q8a-i16in` int8 codes with a scale per
+16 and an offset per 32 (csrc/linear_q8a.h); a file whose groups differ
+(Q4_K_M) takes it where `per_group` says every group has such a row.
+
 Kernels: `bf16-in` bf16 inputs and weights, fp32 sums (csrc/linear_bf16.h;
 a bf16 checkpoint's lm_head too, its logits fp32); `q4-f32in` the 4-bit grid
 rebuilt exactly, fp32 inputs and sums (csrc/linear_q4.h); `q4-i16in` the same
@@ -38,6 +44,8 @@ class Row(NamedTuple):
 
 
 GRID_4BIT = ("Q4_0", "Q4_1", "Q4_K")  # Q4_K: decoded onto the same grid (gguf-direct work)
+GRID_8BIT = ("Q8_0", "Q5_0")  # int8 codes, a scale per 32 (gguf_codes.Q8Codes)
+SCALE_16 = ("Q6_K", "Q5_K", "Q5_1")  # int8 codes, a scale per 16, an offset per 32 (gguf_codes.Q8ACodes)
 FP32 = ("F32",)
 EXACT = Row(FP32, (), "onednn", "onednn-fp32", "onednn-fp32", "fp32")
 BF16, VNNI = "avx512_bf16", "avx512_vnni"
@@ -47,13 +55,26 @@ TABLE = (
     Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
     Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
     Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
+    Row(GRID_8BIT, (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8-i16in",   "q8-i16in"),
+    Row(SCALE_16,  (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8a-i16in",  "q8-i16in"),
     Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-in",    "bf16-in"),
     # TODO(kernel-table): F16 is held as fp32 today; a bf16-weight row loses
     # 3 mantissa bits, so it waits for an f16 micro-kernel or the quality gate.
-    # TODO(kernel-table): Q6_K's kernels are the K-quant engineer's pick; until
-    # then it takes EXACT. Q8_0 linear layers likewise: the lm_head's q8-i16in
-    # micro-kernel could serve their decode rows, an (("Q8_0",), (VNNI,)) row.
+    # A GGUF file whose groups differ (Q4_K_M) runs gguf-i16in where every
+    # group's format has a row decoding 16-bit integer inputs
+    # (I16IN_DECODES): each group its own row's decode kernel.
 )
+
+
+# Decode kernels over a GGUF tensor's codes as stored (format_linear), which gguf-i16in runs side by side.
+I16IN_DECODES = ("q4-i16in", "q8-i16in", "q8a-i16in")
+
+
+def per_group(formats: set[str], features: frozenset[str]) -> bool:
+    """Every one of `formats` (a model's linear groups') has a row here whose
+    decode kernel is one of I16IN_DECODES: the model runs gguf-i16in."""
+    return bool(formats) and all(any(row.decode in I16IN_DECODES for row in rows_for(f, features))
+                                 for f in formats)
 
 
 def rows_for(stored: str, features: frozenset[str]) -> list[Row]:

@@ -37,7 +37,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import bf16in_kernel, i16in_kernel, kernel_table, q4_kernel
+from bulkhead.model import bf16in_kernel, format_linear, i16in_kernel, kernel_table, q4_kernel
 from bulkhead.model.bf16_embedding import BF16Embedding
 from bulkhead.model.head_linear import (  # noqa: F401  (re-exported)
     BF16InputHead, BF16WeightLinear, Q8I16InLinear, choose_head,
@@ -228,6 +228,9 @@ def runs(kernel: str, dtype: torch.dtype, weights) -> bool:
         return fp32 and onednn_usable(dtype) and weights is not None and q4_usable(weights)
     if kernel == "bf16":
         return bf16_usable(weights, dtype)
+    if kernel == "gguf-i16in":
+        return fp32 and i16in_kernel.load() is not None and bf16in_kernel.load() is not None \
+            and format_linear.all_coded(weights)
     if kernel == "onednn":
         return onednn_usable(dtype)
     return kernel == "aten"
@@ -238,8 +241,10 @@ _REFUSED = {"q4": "its C kernel cannot be built here, --dtype is not float32",
             "q4-bf16in": "this CPU has no AVX-512 BF16, --dtype is not float32",
             "q4-i16in": "this CPU has no AVX-512 BF16 or no AVX-512 VNNI, --dtype is not float32",
             "bf16": "its C kernel cannot be built here (no AVX-512 BF16), --dtype is not float32",
+            "gguf-i16in": "this CPU has no AVX-512 BF16 or no AVX-512 VNNI, --dtype is not float32",
             "onednn": "this torch build cannot run oneDNN linear layers"}
-_WEIGHTS = {"bf16": "a linear weight is not a bf16 value"}
+_WEIGHTS = {"bf16": "a linear weight is not a bf16 value",
+            "gguf-i16in": "a linear weight was not read from a GGUF file's codes"}
 
 
 def choose(kernel: str, dtype: torch.dtype, weights=None, stored: str | None = None) -> str:
@@ -248,6 +253,10 @@ def choose(kernel: str, dtype: torch.dtype, weights=None, stored: str | None = N
     fp32 path; check a developer's named kernel runs here, else refuse it."""
     if kernel not in KERNELS:
         raise ValueError(f"linear kernel must be one of {KERNELS}, not {kernel!r}")
+    if kernel == "auto" and stored is None and _per_group(dtype, weights):
+        log.info("linear weights stored in several formats (%s): each group on its own format's kernel",
+                 ", ".join(sorted(format_linear.group_formats(weights))))
+        return "gguf-i16in"
     if kernel == "auto":
         fmt = layer_format(weights, stored)
         for row in kernel_table.rows_for(fmt, kernel_table.cpu_features()):
@@ -266,6 +275,16 @@ def choose(kernel: str, dtype: torch.dtype, weights=None, stored: str | None = N
                        + _WEIGHTS.get(kernel, "a linear weight is not exactly on a 4-bit grid (a Q4_0 / Q4_1 model)"))
 
 
+def _per_group(dtype: torch.dtype, weights) -> bool:
+    """A GGUF file whose linear groups differ in format (stored None), not
+    all on the 4-bit grid, each group's format with a 16-bit-input row in
+    the table (kernel_table.per_group) and gguf-i16in runs here."""
+    if not format_linear.all_coded(weights) or format_linear.decode_kernels(weights) == {"q4-i16in"}:
+        return False
+    return kernel_table.per_group(format_linear.group_formats(weights), kernel_table.cpu_features()) \
+        and runs("gguf-i16in", dtype, weights)
+
+
 def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     """One [out, in] weight laid out for a chosen kernel."""
     if kernel == "aten":
@@ -274,6 +293,8 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
         return OneDNNLinear(w, w.dtype)
     if kernel == "bf16":
         return BF16Linear(BF16InLinear(bf16in_kernel.pack(w)))
+    if kernel == "gguf-i16in":
+        return format_linear.prepare_one(w)
     if kernel in Q4_KERNELS:
         packed = q4_kernel.pack(w)
         if packed is None:

@@ -50,8 +50,8 @@ def entry_name(model_dir: Path, dtype: torch.dtype, asked: str) -> str:
 
 
 def cacheable(kernel: str, head: str) -> bool:
-    # Not yet `bf16` (a bf16 checkpoint's kernel): save() packs the 4-bit kernels' layers only.
-    return kernel in linear_kernel.BF16_INPUT_PROMPTS and kernel != "bf16" and head in CACHED_HEADS
+    # Not yet `bf16` (a bf16 checkpoint's kernel) nor `gguf-i16in`: save() packs the 4-bit kernels' layers only.
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and kernel not in ("bf16", "gguf-i16in") and head in CACHED_HEADS
 
 
 def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, ModelWeights, str, str] | None:

@@ -191,10 +191,10 @@ def test_the_8_bit_kernel_runs_q5_0_codes_as_they_are(monkeypatch):
     torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("type_name, kind", [("Q4_K", "Q4Codes"), ("Q5_K", "Values"), ("Q6_K", "Values")])
+@pytest.mark.parametrize("type_name, kind", [("Q4_K", "Q4Codes"), ("Q5_K", "Q8ACodes"), ("Q6_K", "Q8ACodes")])
 def test_the_gguf_reader_takes_k_quants_to_the_kernel_family_they_fit(type_name, kind):
     """gguf_codes.decode, what serving a .gguf file calls: Q4_K's codes go to the 4-bit
-    kernels as they are, the types with no exact quantized kernel to the fp32 path."""
+    kernels as they are, Q5_K's and Q6_K's to the 8-bit codes with a scale per 16."""
     from bulkhead.model import gguf_codes
 
     with np.load(GGML_FIXTURE) as fixture:

@@ -5,7 +5,9 @@
  *   format (micro-kernel file)        inputs             entry points
  *   4-bit grid, fp32 (linear_q4.h)     fp32               linear_q4
  *   4-bit / 8-bit grid (linear_i16in.h) 16-bit integers   linear_q4_i16in, linear_q8_i16in
- *   bf16 pairs (linear_bf16.h)         bf16 / fp32        linear_bf16in(_rounded, _silu_mul), linear_bf16_bf16in
+ *   8-bit, scale per 16 (linear_q8a.h)  16-bit integers   linear_q8a_i16in (Q6_K, Q5_K, Q5_1, mixed)
+ *   any of the three above, by tag     16-bit integers   linear_coded (a GGUF file's per-group formats)
+ *   bf16 pairs (linear_bf16.h)         bf16               linear_bf16in(_rounded, _silu_mul), linear_bf16_bf16in
  *   bf16, lm_head (linear_bf16w.h)     fp32               linear_bf16w
  *
  * The driver (drive) owns what the formats share: the shape rules (outputs
@@ -63,6 +65,7 @@ typedef void (*tile_fn)(const struct linear_call *c, int64_t block, int64_t row,
 #include "linear_q4.h"
 #include "linear_bf16w.h"
 #include "linear_i16in.h"
+#include "linear_q8a.h"
 #include "linear_bf16.h"
 
 int uses_openmp(void) {
@@ -154,6 +157,7 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
 #ifndef __AVX512VNNI__
 #define i16_q4_tile NULL
 #define i16_q8_tile NULL
+#define i16_q8a_tile NULL
 #endif
 
 /* qs, dm as linear_q4 takes them (q4_kernel.pack). */
@@ -166,6 +170,29 @@ int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y
 int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     return run_i16in(x, qb, d, y, M, N, K, nthreads, i16_q8_tile);
+}
+
+/* qb as linear_q8_i16in takes it, dm [N / NB][K / G][3][NB] (format_linear.pack_q8a). */
+int linear_q8a_i16in(const float *x, const int8_t *qb, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads) {
+    return run_i16in(x, qb, dm, y, M, N, K, nthreads, i16_q8a_tile);
+}
+
+/* One signature for a model whose layers are stored in different formats,
+ * so that decode_layers.c calls one function for every layer: desc int64
+ * [3] = {format tag (CODED_*), the weight's codes, its scales}. */
+enum { CODED_Q4 = 0, CODED_Q8 = 1, CODED_Q8A = 2 };
+int linear_coded(const float *x, const int64_t *desc, const void *unused, float *y, int64_t M, int64_t N,
+                 int64_t K, int nthreads) {
+    (void)unused;
+    const void *w = (const void *)(intptr_t)desc[1];
+    const float *w2 = (const float *)(intptr_t)desc[2];
+    switch (desc[0]) {
+    case CODED_Q4: return linear_q4_i16in(x, w, w2, y, M, N, K, nthreads);
+    case CODED_Q8: return linear_q8_i16in(x, w, w2, y, M, N, K, nthreads);
+    case CODED_Q8A: return linear_q8a_i16in(x, w, w2, y, M, N, K, nthreads);
+    default: return -1;
+    }
 }
 
 /* xb [M, K] bf16 rows already rounded (what linear_bf16in_silu_mul writes);

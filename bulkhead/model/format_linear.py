@@ -1,0 +1,147 @@
+"""Linear layers that run each tensor group's own stored format
+(`--linear-kernel gguf-i16in`): a GGUF file whose groups are stored in
+different formats (a Q4_K_M file holds Q4_K, Q6_K, and, where a row is not
+whole super-blocks, Q5_0, Q5_1 and Q8_0) runs every group on its format's
+kernel (kernel_table's row for that format), not the whole model on the
+exact fp32 path.
+
+Decode rows: inputs as 16-bit integers per group of 32 and the stored
+codes read once, exact int32 sums (csrc/linear_i16in.h, csrc/linear_q8a.h):
+
+| codes (gguf_codes) | stored as | decode kernel | bytes a weight read |
+|---|---|---|---|
+| Q4Codes | Q4_0, Q4_1, Q4_K | linear_q4_i16in | 0.75 |
+| Q8Codes | Q8_0, Q5_0 | linear_q8_i16in | 1.125 |
+| Q8ACodes | Q6_K, Q5_K, Q5_1, a fused layer of mixed formats | linear_q8a_i16in | 1.375 |
+
+Q5_0 stays on int8 codes: a 5-bit kernel (0.875 bytes a weight, the fifth
+bits ORed in per input pair) lost to linear_q8_i16in on the same Q5_0
+codes, one thread: 100 vs 72 us a [1536, 576] layer at 1 row out of cache,
+282 vs 266 at 16 (its unpacking, not memory, bounds a core); git history
+has it (csrc/linear_q5.h).
+
+The C decode layers call one function for every matmul, so each layer
+hands them `linear_coded` and a descriptor (its format's tag and its two
+tensors): csrc/linear.c dispatches. Prompt rows: bf16 inputs and weights
+(the values rounded to bf16), fp32 sums (bf16in_kernel), as q4-i16in's
+prompts; the quality gate (bench/quality_gate.py, q4_k_m) bounds both.
+
+The codes come from the GGUF read (gguf_weights.remember_codes); a weight
+without them has no kernel here, and the model runs the exact path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from bulkhead.model import bf16in_kernel, c_linear, i16in_kernel, q4_kernel
+from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
+from bulkhead.model.linear import Linear
+
+# csrc/linear.c's CODED_* tags, by decode kernel (kernel_table's names).
+TAGS = {"q4-i16in": 0, "q8-i16in": 1, "q8a-i16in": 2}
+
+# A GGUF type each decode kernel stands for in kernel_table's rows.
+TABLE_FORMATS = {"q4-i16in": "Q4_K", "q8-i16in": "Q8_0", "q8a-i16in": "Q6_K"}
+
+# A fused weight's stored codes, while it lives (gguf_weights.remember_codes).
+_CODES = WeakIdKeyDictionary()
+
+
+def remember(w: torch.Tensor, codes) -> None:
+    """Record the stored codes of weight `w` (its values, fused as the model holds them)."""
+    if w.dtype == torch.float32 and q4_kernel.fits(w):  # the kernels' shape: outputs in 32s, inputs in 32s
+        _CODES[w] = codes
+
+
+def codes_of(w: torch.Tensor):
+    return _CODES.get(w)
+
+
+def linears(weights) -> list[torch.Tensor]:
+    return [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+
+def all_coded(weights) -> bool:
+    """Every linear weight of `weights` has its stored codes recorded."""
+    return weights is not None and all(codes_of(w) is not None for w in linears(weights))
+
+
+def decode_kernels(weights) -> set[str]:
+    """The decode kernels the model's groups take ({"q8-i16in", "q8a-i16in", ...})."""
+    return {kernel_of(codes_of(w)) for w in linears(weights)}
+
+
+def kernel_of(codes) -> str:
+    """The decode kernel of `codes` (the table at the top)."""
+    return {Q4Codes: "q4-i16in", Q8Codes: "q8-i16in"}.get(type(codes), "q8a-i16in")
+
+
+def group_formats(weights) -> set[str]:
+    """The formats kernel_table looks the model's groups up by (TABLE_FORMATS)."""
+    return {TABLE_FORMATS[kernel] for kernel in decode_kernels(weights)}
+
+
+def pack_q8a(codes: Q8ACodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qb as i16in_kernel.pack_q8_grid lays it out, dm fp32 [N/NB, K/G, 3, NB]:
+    per group the low half's scale, the high half's, the offset)."""
+    n, groups = codes.q.shape[:2]
+    nb = q4_kernel.BLOCK
+    qb, _ = i16in_kernel.pack_q8_grid(codes.q, codes.m)
+    d = codes.d.reshape(n // nb, nb, groups, 2)
+    m = codes.m.reshape(n // nb, nb, groups, 1)
+    return qb, torch.cat([d, m], -1).permute(0, 2, 3, 1).contiguous()
+
+
+def pack(codes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two tensors of `codes`' decode kernel (kernel_of's)."""
+    kernel = kernel_of(codes)
+    if kernel == "q4-i16in":
+        return q4_kernel.pack_grid(codes.q, codes.d, codes.m)
+    if kernel == "q8-i16in":
+        return i16in_kernel.pack_q8_grid(codes.q, codes.d)
+    return pack_q8a(codes)
+
+
+class CodedLinear(Linear):
+    """Decode rows through the layer's own format's kernel (the table at
+    the top), by way of linear_coded; prompt rows through `prefill`."""
+
+    decode_inputs = "i16"
+
+    def __init__(self, codes, prefill: Linear):
+        self.format = kernel_of(codes)
+        self.weights = pack(codes)
+        # [tag, codes, scales]: linear_coded's descriptor; the C decode layers pass it as the weight pointer.
+        self.desc = torch.tensor([TAGS[self.format], *(t.data_ptr() for t in self.weights)], dtype=torch.int64)
+        self.packed = (self.desc, self.desc)
+        self.prefill = prefill
+        self.out_features, self.in_features = prefill.out_features, prefill.in_features
+
+    def decode_fn(self):
+        """linear_coded (linear_q4's signature), or None where it cannot be loaded here."""
+        lib = i16in_kernel.load()
+        return None if lib is None else lib.linear_coded
+
+    def __call__(self, x, b=None, decode=False):
+        if not decode:
+            return self.prefill(x, b)
+        fn = self.decode_fn()
+        if fn is None:
+            raise RuntimeError("the 16-bit-input decode kernels are not available here")
+        y = c_linear.call(fn, x.float(), self.in_features, self.out_features, self.desc, self.desc)
+        return (y if b is None else y + b.float()).to(x.dtype)
+
+    def silu_mul(self, x):
+        return self.prefill.silu_mul(x)
+
+
+def prepare_one(w: torch.Tensor) -> CodedLinear:
+    """Weight `w` (fp32 values whose codes were recorded) laid out for its format's kernels."""
+    from bulkhead.model.linear_kernel import BF16InLinear
+
+    codes = codes_of(w)
+    if codes is None:
+        raise ValueError(f"gguf-i16in: weight {tuple(w.shape)} has no stored codes (a GGUF file's; see choose())")
+    return CodedLinear(codes, BF16InLinear(bf16in_kernel.pack(w)))
