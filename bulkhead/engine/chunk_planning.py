@@ -9,6 +9,14 @@ start at multiples of `prefill_chunk` from where its prefill started,
 whoever shares the step, so its numbers do not depend on its batch-mates.
 A long chunk's pass may be handed out a slice of layers per step
 (pass_slices.py); while one is in flight, a step stays about one slice long.
+
+First tokens first: a step whose prompt chunk gives a tenant its next token
+(a short prompt's first) beside another tenant's decode rows runs its
+prompt chunks alone, and the decode rows run in the next step. The engine
+emits what a step sampled when the step's passes end, so otherwise the
+short prompt's first token would wait for a pass over every decode row of
+the flood too. Never two steps in a row: a stream of short prompts cannot
+starve the decode rows (they wait one step at most).
 """
 
 from __future__ import annotations
@@ -29,6 +37,17 @@ class ChunkPlanner:
         self._s = scheduler
         # Tokens of a whole pass a slice costs; 0 = passes run whole (the order decides, once).
         self.slice_tokens = scheduler.order.slice_tokens(scheduler.config.slice_tokens)
+        self._deferred_decode = False  # the last step left its decode rows to this one
+
+    def first_tokens_first(self, prefills: list[PrefillWork], decode: list[DecodeWork]) -> bool:
+        """The step runs its prompt chunks alone, its decode rows next step
+        (the module docstring): a whole chunk samples a token for a tenant
+        while another tenant's decode rows would share the step, and the
+        last step did not leave its decode rows already."""
+        samplers = {w.tenant for w in prefills if w.samples and w.layers is None}
+        defer = not self._deferred_decode and any(samplers - {w.tenant} for w in decode)
+        self._deferred_decode = defer
+        return defer
 
     def contended(self, tenant: str) -> bool:
         """Another tenant has a request here: a whole pass of tenant's would make it wait."""

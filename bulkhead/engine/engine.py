@@ -11,7 +11,10 @@ A light tenant's short prompt and everyone's next tokens do not wait out
 another tenant's long prompt pass because the scheduler hands such a pass
 out a slice of layers per step while another tenant has work
 (bulkhead.engine.pass_slices): they run in the next step, beside the pass's
-next slice. Commands are taken between steps only.
+next slice. A short prompt's first token does not wait for another tenant's
+decode rows either: the scheduler plans the chunk that ends it alone, the
+rows in the next step (bulkhead.engine.chunk_planning, first tokens first).
+Commands are taken between steps only.
 """
 
 from __future__ import annotations

@@ -146,6 +146,8 @@ class Scheduler:
         alive = lambda w: self.requests[w.request_id].status is RequestStatus.RUNNING  # noqa: E731
         decode = [w for w in decode if alive(w)]  # a later growth may have preempted it
         prefills = [w for w in prefills if alive(w)]
+        if self.planner.first_tokens_first(prefills, decode):
+            decode = []  # planned again next step: their pages are held, the growth is done
         if not decode and not prefills and not preempted:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))

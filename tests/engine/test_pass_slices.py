@@ -163,10 +163,13 @@ def test_a_chunk_over_two_slices_is_sliced_alone_and_its_quiet_slices_carry_no_d
     plan = s.schedule()
     assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (1, 2))] and not plan.decode
     complete_step(s, plan)
-    s.add(ticket("b-short", prompt_len=4, max_tokens=1, tenant="b"))  # arrives mid-pass: runs at the next slice
+    s.add(ticket("b-short", prompt_len=4, max_tokens=2, tenant="b"))  # arrives mid-pass: runs at the next slice
     plan = s.schedule()
     assert [w.request_id for w in plan.prefills] == ["a-long", "b-short"]
-    assert [w.request_id for w in plan.decode] == ["a-dec"]  # contended: everyone's rows run again
+    assert not plan.decode  # b's first token first (chunk_planning.py), the decode rows in the next step
+    complete_step(s, plan)
+    plan = s.schedule()
+    assert [w.request_id for w in plan.decode] == ["a-dec", "b-short"]  # contended: everyone's rows run again
     s.check_integrity()
 
 
@@ -199,7 +202,9 @@ def test_short_prompts_join_a_slice_step_and_long_ones_wait():
     plan = s.schedule()
     # d's 40 tokens are more than a slice's 16: it waits for a's pass; c's 12 run whole beside the slice.
     assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (1, 2)), ("c-short", None)]
-    assert [w.request_id for w in plan.decode] == ["b-dec"]
+    assert not plan.decode  # c's first token first (chunk_planning.py): b decodes in the next step
+    complete_step(s, plan)
+    assert [w.request_id for w in s.schedule().decode] == ["b-dec"]
     s.check_integrity()
 
 
