@@ -8,7 +8,8 @@ the batched serving path.
 Formats (bench/checkpoints.py makes all but the first from the bundled model,
 once, under --work): `q4_1`, the bundled GGUF; `q4_0` and `q8_0`, its Q4_1
 tensors requantized by gguf-py (token_embd stays Q8_0); `bf16`, bf16
-safetensors on no 4-bit grid.
+safetensors on no 4-bit grid; `f16` and `f32`, the same noisy weights
+stored as fp16 and fp32 safetensors (off the bf16 grid).
 
 For each format two engines are built from the same directory, the exact
 one (EXACT below) and the default (`auto`). Every prompt goes into one batch:
@@ -47,7 +48,8 @@ from bulkhead.engine.request import SamplingParams  # noqa: E402
 from bulkhead.engine.sampler import Sampler  # noqa: E402
 from bulkhead.model.gguf_import import bundled_gguf_path, cache_root, default_model_dir  # noqa: E402
 
-FORMATS = ("q4_1", "q4_0", "q8_0", "bf16")
+FORMATS = ("q4_1", "q4_0", "q8_0", "bf16", "f16", "f32")
+STORED_AS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}  # safetensors checkpoints' dtypes
 # The exact model: fp32 linear layers and lm_head, fp32 KV, torch attention.
 EXACT = dict(linear_kernel="onednn", kv_dtype="float32")
 # Long prompts' text: project documents as of this commit (in the repository's history).
@@ -75,8 +77,8 @@ def checkpoint(fmt: str, work: Path) -> Path:
     out = work / fmt
     if (out / "config.json").exists():
         return out
-    if fmt == "bf16":
-        return checkpoints.bf16_checkpoint(out)
+    if fmt in STORED_AS:
+        return checkpoints.bf16_checkpoint(out, dtype=STORED_AS[fmt])
     gguf_file = work / f"smollm2.{fmt.upper()}.gguf"
     checkpoints.requantize_gguf(bundled_gguf_path(), gguf_file, to=fmt.upper())
     return checkpoints.import_gguf(gguf_file, out)

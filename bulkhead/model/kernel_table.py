@@ -41,15 +41,16 @@ GRID_4BIT = ("Q4_0", "Q4_1", "Q4_K")  # Q4_K: decoded onto the same grid (gguf-d
 FP32 = ("F32",)
 EXACT = Row(FP32, (), "onednn", "onednn-fp32", "onednn-fp32", "fp32")
 BF16, VNNI = "avx512_bf16", "avx512_vnni"
+# F16: rounded to bf16 once as it is packed (3 mantissa bits; under the quality
+# gate, docs/performance.md); `--precision exact` widens its values exactly.
+BF16_ROW = ("BF16", "F16")
 
 TABLE = (
     #   formats      CPU features  linear       prompt         decode        lm_head
     Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
     Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
     Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
-    Row(("BF16",), (BF16,),      "bf16",      "bf16-in",     "bf16-in",    "bf16-in"),
-    # TODO(kernel-table): F16 is held as fp32 today; a bf16-weight row loses
-    # 3 mantissa bits, so it waits for an f16 micro-kernel or the quality gate.
+    Row(BF16_ROW, (BF16,),       "bf16",      "bf16-in",     "bf16-in",    "bf16-in"),
     # TODO(kernel-table): Q6_K's kernels are the K-quant engineer's pick; until
     # then it takes EXACT. Q8_0 linear layers likewise: the lm_head's q8-i16in
     # micro-kernel could serve their decode rows, an (("Q8_0",), (VNNI,)) row.
