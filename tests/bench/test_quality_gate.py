@@ -16,7 +16,13 @@ LONG = (600,)
 TOKENS = 8
 
 
-@pytest.mark.parametrize("fmt", ("q4_1", "q4_0", "bf16"))
+# f16 (the bf16 row on fp16 weights, rounded once) reads 30/32 top-1 here, one flip past the bound, both at
+# near-ties of the exact model (top-2 margins 0.050 and 0.007 nats; KL mean 3.0e-4, within it): strict, so
+# that this says when a kernel change brings it inside; docs/performance.md, "Quality", has the figures.
+F16_PAST_TOP1 = pytest.mark.xfail(reason="F16 on the bf16 row: 30/32 top-1 on these prompts (bound 95%)", strict=True)
+
+
+@pytest.mark.parametrize("fmt", ("q4_1", "q4_0", "bf16", pytest.param("f16", marks=F16_PAST_TOP1)))
 def test_auto_stays_within_the_documented_bound_of_the_exact_model(fmt):
     kernels, groups = qg.gate(fmt, qg.work_dir(), TOKENS, LONG, short_prompts=SHORT)
     got = groups["all"]
