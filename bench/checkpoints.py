@@ -122,8 +122,10 @@ def _write(writer) -> None:
     writer.close()
 
 
-def bf16_checkpoint(out: Path, model_dir: Path | None = None, noise: float = NOISE, seed: int = 0) -> Path:
-    """The model at `model_dir` (the bundled SmolLM2) as bf16 safetensors with noise added (module doc)."""
+def bf16_checkpoint(out: Path, model_dir: Path | None = None, noise: float = NOISE, seed: int = 0,
+                    dtype=None) -> Path:
+    """The model at `model_dir` (the bundled SmolLM2) as bf16 safetensors with noise added (module doc);
+    dtype: torch.float16 or float32 for the same weights stored so (off the bf16 grid too)."""
     import torch
     from safetensors.torch import save_file
 
@@ -140,7 +142,7 @@ def bf16_checkpoint(out: Path, model_dir: Path | None = None, noise: float = NOI
         t = tensors[name].float()
         if t.dim() == 2:  # the matrices; the norms' weights stay as they are, in bf16
             t = t + torch.randn(t.shape, generator=gen) * (noise * float(t.std()))
-        tensors[name] = t.bfloat16().contiguous()
+        tensors[name] = t.to(dtype or torch.bfloat16).contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for item in model_dir.iterdir():
         if item.suffix != ".safetensors" and item.is_file() and not item.name.startswith("bulkhead_"):

@@ -102,7 +102,7 @@ def bf16w_usable(w: torch.Tensor) -> bool:
 
 
 def head_runs(head: str, lm_head: torch.Tensor) -> bool:
-    if lm_head.dtype not in (torch.float32, torch.bfloat16):
+    if lm_head.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # fp16: an F16 checkpoint's, rounded
         return False
     if head == "bf16w":
         return bf16w_usable(lm_head)

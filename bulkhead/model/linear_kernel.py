@@ -171,12 +171,13 @@ class BF16Linear(Linear):
 
 
 def bf16_usable(weights, dtype: torch.dtype) -> bool:
-    """The bf16 kernels build here and every linear weight is a bf16 value
-    (a bf16 checkpoint's, held as stored, or fp32 holding one exactly) in a
-    shape they take."""
+    """The bf16 kernels build here and every linear weight is held as a
+    16-bit checkpoint stored it (bf16, or fp16 that packing rounds to bf16
+    once: the kernel table's choice for F16) or is fp32 holding a bf16 value
+    exactly, in a shape they take."""
     if dtype != torch.float32 or bf16in_kernel.load() is None or weights is None:
         return False
-    return all(bf16in_kernel.fits(w) and (w.dtype == torch.bfloat16 or torch.equal(w.bfloat16().float(), w))
+    return all(bf16in_kernel.fits(w) and (w.dtype in HELD_AS_STORED or torch.equal(w.bfloat16().float(), w))
                for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
 
@@ -202,12 +203,12 @@ def onednn_usable(dtype: torch.dtype) -> bool:
 
 def layer_format(weights, stored: str | None) -> str:
     """The format the table looks the linear layers up by: `stored`
-    (bulkhead.model.weight_format.linear_format) for a bf16 checkpoint;
+    (bulkhead.model.weight_format.linear_format) for a bf16 or fp16 checkpoint;
     a 4-bit grid format where every weight rebuilds exactly from one
     (q4_kernel.grid: a GGUF import dequantizes to fp32, so the values say
     it, also for an import that recorded no format); else `stored`, or
     "F32"."""
-    if stored == "BF16":
+    if stored in ("BF16", "F16"):
         return stored
     if weights is not None and q4_usable(weights):
         return stored if stored in kernel_table.GRID_4BIT else "Q4_1"
@@ -354,8 +355,10 @@ def prepare(weights, kernel: str, head: str | None = None, release: bool = False
 
 
 LINEARS = ("qkv", "o", "gate_up", "down")  # LayerWeights' linear layers
+# The dtypes a 16-bit checkpoint's matrices are held in as stored (loader.held_as_stored).
+HELD_AS_STORED = (torch.bfloat16, torch.float16)
 
 
 def _widened(w: torch.Tensor, kernel: str, dtype: torch.dtype) -> torch.Tensor:
-    """w in the model's dtype, but as stored for the bf16 kernels, which read bf16 weights."""
+    """w in the model's dtype, but as stored for the bf16 kernels, whose packing rounds it to bf16."""
     return w if kernel == "bf16" else w.to(dtype)

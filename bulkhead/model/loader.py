@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from bulkhead.model import gguf_weights
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import gguf_pointer
-from bulkhead.model.linear_kernel import prepare
+from bulkhead.model.linear_kernel import HELD_AS_STORED, prepare
 from bulkhead.model.llama import LayerWeights, LlamaModel, ModelWeights
 
 
@@ -38,17 +38,18 @@ def read_tensors(model_dir: Path, num_heads: int, num_kv_heads: int) -> dict[str
 
 
 def held_as_stored(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    """A bf16 matrix under an fp32 model: loaded as bf16 (build_weights says why)."""
-    return dtype == torch.float32 and t.dtype == torch.bfloat16 and t.dim() == 2
+    """A bf16 or fp16 matrix under an fp32 model: loaded as stored (build_weights says why)."""
+    return dtype == torch.float32 and t.dtype in HELD_AS_STORED and t.dim() == 2
 
 
 def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                   mapped: bool = True) -> ModelWeights:
     def take(name: str, own: bool = True) -> torch.Tensor:
-        """The tensor in `dtype`, but for a bf16 matrix under an fp32 model
-        (a bf16 checkpoint's linear layers and embedding), which stays bf16
+        """The tensor in `dtype`, but for a bf16 or fp16 matrix under an fp32
+        model (a 16-bit checkpoint's linear layers and embedding), which stays
         as stored and uncopied: linear_kernel.prepare lays each one out (bf16
-        kernels pack it, the exact path widens it layer by layer), so the
+        kernels pack it, rounding fp16 to bf16 once; the exact path widens it
+        layer by layer, exactly), so the
         model is never held whole in fp32 (a 1B model's 4.3 GB; two such
         workers ran out of memory). own=True copies the rest out of the file's
         mapping where it still reads it (an fp32 tensor of an fp32 file), so
