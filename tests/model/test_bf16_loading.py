@@ -8,24 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from bulkhead.engine.builder import EngineConfig, build_engine
 from bulkhead.model import bf16in_kernel, linear_kernel
 from bulkhead.model.bf16_embedding import BF16Embedding
 from bulkhead.model.loader import load_weights
-from tests.conftest import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def bf16_dir(tmp_path_factory, smollm2_dir) -> Path:
-    """A tiny random checkpoint saved as bf16 safetensors, embedding untied from nothing (SmolLM2's tied)."""
-    out = make_tiny_model(tmp_path_factory.mktemp("bf16"), smollm2_dir, hidden_size=128, intermediate_size=256,
-                          num_attention_heads=2, num_key_value_heads=1)
-    for f in out.glob("*.safetensors"):
-        save_file({k: v.bfloat16().contiguous() for k, v in load_file(str(f)).items()}, str(f),
-                  metadata={"format": "pt"})
-    return out
 
 
 def stored_rows(model_dir: Path) -> torch.Tensor:

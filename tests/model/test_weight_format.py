@@ -14,8 +14,7 @@ from bench import checkpoints
 from bulkhead.engine.builder import EngineConfig, build_engine
 from bulkhead.engine.scheduler import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.pool import scrub_released
-from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, q4_kernel, weight_format
-from tests.conftest import make_tiny_model
+from bulkhead.model import bf16in_kernel, i16in_kernel, linear_kernel, q4_kernel, weight_format
 
 # head_dim 64: the bf16 prompt-attention kernel's, so a tiny model takes every fast path the bundled one does.
 SHAPES = dict(layers=2, hidden=128, ff=256, heads=2, kv_heads=1)
@@ -35,19 +34,6 @@ def q4_0_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("q4_0")
     gguf_file = checkpoints.write_gguf(tmp / "tiny.Q4_0.gguf", "Q4_0", **SHAPES)
     return checkpoints.import_gguf(gguf_file, tmp / "model")
-
-
-@pytest.fixture(scope="module")
-def bf16_dir(tmp_path_factory, smollm2_dir) -> Path:
-    """A tiny random checkpoint saved as bf16 safetensors."""
-    from safetensors.torch import load_file, save_file
-
-    out = make_tiny_model(tmp_path_factory.mktemp("bf16"), smollm2_dir, hidden_size=128, intermediate_size=256,
-                          num_attention_heads=2, num_key_value_heads=1)
-    for f in out.glob("*.safetensors"):
-        save_file({k: v.bfloat16().contiguous() for k, v in load_file(str(f)).items()}, str(f),
-                  metadata={"format": "pt"})
-    return out
 
 
 def build(model_dir: Path, **overrides):
