@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bulkhead.model.gguf_import import default_model_dir
+from tests.ci_skips import pytest_configure  # noqa: F401  (CI lists its skips and fails on one this machine could run)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TEST_KEYS = {"sk-alpha-test": "alpha", "sk-beta-test": "beta"}
