@@ -52,9 +52,6 @@ class EngineClient:
             raise EndpointMissing(path)
         return body
 
-    def get_text(self, path: str) -> str:
-        return self._get(path).text
-
     def try_json(self, path: str) -> dict[str, Any] | None:
         try:
             return self.get_json(path)
@@ -71,7 +68,7 @@ class EngineClient:
 
     def try_text(self, path: str) -> str | None:
         try:
-            return self.get_text(path)
+            return self._get(path).text
         except EndpointMissing:
             return None
 

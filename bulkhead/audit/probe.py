@@ -278,8 +278,6 @@ def run_probe(args: argparse.Namespace, transport: httpx.BaseTransport | None = 
         report = probe(args, transport)
     except AuditError as error:
         if args.json:
-            import json
-
             print(json.dumps({"error": str(error), "exit_code": EXIT_UNREACHABLE}, indent=2))
         print(f"probe: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE

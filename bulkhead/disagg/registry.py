@@ -127,11 +127,6 @@ class WorkerRegistry:
         with self.lock:
             return [w for w in self.workers.values() if not w.lost]
 
-    def is_live(self, name: str) -> bool:
-        with self.lock:
-            worker = self.workers.get(name)
-            return worker is not None and not worker.lost
-
     def is_assignable(self, name: str) -> bool:
         with self.lock:
             worker = self.workers.get(name)

@@ -117,10 +117,7 @@ class DisaggBackend(Backend):
         worker of its role still taking requests, unless forced: every
         request would then be refused until one comes back."""
         with self.lock:
-            worker = self.registry.workers.get(name)
-            if worker is None or worker.lost:
-                raise NotFound(f"no live worker named {name!r}", param="worker", code="worker_not_found",
-                               value=name)
+            worker = self._live_worker(name)
             others = [w for w in self.registry.assignable() if w.role == worker.role and w.name != name]
             if router_job.drain_worker(worker.draining).outcome == "draining" and not others and not force:
                 raise Conflict(f"{name} is the last {worker.role} worker taking requests: draining it would "
@@ -134,14 +131,16 @@ class DisaggBackend(Backend):
     def resume(self, name: str) -> dict:
         """Assign to `name` again (a drained worker that has not exited)."""
         with self.lock:
-            worker = self.registry.workers.get(name)
-            if worker is None or worker.lost:
-                raise NotFound(f"no live worker named {name!r}", param="worker", code="worker_not_found",
-                               value=name)
-            worker.draining = False
+            self._live_worker(name).draining = False
             self.send(name, m.Resume())
         log.info("worker %s resumed", name)
         return self.registry.describe_one(name)
+
+    def _live_worker(self, name: str) -> Worker:
+        worker = self.registry.workers.get(name)
+        if worker is None or worker.lost:
+            raise NotFound(f"no live worker named {name!r}", param="worker", code="worker_not_found", value=name)
+        return worker
 
     def worker_states(self) -> list[dict]:
         return [self.registry.describe_one(w.name) | {"routes": len(self._routes_of(w.name))}
@@ -203,11 +202,8 @@ class DisaggBackend(Backend):
                 try:
                     i, out = await asyncio.wait_for(updates.get(), timeout=max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
-                    for rid in list(pending):  # one outcome, told to both workers, then the client
-                        with self.lock:
-                            route = self.routes.get(rid)
-                        if route is not None:
-                            self._finalize_route(route, "timed_out")
+                    for rid in pending:  # one outcome, told to both workers, then the client
+                        self._finalize(rid, "timed_out")
                     pending.clear()  # finalized once, as timed out (not again as a client abort)
                     raise RequestTimedOut(f"no answer within the router's {self.request_timeout_s:.0f} s deadline",
                                           limit=self.request_timeout_s) from None

@@ -18,20 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bulkhead.lineage.chain import load_key
+
 MAX_AGE_S = 120.0  # a message older than this is a replay whatever its seq
 
 
 def load_or_create_key(path: Path) -> bytes:
-    """The cluster key file (hex). Created with mode 0600 if missing."""
-    path = Path(path)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_hex(32))
-    key = bytes.fromhex(path.read_text().strip())
-    if len(key) < 16:
-        raise ValueError(f"cluster key in {path} is shorter than 16 bytes")
-    return key
+    """The cluster key file (hex, at least 16 bytes), created with mode 0600 if missing."""
+    return load_key(path, create=True, what="cluster key")
 
 
 @dataclass

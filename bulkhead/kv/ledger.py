@@ -175,17 +175,6 @@ class PageLedger:
             self.lineage.reusable(pages)
 
     # -- guards ------------------------------------------------------------
-    def check_owned(self, request_id: str, pages: list[int], generations: list[int] | None = None) -> None:
-        """Raise unless every page is currently owned by request_id (at the given generations)."""
-        for i, p in enumerate(pages):
-            if self._owner[p] != request_id:
-                raise LedgerError(f"request {request_id} used page {p} owned by {self._owner[p]}")
-            if generations is not None and self._generation[p] != generations[i]:
-                raise LedgerError(
-                    f"request {request_id} used page {p} at generation {generations[i]}, "
-                    f"current is {self._generation[p]}"
-                )
-
     def check_readable(self, request_id: str, tenant: str, pages: list[int], shared_owner: str) -> None:
         """Raise unless each page is request_id's own, or a page of
         shared_owner (the prefix cache) holding this tenant's KV."""

@@ -11,6 +11,7 @@ import uvicorn
 from bulkhead.launch.adapters import tenant_adapters
 from bulkhead.launch.engine_flags import engine_config
 from bulkhead.launch.refusals import check_lineage_flags, load_keys, log_keys
+from bulkhead.lineage.writer import LineageLogError
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, resolve_model
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.app import ServerState, create_app
@@ -22,6 +23,14 @@ log = logging.getLogger("bulkhead")
 def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     """Start the role args.role asks for. seams: components a test harness
     swaps in (bulkhead/seams.py); production passes none."""
+    try:
+        return _serve(args, seams)
+    except LineageLogError as e:  # a lineage log or key it cannot open: a refusal, as a bad flag is
+        log.error("refusing to start: %s", e)
+        return 2
+
+
+def _serve(args: argparse.Namespace, seams: Seams) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = resolve_model(args.model)  # a .gguf file: its weights are read from it as stored
     model_id = args.model_id or (DEFAULT_MODEL_ID if args.model is None
@@ -39,14 +48,9 @@ def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
     workers = []
     if args.role == "colocated":
         from bulkhead.launch.colocated import colocated_backend, serve_colocated
-        from bulkhead.lineage.writer import LineageLogError
 
-        try:
-            backend = colocated_backend(engine_config(args, model_dir, model_id), model_id, auth,
-                                        (args.lineage_log, args.lineage_key, args.lineage_max_bytes), seams)
-        except LineageLogError as e:
-            log.error("refusing to start: %s", e)
-            return 2
+        backend = colocated_backend(engine_config(args, model_dir, model_id), model_id, auth,
+                                    (args.lineage_log, args.lineage_key, args.lineage_max_bytes), seams)
     else:
         from bulkhead.launch.disaggregated import router_backend, serve_router
 
@@ -68,7 +72,6 @@ def _serve_worker(args: argparse.Namespace, model_dir: Path, model_id: str, seam
     """--role prefill or decode: one worker process (bulkhead.disagg.launch)."""
     from bulkhead.disagg.launch import serve_worker, worker_config_from_args
     from bulkhead.disagg.worker_config import WorkerConfig
-    from bulkhead.lineage.writer import LineageLogError
 
     try:
         config = (WorkerConfig.from_json(args.worker_config) if args.worker_config
@@ -77,8 +80,4 @@ def _serve_worker(args: argparse.Namespace, model_dir: Path, model_id: str, seam
         log.error("%s", e)
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
-    try:
-        return serve_worker(config, seams)
-    except LineageLogError as e:
-        log.error("refusing to start: %s", e)
-        return 2
+    return serve_worker(config, seams)

@@ -36,13 +36,14 @@ class LineageKeyError(ValueError):
     """The key file is missing, unreadable or too short."""
 
 
-def load_key(path: Path, create: bool = False) -> bytes:
-    """The lineage key (hex, at least 16 bytes). create=True (serve) makes one,
-    mode 0600, when the file does not exist; verification never creates."""
+def load_key(path: Path, create: bool = False, what: str = "lineage key") -> bytes:
+    """A hex key of at least 16 bytes: the lineage key, or (what="cluster key")
+    the control plane's (bulkhead.disagg.signing). create=True (serve) makes
+    one, mode 0600, when the file does not exist; verification never creates."""
     path = Path(path)
     if not path.exists():
         if not create:
-            raise LineageKeyError(f"lineage key file {path} does not exist")
+            raise LineageKeyError(f"{what} file {path} does not exist")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -50,9 +51,9 @@ def load_key(path: Path, create: bool = False) -> bytes:
     try:
         key = bytes.fromhex(path.read_text().strip())
     except (OSError, ValueError) as e:
-        raise LineageKeyError(f"lineage key file {path}: {e}") from e
+        raise LineageKeyError(f"{what} file {path}: {e}") from e
     if len(key) < 16:
-        raise LineageKeyError(f"lineage key in {path} is shorter than 16 bytes")
+        raise LineageKeyError(f"{what} in {path} is shorter than 16 bytes")
     return key
 
 

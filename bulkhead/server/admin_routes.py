@@ -13,6 +13,7 @@ server a 400 (no_workers). `bulkhead admin` is the command-line client.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -46,8 +47,6 @@ async def _body(request: Request) -> dict:
     if not raw.strip():
         return {}
     try:
-        import json
-
         body = json.loads(raw)
     except ValueError as e:
         raise InvalidRequest(f"the body is not JSON: {e}", code="invalid_json") from None

@@ -53,7 +53,6 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.model_id = self.backend.model_id
-        self.client = self.backend
         self.metrics = Metrics(self.backend.collector())
         if self.keys is not None:
             self.metrics.registry.register(KeyStoreCollector(self.keys))

@@ -51,7 +51,7 @@ class GenerationRun:
         """The backend's outputs for every choice; with prompt_only, each
         without its sampled token (a finished one ends for "length", as a
         completion of max_tokens 0 would)."""
-        outputs = until_cancelled(self.state.client.generate(self.tickets), self.entry.cancelled)
+        outputs = until_cancelled(self.state.backend.generate(self.tickets), self.entry.cancelled)
         return without_completion(outputs) if self.prompt_only else outputs
 
     def _observe(self, out) -> None:

@@ -7,13 +7,15 @@ implements the same contract without importing this package.
 
 from __future__ import annotations
 
+import asyncio
+
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.builder import BuiltEngine
+from bulkhead.engine.outputs import RequestOutput
 from bulkhead.engine.scheduler import TenantShares
 from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.lineage import health as lineage_health
 from bulkhead.model.config import load_sampling_defaults
-from bulkhead.server.engine_client import AsyncEngineClient
 from bulkhead.server.metrics import EngineCollector
 from bulkhead.serving import memory
 from bulkhead.serving.backend import Backend
@@ -30,14 +32,41 @@ class LocalBackend(Backend):
         self.model_id = model_id
         self.sampling_defaults = load_sampling_defaults(built.config.model_dir)
         self._auth = auth
-        self._client = AsyncEngineClient(built.engine)
 
     @property
     def limits(self) -> Limits:
         return self.built.limits
 
-    def generate(self, tickets):
-        return self._client.generate(tickets)
+    async def generate(self, tickets):
+        """Submit tickets together; yield (ticket index, update) until all finish.
+
+        Leaving the iterator early (client gone, error, cancellation) aborts
+        every unfinished ticket, so its pages go back to the pool scrubbed.
+        """
+        engine = self.built.engine
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        index = {t.request_id: i for i, t in enumerate(tickets)}
+        pending = set(index)
+
+        def sink(out: RequestOutput) -> None:  # runs on the engine thread
+            loop.call_soon_threadsafe(updates.put_nowait, (index[out.request_id], out))
+
+        for t in tickets:
+            if t.client_id is not None:  # the client's X-Request-Id, for `bulkhead lineage request`
+                engine.lineage.named(t.request_id, t.tenant, t.client_id)
+            if t.adapter is not None:  # before its first page: every allocation is recorded with it
+                engine.lineage.adapter(t.request_id, t.tenant, t.adapter.name, t.adapter.digest)
+            engine.submit(t, sink)
+        try:
+            while pending:
+                i, out = await updates.get()
+                if out.finished:
+                    pending.discard(out.request_id)
+                yield i, out
+        finally:
+            for rid in pending:
+                engine.abort(rid)
 
     def collector(self):
         return EngineCollector(self.built.engine)

@@ -7,7 +7,6 @@ import re
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.request import SamplingParams
 from bulkhead.errors import InvalidRequest
-from bulkhead.server.field_policy import refuse_unknown_fields
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 MAX_STOP_STRINGS = 16
@@ -41,7 +40,13 @@ def _check_token_id(token_id: int, limits: Limits, param: str) -> None:
 
 
 def _unsupported(body: _SamplingFields) -> None:
-    refuse_unknown_fields(body)
+    """One policy for both endpoints, as OpenAI answers an argument it does
+    not know: a field the schema does not declare is a 400 naming it, never
+    dropped in silence (its client expects it to change the answer).
+    schemas.py says why each accepted-and-ignored field cannot."""
+    for name in body.model_extra or {}:  # pydantic already refused a name that is not valid Unicode
+        raise _bad(f"{name!r} is not a supported parameter (docs/api.md, 'Request fields', lists what is served, "
+                   "accepted and ignored, and refused)", name, code="unsupported_parameter")
     if isinstance(body, CompletionRequest):
         if body.suffix:
             raise _bad("suffix is not supported", "suffix", code="unsupported_parameter")

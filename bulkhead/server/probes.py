@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from bulkhead.errors import BulkheadError
 from bulkhead.serving.backend import Backend
@@ -54,6 +53,5 @@ def add_probe_routes(app: FastAPI, backend: Backend, stopping: Callable[[], bool
     async def ready():
         reasons = ([SHUTTING_DOWN] if stopping() else []) + backend.not_ready()
         if reasons:
-            err = NotReady(reasons)
-            return JSONResponse(err.to_dict(), status_code=err.status)
+            raise NotReady(reasons)  # error_handlers.py answers it in the OpenAI shape
         return {"status": "ready"}

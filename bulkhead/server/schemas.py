@@ -12,9 +12,8 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    # Unknown fields are kept so that params.py can refuse them by name
-    # (bulkhead/server/field_policy.py): a field dropped in silence is a
-    # request answered differently from what its client asked.
+    # Unknown fields are kept so that params.py can refuse them by name: a
+    # field dropped in silence is a request answered differently from what its client asked.
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -28,12 +27,12 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # Accepted and ignored (field_policy.ACCEPTED_IGNORED says why each cannot change the answer).
-    user: str | None = None
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
-    # Served with chat tools (False: at most one call per answer); nothing to do without them.
+    # Accepted and ignored: none of these can change the tokens a request gets.
+    user: str | None = None  # an end-user id for the caller's records; the tenant is the API key
+    store: bool | None = None  # opts in to stored completions; bulkhead stores none
+    metadata: dict[str, str] | None = None  # tags for stored completions, which bulkhead does not keep
+    service_tier: str | None = None  # one tier here; shares come from the tenant table
+    # Served with chat tools (False: at most one call per answer); completions have no tools: ignored.
     parallel_tool_calls: bool | None = None
     # vLLM extensions (benchmarks use them)
     top_k: int | None = None

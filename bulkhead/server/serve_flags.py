@@ -215,13 +215,3 @@ def check_precision_flags(args: argparse.Namespace) -> str | None:
             return f"--precision exact is the fp32 reference everywhere; {flag} {getattr(args, dest)} contradicts it"
     return None
 
-
-def precise_kernel(args: argparse.Namespace) -> str:
-    """The --linear-kernel the engine gets: "exact" under --precision exact (the
-    lm_head then takes fp32, prompt attention and glue torch's fp32 ops)."""
-    return "exact" if args.precision == "exact" else args.linear_kernel
-
-
-def precise_kv_dtype(args: argparse.Namespace) -> str:
-    """The KV cache's dtype the engine gets: float32 under --precision exact."""
-    return "float32" if args.precision == "exact" else args.kv_dtype

@@ -7,6 +7,7 @@ from bulkhead.engine.request import FinishReason, RequestStatus
 from bulkhead.engine.scheduler import Scheduler, SchedulerConfig
 from bulkhead.errors import ContextLengthExceeded
 from bulkhead.kv.ledger import PageLedger
+from bulkhead.kv.prefix_cache import CACHE_OWNER
 from tests.engine.builders import FAKE_TOKEN, complete_step, ticket
 
 
@@ -187,7 +188,7 @@ def test_pages_in_a_plan_belong_to_the_request_and_cover_its_positions():
         if plan is None:
             break
         for w in [*plan.prefills, *plan.decode]:
-            s.ledger.check_owned(w.request_id, list(w.pages))
+            s.ledger.check_readable(w.request_id, w.tenant, list(w.pages), CACHE_OWNER)
             last = (w.end if w in plan.prefills else w.position + 1) - 1
             assert last // 4 < len(w.pages)
         complete_step(s, plan)

