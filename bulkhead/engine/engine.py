@@ -234,6 +234,10 @@ class Engine:
             if plan is None:
                 return False
             slices = tuple(w for w in plan.prefills if w.layers is not None)
+            if not slices:  # the usual step (a decode step, whole passes): the plan as it is
+                if plan.prefills or plan.decode:
+                    self._run_plan(plan)
+                return True
             rest = StepPlan(tuple(w for w in plan.prefills if w.layers is None), plan.decode, plan.preempted)
             for part in (rest, StepPlan(slices, (), ())):
                 if part.prefills or part.decode:

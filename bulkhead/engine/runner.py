@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import math
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -148,7 +150,7 @@ class ModelRunner:
         # alarm that fails closed.
         if self.config.safe_mode and not all(torch.isfinite(x.sum()) for _, _, x in self.prompt_rows):
             raise NonFiniteLogits(f"non-finite prompt logits for {[rid for rid, _, _ in self.prompt_rows]}")
-        if self.config.safe_mode and not torch.isfinite(logits.sum()):
+        if self.config.safe_mode and not math.isfinite(logits.sum().item()):
             # Only a read of KV nobody wrote for this request (poisoned with
             # NaN in tests) or corrupted pages produce this: fail closed.
             raise NonFiniteLogits(f"non-finite logits for {ids}")
@@ -274,17 +276,24 @@ class _BatchRows:
             self.logit_rows = list(range(padded))
 
     def batch(self, tile: int, decode: bool) -> PagedBatch:
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+        # One int64 tensor for every index list, each field a contiguous 1-D
+        # slice of it, read from an array's buffer: torch.tensor(list) took
+        # 12 us for 40 ints, seven times a step, in a decode step's Python.
+        lists = [self.tokens, self.positions, self.slots, self.pages, self.logit_rows]
+        if decode:
+            lists += [[s.page_offset for s in self.seqs], [s.kv_len for s in self.seqs]]
+        flat = torch.frombuffer(array.array("q", [v for xs in lists for v in xs]), dtype=torch.long)
+        token_ids, positions, slots, pages, logit_rows, *per_seq = flat.split([len(xs) for xs in lists])
         return PagedBatch(
-            token_ids=as_long(self.tokens),
-            positions=as_long(self.positions),
-            write_slots=as_long(self.slots),
-            pages=as_long(self.pages),
+            token_ids=token_ids,
+            positions=positions,
+            write_slots=slots,
+            pages=pages,
             sequences=tuple(self.seqs),
-            logit_rows=as_long(self.logit_rows),
+            logit_rows=logit_rows,
             row_tile=tile,
             decode=decode,
-            decode_page_offset=as_long([s.page_offset for s in self.seqs]) if decode else None,
-            decode_kv_len=as_long([s.kv_len for s in self.seqs]) if decode else None,
+            decode_page_offset=per_seq[0] if decode else None,
+            decode_kv_len=per_seq[1] if decode else None,
             lora=LoraRows.of(self.row_adapters),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from bulkhead.kv import huge_pages
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.lineage.sink import NULL_SINK
@@ -41,7 +42,9 @@ class KVPool:
     def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero", data: torch.Tensor | None = None):
         """data: storage to use instead of a private allocation (e.g. a shared
         memory mapping a transfer backend exposes to the prefill worker); it
-        must have exactly the pool's shape and dtype and is scrubbed here."""
+        must have exactly the pool's shape and dtype and is scrubbed here.
+        A private allocation is advised for transparent huge pages
+        (bulkhead.kv.huge_pages); given storage is its owner's to advise."""
         if scrub_mode not in SCRUB_MODES:
             raise ValueError(f"scrub mode {scrub_mode!r} is not one of {SCRUB_MODES}")
         self.layout = layout
@@ -49,8 +52,9 @@ class KVPool:
         self.scrub_mode = scrub_mode
         shape = pool_shape(layout, num_pages)
         dtype = _TORCH_DTYPES[layout.dtype]
+        self._mapping = None  # the private allocation's memory, kept as long as the pool
         if data is None:
-            data = torch.zeros(shape, dtype=dtype)
+            data, self._mapping = huge_pages.zeros(shape, dtype)
         elif tuple(data.shape) != shape or data.dtype != dtype:
             raise ValueError(f"pool storage is {tuple(data.shape)} {data.dtype}, expected {shape} {dtype}")
         else:

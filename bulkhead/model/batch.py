@@ -45,7 +45,7 @@ class PagedBatch:
     write_slots: torch.Tensor  # [N] int64 flat pool slot (page * page_size + offset) of each real row
     pages: torch.Tensor  # [P] int64 every sequence's pages, concatenated
     sequences: tuple[SequenceSlice, ...]
-    logit_rows: torch.Tensor  # [S] int64 rows whose next-token logits are wanted
+    logit_rows: torch.Tensor  # [S] int64 rows whose next-token logits are wanted (decode: every row, in order)
     # Decode rows go through the linear layers in fixed tiles of this many
     # rows, so a request's numbers do not depend on how many others share
     # its batch (the isolation oracle needs batch-invariant greedy output).

@@ -35,6 +35,9 @@ class BF16Embedding:
         ids = torch.as_tensor(token_ids)
         if self.rows is not None:
             return self.rows[ids].float()
+        if ids.shape == (1,):  # one client's decode step: plain indexing (a view), not a gather
+            t = int(ids[0])
+            return self.pairs[t // NB, :, t % NB, :].reshape(1, -1).float()
         flat = ids.reshape(-1)
         rows = self.pairs[flat // NB, :, flat % NB, :]  # [T, D / 2, 2]: row j's pairs, in order
         return rows.reshape(*ids.shape, -1).float()

@@ -127,7 +127,9 @@ class LlamaModel:
         return self._head(state.x, batch)
 
     def _head(self, x: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-        x = _rms_norm(x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
+        # A decode pass wants every row's logits, in order (padding rows too:
+        # PagedBatch.logit_rows), so the gather would only copy x.
+        x = _rms_norm(x if batch.decode else x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
         return _linear(x, self.weights.lm_head, None, batch).float()
 
     def _adapter_deltas(self, batch: PagedBatch):

@@ -1,8 +1,11 @@
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from bulkhead.kv.layout import KVLayout, parse_memory
+from bulkhead.kv import huge_pages
 from bulkhead.kv.pool import KVPool
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, page_size=4, dtype="float32")
@@ -62,3 +65,38 @@ def test_parse_memory_fraction_of_available():
 def test_parse_memory_rejects_garbage():
     with pytest.raises(ValueError, match="cannot read"):
         parse_memory("lots")
+
+
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of this process's mapping that holds address (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(),
+                    reason="this kernel has no transparent huge pages")
+def test_private_pool_is_advised_for_huge_pages_and_aligned():
+    # 4 MiB: at least one whole huge page. "hg" is MADV_HUGEPAGE's flag.
+    layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_size=16, dtype="float32")
+    pool = KVPool(layout, 256, "zero")
+    assert pool.data.data_ptr() % huge_pages.HUGE_PAGE == 0
+    assert "hg" in _vm_flags(pool.data.data_ptr())
+    assert not pool.data.any()  # zeroed, as torch.zeros was
+    k, _ = pool.layer_views()[1]
+    k[3].fill_(1.0)
+    assert pool.data[3, 1, 0].eq(1.0).all() and pool.data[3, 1, 1].eq(0).all()
+
+
+def test_advise_refusal_is_harmless():
+    class Refusing:
+        def madvise(self, *_):
+            raise OSError(22, "Invalid argument")
+
+    assert huge_pages.advise(Refusing()) is False

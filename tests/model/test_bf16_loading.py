@@ -59,3 +59,5 @@ def test_the_engine_holds_no_fp32_matrix_of_a_bf16_checkpoint(bf16_dir):
     rows = weights.embed[ids]
     assert rows.dtype == torch.float32 and rows.shape == (2, 3, weights.embed.shape[1])
     assert torch.equal(rows, stored_rows(bf16_dir)[ids].float())
+    for t in (0, 31, 32, 1000):  # one decode row's lookup (plain indexing) reads the same row
+        assert torch.equal(weights.embed[torch.tensor([t])], stored_rows(bf16_dir)[t:t + 1].float())

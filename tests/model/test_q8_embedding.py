@@ -19,6 +19,15 @@ def test_every_row_rebuilt_from_the_packing_is_the_fp32_row():
     assert torch.equal(embedding[torch.arange(96)], w)
 
 
+def test_one_token_lookup_is_the_same_row():
+    # A decode step embeds one token through plain indexing (Q8Embedding._one).
+    w = gguf_q8_0(96, 64)
+    embedding = Q8Embedding(i16in_kernel.pack_q8(w))
+    for t in (0, 5, 31, 32, 63, 95):
+        row = embedding[torch.tensor([t])]
+        assert row.shape == (1, 64) and torch.equal(row, w[t:t + 1])
+
+
 def test_smollm2_under_q8_i16in_keeps_no_fp32_embedding_and_looks_up_the_same_rows(smollm2_dir):
     if i16in_kernel.load() is None:
         pytest.skip("no AVX-512 VNNI here: the lm_head is not q8-i16in")

@@ -21,6 +21,7 @@ import torch
 from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
 from bulkhead.disagg.transfer.page_copy import copy_pages
 from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists, torch_dtype
+from bulkhead.kv import huge_pages
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool, pool_shape
 
@@ -54,6 +55,7 @@ class ShmDescriptor:
 def _map(fd: int, shape, dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    huge_pages.advise(mm)  # the decode pool (bulkhead.kv.huge_pages); shmem takes it only where shmem_enabled allows
     return mm, torch.frombuffer(mm, dtype=dtype).view(shape)
 
 
