@@ -1,5 +1,6 @@
 """The LoRA delta alone (csrc/lora_delta.c's lora_layer_delta), in process:
-this tree's build against the same file at another git commit, interleaved.
+this tree's build, with bf16 products (where the CPU has them) and with fp32
+ones, against the same file at another git commit, interleaved.
 
 Four adapters of rank 16 on all seven linears (bench/lora_adapters.py, bf16,
 SmolLM2-135M's shapes), packed as the C decode layers pack them, and the
@@ -54,12 +55,15 @@ def library_at(commit: str, work: Path) -> ctypes.CDLL:
     return lib
 
 
-def adapters(work: Path, config) -> list[LoraWeights]:
+def adapters(work: Path, config, pairs: bool) -> list[LoraWeights]:
+    """The four adapters, packed for bf16 products (`pairs`) or fp32 ones."""
     shapes, out = BaseShapes.of(config), []
     for i in range(4):
         path = write_adapter(work / f"a{i}", shapes, rank=16, alpha=32, seed=i, scale=0.02, dtype=torch.bfloat16)
         data = read_weights(path)
-        out.append(LoraWeights.load(read_adapter(path, shapes, data=data), config, data))
+        weights = LoraWeights.load(read_adapter(path, shapes, data=data), config, data)
+        weights.packed.append(lora_layers.PackedAdapter(weights, pairs=pairs))
+        out.append(weights)
     return out
 
 
@@ -80,18 +84,20 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     config = load_model_config(default_model_dir())
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"this tree": lora_layers.load(), args.against: library_at(args.against, Path(tmp))}
-        weights = adapters(Path(tmp), config)
+        here = lora_layers.load()
+        libs = {args.against: (library_at(args.against, Path(tmp)), False), "fp32": (here, False)}
+        if here.lora_bf16_dots():
+            libs["bf16"] = (here, True)
+        weights = {pairs: adapters(Path(tmp), config, pairs) for pairs in (False, True)}
         widths = {"qkv": (config.hidden_size, config.q_size + 2 * config.kv_size),
                   "o": (config.q_size, config.hidden_size), "gate_up": (config.hidden_size, 2 * config.intermediate_size),
                   "down": (config.intermediate_size, config.hidden_size)}
         times = {(case, lib): [] for case in CASES for lib in libs}
         for _ in range(args.reps):
             for case, which in CASES.items():
-                lora = LoraRows.of([weights[a] for a in which])
                 xs = {n: torch.randn(len(which), w[0]) for n, w in widths.items()}
-                for name, lib in libs.items():
-                    deltas = lora_layers.StepDeltas(lib, lora)
+                for name, (lib, pairs) in libs.items():
+                    deltas = lora_layers.StepDeltas(lib, LoraRows.of([weights[pairs][a] for a in which]))
                     ys = {n: torch.zeros(len(which), w[1]) for n, w in widths.items()}
                     start = time.thread_time()
                     for _ in range(args.calls):
@@ -103,7 +109,7 @@ def main(argv=None) -> int:
         base = statistics.median(times[(case, args.against)])
         for name in libs:
             t = statistics.median(times[(case, name)])
-            print(f"  {case}: {name:<10} {t * 1000:7.3f} ms  {macs(weights[0], which) / t / 1e9:5.1f} GMAC/s"
+            print(f"  {case}: {name:<10} {t * 1000:7.3f} ms  {macs(weights[False][0], which) / t / 1e9:5.1f} GMAC/s"
                   f"  ({base / t:.2f}x {args.against})")
     return 0
 

@@ -60,8 +60,9 @@ class AdapterStore:
 
     @property
     def held(self) -> dict[str, int]:
-        """digest -> bytes of the weights held now (for /server_info)."""
-        return {d: w.nbytes for d, w in self._weights.items()}
+        """digest -> bytes of the weights held now: the fp32 deltas and, once the
+        C delta has run them, their packed bf16 copy."""
+        return {d: w.nbytes + sum(p.nbytes for p in w.packed) for d, w in self._weights.items()}
 
     def _load(self, ref: AdapterRef) -> LoraWeights:
         try:

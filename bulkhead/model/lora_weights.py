@@ -10,7 +10,7 @@ columns of the fused output:
     u = x @ A.T;  y[:, cols_m] += u[:, rank_m] @ B_m.T
 
 No zero blocks are held, so an adapter costs exactly its own numbers
-(bulkhead.lora.peft_files.resident_bytes). Values are fp32, whatever the
+(bulkhead.lora.peft_files.fp32_bytes). Values are fp32, whatever the
 file stored (bf16 and fp16 widen exactly).
 
 The values come from the very bytes whose header and digest were checked
