@@ -168,8 +168,9 @@ class StepDeltas:
         pairs = adapters[0].pairs
         if any(a.pairs != pairs for a in adapters):
             raise KernelError("adapters packed for bf16 and for fp32 products in one step")
-        # bf16 scratch, rows of even strides above the widest input and rank: each row's x, and its u
-        # (zeroed: an odd rank's last pair reads a 0 beyond it).
+        # bf16 scratch, rows of even strides above the widest input and rank: each row's x, and its u.
+        # An odd rank's last pair reads one number past its ranks, against a 0 weight: the next
+        # module's u, or past the last one this zeroed scratch (never a NaN pattern: NaN * 0 = NaN).
         xb_stride, ub_stride = (_even_above(max(a.max_in for a in adapters)), _even_above(u_stride)) if pairs else (0, 0)
         self._xb = torch.empty(starts[-1] * xb_stride, dtype=torch.int16)
         self._ub = torch.zeros(starts[-1] * ub_stride, dtype=torch.int16)

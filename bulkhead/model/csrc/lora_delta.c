@@ -104,7 +104,8 @@ typedef struct {
     uint16_t *xb;                      /* scratch where bf16_dots, [len(rows), xb_stride]: the rows' x in bf16 */
     int64_t xb_stride;                 /* even, above every delta's input width */
     uint16_t *ub;                      /* scratch where bf16_dots, [len(rows), ub_stride], zeroed: u in bf16 */
-    int64_t ub_stride;                 /* even, above every delta's rank (an odd rank's last pair reads a 0) */
+    int64_t ub_stride;                 /* even, above every delta's rank: an odd rank's last pair reads one
+                                          number past it (zeroed, or the next module's) against a 0 weight */
     int64_t bf16_dots;                 /* 1: bf16 products (lora_bf16_dots()), A and B packed in pairs */
 } LoraStep;
 
