@@ -90,7 +90,8 @@ def main(argv=None) -> int:
             libs["bf16"] = (here, True)
         weights = {pairs: adapters(Path(tmp), config, pairs) for pairs in (False, True)}
         widths = {"qkv": (config.hidden_size, config.q_size + 2 * config.kv_size),
-                  "o": (config.q_size, config.hidden_size), "gate_up": (config.hidden_size, 2 * config.intermediate_size),
+                  "o": (config.q_size, config.hidden_size),
+                  "gate_up": (config.hidden_size, 2 * config.intermediate_size),
                   "down": (config.intermediate_size, config.hidden_size)}
         times = {(case, lib): [] for case in CASES for lib in libs}
         for _ in range(args.reps):

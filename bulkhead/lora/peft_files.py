@@ -81,10 +81,10 @@ class AdapterFiles:
 
 
 def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
-    """The bytes a worker holds for the adapter once loaded, on the default
-    kernels: the fp32 deltas (fp32_bytes) and their bf16 copy for the C
-    delta (packed_bytes)."""
-    return fp32_bytes(files, base) + packed_bytes(files, base)
+    """The bytes a worker holds for the adapter once loaded on the default
+    kernels: the bf16 copy the C delta reads (packed_bytes), the only copy
+    held there (a worker on the exact path holds fp32_bytes instead)."""
+    return packed_bytes(files, base)
 
 
 def fp32_bytes(files: AdapterFiles, base: BaseShapes) -> int:
@@ -94,9 +94,9 @@ def fp32_bytes(files: AdapterFiles, base: BaseShapes) -> int:
 
 def packed_bytes(files: AdapterFiles, base: BaseShapes) -> int:
     """The bf16 copy the C delta reads (bulkhead.model.lora_layers.PackedAdapter),
-    made where the C decode layers run adapter rows (the default kernels): 2
-    bytes a number, an odd rank or input width padded by one where the CPU
-    takes bf16 products (counted here: the most it holds)."""
+    what a worker holds where the C decode layers run adapter rows (the
+    default kernels): 2 bytes a number, an odd rank or input width padded by
+    one where the CPU takes bf16 products (counted here: the most it holds)."""
     even = lambda n: n + n % 2  # noqa: E731
     return 2 * sum(files.rank * even(in_f) + even(files.rank) * out_f for in_f, out_f in _fused_linears(files, base))
 

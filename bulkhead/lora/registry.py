@@ -105,7 +105,7 @@ class AdapterRegistry:
             tenants.setdefault(a.tenant, {})[a.name] = {
                 "rank": a.files.rank, "scaling": a.files.scaling, "modules": len(a.files.targets),
                 "digest": a.files.digest[:16], "file_bytes": a.files.nbytes,
-                "resident_bytes": resident_bytes(a.files, self.base),  # both copies below
+                "resident_bytes": resident_bytes(a.files, self.base),  # packed_bytes: the default kernels' one copy
                 "fp32_bytes": fp32_bytes(a.files, self.base), "packed_bytes": packed_bytes(a.files, self.base)}
         return {"tenants": tenants, "refused": list(self.problems),
                 "resident_bytes": sum(e["resident_bytes"] for t in tenants.values() for e in t.values())}

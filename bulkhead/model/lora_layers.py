@@ -18,8 +18,9 @@ rows, prompt passes take the same function over the same packed weights
 (bulkhead.model.llama), so a request's prompt and decode steps read one
 copy; the exact path (`--linear-kernel aten`) and a process where this
 library does not build keep the fp32 weights of
-bulkhead.model.lora_weights (bulkhead.model.lora_rows), and the packed copy
-is made the first time an adapter runs in C.
+bulkhead.model.lora_weights (bulkhead.model.lora_rows). Where the C layers
+run adapter rows the adapter store packs each adapter as it loads it and
+lets the fp32 tensors go (pack_only): one copy held, not two.
 
 Products: where the CPU has AVX-512 BF16 the delta multiplies in bf16
 (vdpbf16ps: each row's x and u = A x rounded to bf16, sums in fp32), and A
@@ -34,6 +35,7 @@ Batch invariance: the C function sums each row alone in a fixed order
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 
@@ -41,7 +43,7 @@ import torch
 
 from bulkhead.model import lora_kernel
 from bulkhead.model.decode_kernel import KernelError
-from bulkhead.model.lora_weights import LoraWeights
+from bulkhead.model.lora_weights import FusedDelta, LoraWeights
 
 LINEARS = ("qkv", "o", "gate_up", "down")  # csrc/decode_layers.c's `which`, in its order
 MAX_PARTS = 3  # the C file's MAX_PARTS: q, k and v
@@ -121,6 +123,17 @@ def packed(weights: LoraWeights) -> PackedAdapter:
         return weights.packed[0]
 
 
+def pack_only(weights: LoraWeights) -> LoraWeights:
+    """The adapter packed for the C delta, its fp32 tensors let go: where the
+    C decode layers run adapter rows, prompt passes and decode steps alike
+    read only the packed copy (bulkhead.model.llama), so a worker holds one
+    copy, not two (bulkhead.engine.adapter_store applies this at load)."""
+    adapter = PackedAdapter(weights, pairs=bf16_dots())
+    layers = tuple({name: FusedDelta(d.a.to("meta"), tuple(dataclasses.replace(p, b=p.b.to("meta")) for p in d.parts))
+                    for name, d in fused.items()} for fused in weights.layers)
+    return LoraWeights(weights.digest, layers, 0, fp32=False, packed=[adapter])
+
+
 def bf16_dots() -> bool:
     """Whether the delta multiplies in bf16 (vdpbf16ps; csrc/lora_delta.c
     says what it rounds): where the library has them and BULKHEAD_LORA_FP32
@@ -171,7 +184,9 @@ class StepDeltas:
         # bf16 scratch, rows of even strides above the widest input and rank: each row's x, and its u.
         # An odd rank's last pair reads one number past its ranks, against a 0 weight: the next
         # module's u, or past the last one this zeroed scratch (never a NaN pattern: NaN * 0 = NaN).
-        xb_stride, ub_stride = (_even_above(max(a.max_in for a in adapters)), _even_above(u_stride)) if pairs else (0, 0)
+        xb_stride, ub_stride = (0, 0)
+        if pairs:
+            xb_stride, ub_stride = _even_above(max(a.max_in for a in adapters)), _even_above(u_stride)
         self._xb = torch.empty(starts[-1] * xb_stride, dtype=torch.int16)
         self._ub = torch.zeros(starts[-1] * ub_stride, dtype=torch.int16)
         index = self._index.data_ptr()

@@ -47,6 +47,9 @@ class LoraWeights:
     digest: str
     layers: tuple[dict[str, FusedDelta], ...]  # per layer: fused linear name -> its delta (absent: none)
     nbytes: int  # the fp32 tensors held
+    # False: only `packed` is held, the tensors above are shapes on torch's
+    # meta device (bulkhead.model.lora_layers.pack_only; the fp32 path refuses them).
+    fp32: bool = True
     # bulkhead.model.lora_layers.packed's bf16 copy for the C decode layers, made
     # on first use there (at most one entry); dropped with these weights.
     packed: list = field(default_factory=list, compare=False, repr=False)

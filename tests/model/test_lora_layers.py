@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench.lora_adapters import write_adapter
+from bulkhead.engine.adapter_store import AdapterStore
 from bulkhead.engine.admission import AdapterRef
 from bulkhead.engine.runner import ModelRunner, RunnerConfig
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
@@ -19,6 +20,7 @@ from bulkhead.lora.peft_files import BaseShapes, read_adapter
 from bulkhead.model import decode_kernel, decode_layers, lora_layers, q4_kernel
 from bulkhead.model.linear_kernel import onednn_usable
 from bulkhead.model.llama import LlamaModel
+from bulkhead.model.lora_rows import LoraRows
 from bulkhead.model.loader import load_model
 
 pytestmark = pytest.mark.skipif(
@@ -130,6 +132,8 @@ def test_the_c_layers_agree_with_the_torch_glue_and_apply_the_delta(c_model, ada
     ours = decode(runner, works)
     runner.pool.data.copy_(before)
     runner.model = LlamaModel(c_model.config, c_model.weights, "c", "torch")
+    runner.adapters = AdapterStore(c_model.config)  # the torch glue reads the fp32 copy the C model's store let go
+    runner.adapters.acquire(adapters[adapter])
     theirs = decode(runner, works)
     assert calls == [True]
     assert (ours - theirs).abs().max().item() < atol
@@ -185,3 +189,20 @@ def test_a_prompt_under_an_adapter_takes_the_same_c_delta_and_agrees_with_the_to
     atol = BOUNDS[(products, adapter)]
     assert (ours - theirs).abs().max().item() < atol
     assert (ours - base).abs().max().item() > 10 * atol
+
+
+def test_a_worker_on_the_c_layers_holds_each_adapter_once_packed(c_model, adapters, products):
+    """Every pass of a model whose C layers run adapter rows reads the packed
+    bf16 copy, so its store keeps only that (before: the fp32 copy as well,
+    twice the bytes), and the fp32 path refuses such weights loudly."""
+    runner, works = prefilled(c_model, adapters, [0, None, 0])
+    weights = runner.adapters.get(adapters[0].digest)
+    assert not weights.fp32 and weights.nbytes == 0
+    assert runner.adapters.held[adapters[0].digest] == weights.packed[0].nbytes > 0
+    assert weights.packed[0].pairs == (products == "bf16")
+    assert decode(runner, works).isfinite().all()
+    with pytest.raises(decode_kernel.KernelError, match="only packed"):
+        LoraRows.of([weights]).add(0, "o", torch.zeros(1, c_model.config.q_size),
+                                   torch.zeros(1, c_model.config.hidden_size))
+    exact = AdapterStore(c_model.config).acquire(adapters[0])  # a store without the model's packing: fp32
+    assert exact.fp32 and exact.nbytes > 0 and not exact.packed
