@@ -1,14 +1,17 @@
-"""One decode step under LoRA adapters, in process: where an adapter's time goes.
+"""One step under LoRA adapters, in process: where an adapter's time goes.
 
-The bundled SmolLM2 on its default kernels, decode rows of 1 and 16
-requests, on the C decode layers and through torch glue: the base model,
-and the same rows under adapters of rank 16 on every linear layer (16 rows
-over four adapters). The four levels are interleaved, one step of each in
+The bundled SmolLM2 built as `bulkhead serve` builds it (build_engine: its
+default kernels, every guard on), decode rows of 1 and 16 requests, on the
+C decode layers and through torch glue: the base model, and the same rows
+under adapters of rank 16 on every linear layer (16 rows over four
+adapters). With --prompts, also a step of two 256-token prompts (what a
+16-client burst's steps hold, bench/prompt_step.py), on the base model and
+under two of the adapters. The levels are interleaved, one step of each in
 turn, so that a noisy neighbour slows them alike. Medians of --reps steps,
 milliseconds: wall time, or with --cpu-time this thread's CPU time (with
 --threads 1 every kernel runs on this thread).
 
-    .venv/bin/python -m bench.lora_step [--reps 9] [--threads 2] [--cpu-time] [--glue c]
+    .venv/bin/python -m bench.lora_step [--reps 9] [--threads 2] [--cpu-time] [--glue c] [--prompts]
 """
 
 from __future__ import annotations
@@ -23,26 +26,31 @@ import torch
 
 from bench.lora_adapters import write_adapter
 from bulkhead.engine.admission import AdapterRef
-from bulkhead.engine.runner import ModelRunner, RunnerConfig
-from bulkhead.engine.step_plan import DecodeWork, StepPlan
+from bulkhead.engine.builder import EngineConfig, build_engine
+from bulkhead.engine.runner import ModelRunner
+from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
-from bulkhead.kv.ledger import PageLedger
-from bulkhead.kv.pool import KVPool
+from bulkhead.kv.pool import scrub_released
 from bulkhead.lora.peft_files import BaseShapes, read_adapter
+from bulkhead.model.config import load_model_config
 from bulkhead.model.gguf_import import default_model_dir
-from bulkhead.model.loader import load_model
+
+PAGES = 320  # 16 decode rows of 4 pages, two prompts of 256 tokens, room to spare
+PROMPT_TOKENS = 256
 
 
 def runner_for(glue: str) -> ModelRunner:
-    model = load_model(default_model_dir(), linear_kernel="q4-i16in", head_kernel="q8-i16in",
-                       decode_attention="c", decode_glue=glue)
-    c = model.config
-    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "bfloat16")
-    return ModelRunner(model, KVPool(layout, 256, "zero"), PageLedger(256), RunnerConfig(decode_row_multiple=2))
+    """The engine's runner as `bulkhead serve` builds it, with `glue` for decode steps."""
+    model_dir = default_model_dir()
+    mc = load_model_config(model_dir)
+    fp32 = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, EngineConfig.page_size, "float32")
+    built = build_engine(EngineConfig(model_dir=model_dir, model_id="bench", decode_glue=glue,
+                                      kv_memory_bytes=PAGES * fp32.bytes_per_page, clamp_context_length=True))
+    return built.engine.runner
 
 
-def timed_steps(runner: ModelRunner, work: tempfile.TemporaryDirectory, reps: int,
-                clock=time.perf_counter) -> dict[str, float]:
+def load_adapters(runner: ModelRunner, work: str) -> list[str]:
+    """Four adapters of rank 16 on every linear, in bf16 as PEFT writes them; their digests."""
     shapes = BaseShapes.of(runner.model.config)
     digests = []
     for i in range(4):
@@ -51,23 +59,49 @@ def timed_steps(runner: ModelRunner, work: tempfile.TemporaryDirectory, reps: in
         digest = read_adapter(path, shapes).digest
         runner.adapters.acquire(AdapterRef(f"a{i}", str(path), digest))
         digests.append(digest)
-    pages = {j: tuple(runner.ledger.allocate(f"r{j}", "t", 4)) for j in range(16)}
+    return digests
 
-    def step(adapters) -> float:
+
+def timed_steps(runner: ModelRunner, work: str, reps: int, clock=time.perf_counter,
+                prompts: bool = False) -> dict[str, float]:
+    """Median milliseconds per level, the levels interleaved step by step."""
+    digests = load_adapters(runner, work)
+    pages = {j: tuple(runner.ledger.allocate(f"r{j}", "t", 4)) for j in range(16)}
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = [tuple(torch.randint(1000, 30000, (PROMPT_TOKENS,), generator=gen).tolist()) for _ in range(2)]
+
+    def decode(adapters) -> float:
         plan = StepPlan(None, tuple(DecodeWork(f"r{j}", "t", 40, 500 + j, pages[j], a)
                                     for j, a in enumerate(adapters)), ())
         start = clock()
         runner.run(plan)
         return clock() - start
 
-    levels = {"1 row": [None], "1 row, adapter": digests[:1], "16 rows": [None] * 16,
-              "16 rows, 4 adapters": [digests[j % 4] for j in range(16)]}
-    for adapters in levels.values():
-        step(adapters)  # warm-up (and the adapters' packing for the C decode layers)
+    def prefill(adapters) -> float:
+        """One step of two whole prompts (one pass where the runner batches prompts); pages back after."""
+        works = []
+        try:
+            for i, a in enumerate(adapters):
+                held = tuple(runner.ledger.allocate(f"p{i}", "t", -(-PROMPT_TOKENS // runner.page_size)))
+                works.append(PrefillWork(f"p{i}", "t", 0, prompt_ids[i], held, True, adapter=a))
+            start = clock()
+            runner.run(StepPlan(tuple(works), (), ()))
+            return clock() - start
+        finally:
+            for w in works:
+                runner.ledger.release(w.request_id)
+            scrub_released(runner.pool, runner.ledger)
+
+    levels = {"1 row": (decode, [None]), "1 row, adapter": (decode, digests[:1]),
+              "16 rows": (decode, [None] * 16), "16 rows, 4 adapters": (decode, [digests[j % 4] for j in range(16)])}
+    if prompts:
+        levels |= {"2 prompts": (prefill, [None, None]), "2 prompts, 2 adapters": (prefill, digests[:2])}
+    for fn, adapters in levels.values():
+        fn(adapters)  # warm-up (and the adapters' packing for the C decode layers)
     times = {name: [] for name in levels}
     for _ in range(reps):
-        for name, adapters in levels.items():
-            times[name].append(step(adapters))
+        for name, (fn, adapters) in levels.items():
+            times[name].append(fn(adapters))
     return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
@@ -77,17 +111,22 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cpu-time", action="store_true", help="this thread's CPU time instead of wall time")
     p.add_argument("--glue", choices=("c", "torch"), action="append", help="decode glue to run (default both)")
+    p.add_argument("--prompts", action="store_true", help="also a step of two 256-token prompts")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
         for glue in args.glue or ("c", "torch"):
             runner = runner_for(glue)
-            figures = timed_steps(runner, work, args.reps, time.thread_time if args.cpu_time else time.perf_counter)
-            ratios = (figures["1 row"] / figures["1 row, adapter"],
-                      figures["16 rows"] / figures["16 rows, 4 adapters"])
+            figures = timed_steps(runner, work, args.reps, time.thread_time if args.cpu_time else time.perf_counter,
+                                  args.prompts)
+            ratios = {"1 row": figures["1 row"] / figures["1 row, adapter"],
+                      "16 rows": figures["16 rows"] / figures["16 rows, 4 adapters"]}
+            if args.prompts:
+                ratios["2 prompts"] = figures["2 prompts"] / figures["2 prompts, 2 adapters"]
             print(f"decode glue {runner.model.decode_glue}: "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in figures.items())
-                  + f"; base/adapter step time {ratios[0]:.2f} at 1 row, {ratios[1]:.2f} at 16", flush=True)
+                  + "; base/adapter step time " + ", ".join(f"{v:.2f} at {k}" for k, v in ratios.items()),
+                  flush=True)
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from bulkhead.engine.admission import AdapterRef
@@ -25,9 +26,13 @@ log = logging.getLogger(__name__)
 
 
 class AdapterStore:
-    def __init__(self, config: ModelConfig | None, keep: int = 8):
-        """config: the base model's (None: a model that serves no adapter)."""
-        self.config, self.keep = config, keep
+    def __init__(self, config: ModelConfig | None, keep: int = 8,
+                 pack: Callable[[LoraWeights], LoraWeights] | None = None):
+        """config: the base model's (None: a model that serves no adapter).
+        pack: applied to each adapter's weights as loaded: the model's
+        adapter_packing (bulkhead.model.lora_layers.pack_only where it runs
+        adapter rows in C, so that one copy is held); None keeps them fp32."""
+        self.config, self.keep, self.pack = config, keep, pack
         self._weights: OrderedDict[str, LoraWeights] = OrderedDict()  # digest -> weights, idle ones oldest first
         self._users: dict[str, int] = {}  # digest -> requests holding it
 
@@ -60,8 +65,8 @@ class AdapterStore:
 
     @property
     def held(self) -> dict[str, int]:
-        """digest -> bytes of the weights held now (for /server_info)."""
-        return {d: w.nbytes for d, w in self._weights.items()}
+        """digest -> bytes of the weights held now: the fp32 deltas, or (pack) their packed bf16 copy only."""
+        return {d: w.nbytes + sum(p.nbytes for p in w.packed) for d, w in self._weights.items()}
 
     def _load(self, ref: AdapterRef) -> LoraWeights:
         try:
@@ -72,7 +77,8 @@ class AdapterStore:
             if files.digest != ref.digest:
                 raise AdapterRefused(f"{ref.path}: the weights changed since they were admitted (digest "
                                      f"{files.digest[:12]}, admitted {ref.digest[:12]})")
-            return LoraWeights.load(files, self.config, data)
+            weights = LoraWeights.load(files, self.config, data)
+            return self.pack(weights) if self.pack is not None else weights
         except (AdapterRefused, OSError) as e:
             log.error("adapter %r refused: %s", ref.name, e)
             # The name is the tenant's own; the path and the reason stay in the operator's log.

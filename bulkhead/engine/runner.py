@@ -77,7 +77,8 @@ class ModelRunner:
         with its cores (bulkhead.engine.core_lease); None = never waits.
         adapters: the LoRA weights of the requests that run under one, by digest."""
         self.model = model
-        self.adapters = adapters if adapters is not None else AdapterStore(model.config)
+        self.adapters = adapters if adapters is not None else \
+            AdapterStore(model.config, pack=getattr(model, "adapter_packing", None))
         self.lease = lease if lease is not None else contextlib.nullcontext()
         self.pool = pool
         self.ledger = ledger

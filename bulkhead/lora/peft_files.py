@@ -81,15 +81,33 @@ class AdapterFiles:
 
 
 def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
-    """The bytes a worker holds for the adapter once loaded (fp32: LoraWeights.nbytes)."""
-    total = 0
+    """The bytes a worker holds for the adapter once loaded on the default
+    kernels: the bf16 copy the C delta reads (packed_bytes), the only copy
+    held there (a worker on the exact path holds fp32_bytes instead)."""
+    return packed_bytes(files, base)
+
+
+def fp32_bytes(files: AdapterFiles, base: BaseShapes) -> int:
+    """The fp32 deltas a worker loads (LoraWeights.nbytes)."""
+    return 4 * sum(files.rank * (in_f + out_f) for in_f, out_f in _fused_linears(files, base))
+
+
+def packed_bytes(files: AdapterFiles, base: BaseShapes) -> int:
+    """The bf16 copy the C delta reads (bulkhead.model.lora_layers.PackedAdapter),
+    what a worker holds where the C decode layers run adapter rows (the
+    default kernels): 2 bytes a number, an odd rank or input width padded by
+    one where the CPU takes bf16 products (counted here: the most it holds)."""
+    even = lambda n: n + n % 2  # noqa: E731
+    return 2 * sum(files.rank * even(in_f) + even(files.rank) * out_f for in_f, out_f in _fused_linears(files, base))
+
+
+def _fused_linears(files: AdapterFiles, base: BaseShapes):
+    """(input width, output width) of each targeted module, in the fused linears' layout."""
     for layer in range(base.num_layers):
         for modules in FUSED.values():
-            present = [m for m in modules if (layer, m) in files.targets]
-            if present:
-                in_f = base.linears[present[0]][1]
-                total += 4 * files.rank * sum(in_f + base.linears[m][0] for m in present)
-    return total
+            for m in modules:
+                if (layer, m) in files.targets:
+                    yield base.linears[m][1], base.linears[m][0]
 
 
 def read_adapter(path: Path, base: BaseShapes, max_rank: int = MAX_RANK, max_bytes: int = MAX_BYTES,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bulkhead.lora.peft_files import (MAX_BYTES, MAX_RANK, AdapterFiles, AdapterRefused, BaseShapes, read_adapter,
-                                      resident_bytes)
+                                      fp32_bytes, packed_bytes, resident_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ class AdapterRegistry:
             tenants.setdefault(a.tenant, {})[a.name] = {
                 "rank": a.files.rank, "scaling": a.files.scaling, "modules": len(a.files.targets),
                 "digest": a.files.digest[:16], "file_bytes": a.files.nbytes,
-                "resident_bytes": resident_bytes(a.files, self.base)}
+                "resident_bytes": resident_bytes(a.files, self.base),  # packed_bytes: the default kernels' one copy
+                "fp32_bytes": fp32_bytes(a.files, self.base), "packed_bytes": packed_bytes(a.files, self.base)}
         return {"tenants": tenants, "refused": list(self.problems),
                 "resident_bytes": sum(e["resident_bytes"] for t in tenants.values() for e in t.values())}
 

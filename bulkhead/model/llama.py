@@ -87,6 +87,12 @@ class LlamaModel:
         return "c" if self._c_layers is not None else "torch"
 
     @property
+    def adapter_packing(self):
+        """How a worker holds adapters for this model (bulkhead.engine.adapter_store's
+        pack): only packed, where every pass reads the packed copy (_adapter_deltas)."""
+        return lora_layers.pack_only if self._c_layers is not None and self._c_layers.takes_adapters() else None
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.weights.embed.dtype
 

@@ -18,8 +18,15 @@ rows, prompt passes take the same function over the same packed weights
 (bulkhead.model.llama), so a request's prompt and decode steps read one
 copy; the exact path (`--linear-kernel aten`) and a process where this
 library does not build keep the fp32 weights of
-bulkhead.model.lora_weights (bulkhead.model.lora_rows), and the packed copy
-is made the first time an adapter runs in C.
+bulkhead.model.lora_weights (bulkhead.model.lora_rows). Where the C layers
+run adapter rows the adapter store packs each adapter as it loads it and
+lets the fp32 tensors go (pack_only): one copy held, not two.
+
+Products: where the CPU has AVX-512 BF16 the delta multiplies in bf16
+(vdpbf16ps: each row's x and u = A x rounded to bf16, sums in fp32), and A
+and B are packed in pairs for it; elsewhere, or with BULKHEAD_LORA_FP32 set,
+in fp32 over the same bf16 weights (csrc/lora_delta.c says what each
+rounds; docs/adapters.md the bounds measured).
 
 Batch invariance: the C function sums each row alone in a fixed order
 (its file says how); grouping rows by adapter only shares weight reads.
@@ -28,13 +35,15 @@ Batch invariance: the C function sums each row alone in a fixed order
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import os
 import threading
 
 import torch
 
 from bulkhead.model import lora_kernel
 from bulkhead.model.decode_kernel import KernelError
-from bulkhead.model.lora_weights import LoraWeights
+from bulkhead.model.lora_weights import FusedDelta, LoraWeights
 
 LINEARS = ("qkv", "o", "gate_up", "down")  # csrc/decode_layers.c's `which`, in its order
 MAX_PARTS = 3  # the C file's MAX_PARTS: q, k and v
@@ -52,18 +61,23 @@ class _Delta(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [("n_groups", ctypes.c_int64), ("deltas", ctypes.c_void_p), ("group_start", ctypes.c_void_p),
-                ("rows", ctypes.c_void_p), ("u", ctypes.c_void_p), ("u_stride", ctypes.c_int64)]
+                ("rows", ctypes.c_void_p), ("u", ctypes.c_void_p), ("u_stride", ctypes.c_int64),
+                ("xb", ctypes.c_void_p), ("xb_stride", ctypes.c_int64), ("ub", ctypes.c_void_p),
+                ("ub_stride", ctypes.c_int64), ("bf16_dots", ctypes.c_int64)]
 
 
 class PackedAdapter:
     """One adapter's deltas as the C function reads them: per layer and fused
-    linear, A [R, in] and each module's B transposed [r, out_m], bf16."""
+    linear, A [R, in] and each module's B transposed [r, out_m], bf16; with
+    `pairs` (bf16 products), A as [ceil(in / 2), R, 2] and each B transposed
+    as [ceil(r / 2), out_m, 2]: the pairs vdpbf16ps multiplies, zero-padded."""
 
-    def __init__(self, weights: LoraWeights):
+    def __init__(self, weights: LoraWeights, pairs: bool = False):
         n = len(weights.layers)
+        self.pairs = pairs
         self.deltas = (_Delta * (n * len(LINEARS)))()  # zeroed: a NULL `a` is no delta
         self._keep = []  # the bf16 tensors the struct points into
-        self.max_rank = 0
+        self.max_rank = self.max_in = 0
         for layer, fused in enumerate(weights.layers):
             for which, name in enumerate(LINEARS):
                 if (delta := fused.get(name)) is not None:
@@ -71,11 +85,16 @@ class PackedAdapter:
         self.nbytes = sum(t.nbytes for t in self._keep)
 
     def _pack(self, delta) -> _Delta:
-        a = self._hold(delta.a)
-        parts = [_Part(self._hold(p.b.t()).data_ptr(), p.ranks[0], p.ranks[1] - p.ranks[0], p.cols[0],
+        a = self._hold(_pairs(delta.a.t()) if self.pairs else delta.a)
+        rank, in_f = delta.a.shape
+        parts = [_Part(self._hold(self._up(p.b)).data_ptr(), p.ranks[0], p.ranks[1] - p.ranks[0], p.cols[0],
                        p.cols[1] - p.cols[0]) for p in delta.parts]
-        self.max_rank = max(self.max_rank, a.shape[0])
-        return _Delta(a.data_ptr(), a.shape[0], a.shape[1], len(parts), (_Part * MAX_PARTS)(*parts))
+        self.max_rank, self.max_in = max(self.max_rank, rank), max(self.max_in, in_f)
+        return _Delta(a.data_ptr(), rank, in_f, len(parts), (_Part * MAX_PARTS)(*parts))
+
+    def _up(self, b: torch.Tensor) -> torch.Tensor:
+        """B [out, r] as the up projection reads it: transposed, [r, out], or in pairs of ranks."""
+        return _pairs(b.t()) if self.pairs else b.t()
 
     def _hold(self, t: torch.Tensor) -> torch.Tensor:
         t = t.to(torch.bfloat16).contiguous()
@@ -83,16 +102,45 @@ class PackedAdapter:
         return t
 
 
+def _pairs(t: torch.Tensor) -> torch.Tensor:
+    """t [n, m] as [ceil(n / 2), m, 2]: rows 2i and 2i + 1 side by side per column (an odd n's last row
+    paired with 0)."""
+    if t.shape[0] % 2:
+        t = torch.cat([t, t.new_zeros(1, t.shape[1])])
+    return t.reshape(-1, 2, t.shape[1]).transpose(1, 2)
+
+
 _pack_lock = threading.Lock()  # two threads packing one adapter would build it twice, harmlessly but wastefully
 
 
 def packed(weights: LoraWeights) -> PackedAdapter:
     """The adapter's packed form, made on first use and kept with its weights
-    (dropped with them when the adapter store drops the adapter)."""
+    (dropped with them when the adapter store drops the adapter); in pairs
+    where this process takes bf16 products (bf16_dots())."""
     with _pack_lock:
         if not weights.packed:
-            weights.packed.append(PackedAdapter(weights))
+            weights.packed.append(PackedAdapter(weights, pairs=bf16_dots()))
         return weights.packed[0]
+
+
+def pack_only(weights: LoraWeights) -> LoraWeights:
+    """The adapter packed for the C delta, its fp32 tensors let go: where the
+    C decode layers run adapter rows, prompt passes and decode steps alike
+    read only the packed copy (bulkhead.model.llama), so a worker holds one
+    copy, not two (bulkhead.engine.adapter_store applies this at load)."""
+    adapter = PackedAdapter(weights, pairs=bf16_dots())
+    layers = tuple({name: FusedDelta(d.a.to("meta"), tuple(dataclasses.replace(p, b=p.b.to("meta")) for p in d.parts))
+                    for name, d in fused.items()} for fused in weights.layers)
+    return LoraWeights(weights.digest, layers, 0, fp32=False, packed=[adapter])
+
+
+def bf16_dots() -> bool:
+    """Whether the delta multiplies in bf16 (vdpbf16ps; csrc/lora_delta.c
+    says what it rounds): where the library has them and BULKHEAD_LORA_FP32
+    is not set (the fp32 products: 2^-9 nearer the exact path, about twice
+    the time; tests and bench/lora_delta.py compare the two)."""
+    lib = load()
+    return lib is not None and bool(lib.lora_bf16_dots()) and not os.environ.get("BULKHEAD_LORA_FP32")
 
 
 def load() -> ctypes.CDLL | None:
@@ -103,7 +151,12 @@ def load() -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.lora_layer_delta.restype = i64
         lib.lora_layer_delta.argtypes = [p, i64, i64, p, i64, i64, p, i64, ctypes.c_int]
+        lib.lora_bf16_dots.restype = ctypes.c_int
     return lib
+
+
+def _even_above(n: int) -> int:
+    return n + 2 - n % 2
 
 
 class StepDeltas:
@@ -125,9 +178,21 @@ class StepDeltas:
         self._adapters = adapters  # alive while the struct points into them
         u_stride = max(a.max_rank for a in adapters)
         self._u = torch.empty(starts[-1] * max(u_stride, 1))  # scratch: each row's A x, [rows, u_stride]
+        pairs = adapters[0].pairs
+        if any(a.pairs != pairs for a in adapters):
+            raise KernelError("adapters packed for bf16 and for fp32 products in one step")
+        # bf16 scratch, rows of even strides above the widest input and rank: each row's x, and its u.
+        # An odd rank's last pair reads one number past its ranks, against a 0 weight: the next
+        # module's u, or past the last one this zeroed scratch (never a NaN pattern: NaN * 0 = NaN).
+        xb_stride, ub_stride = (0, 0)
+        if pairs:
+            xb_stride, ub_stride = _even_above(max(a.max_in for a in adapters)), _even_above(u_stride)
+        self._xb = torch.empty(starts[-1] * xb_stride, dtype=torch.int16)
+        self._ub = torch.zeros(starts[-1] * ub_stride, dtype=torch.int16)
         index = self._index.data_ptr()
         self.step = _Step(len(adapters), ctypes.addressof(self._tables), index, index + 8 * len(starts),
-                          self._u.data_ptr(), u_stride)
+                          self._u.data_ptr(), u_stride, self._xb.data_ptr(), xb_stride, self._ub.data_ptr(),
+                          ub_stride, int(pairs))
         self.fn = ctypes.cast(lib.lora_layer_delta, ctypes.c_void_p).value
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

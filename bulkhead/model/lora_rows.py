@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from bulkhead.model import lora_kernel
+from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.lora_weights import LoraWeights
 
 TILE = 16
@@ -48,6 +49,8 @@ class LoraRows:
         it builds (each row summed alone), else tiled torch matmuls: one
         process always takes the same one, so a row's numbers never depend
         on its batch."""
+        if not all(weights.fp32 for weights, _ in self.groups):
+            raise KernelError("an adapter held only packed for the C delta reached the fp32 delta")
         lib = lora_kernel.load()
         if lib is not None and x.dtype == y.dtype == torch.float32 and y.stride(-1) == 1:
             x = x.contiguous()

@@ -10,7 +10,7 @@ columns of the fused output:
     u = x @ A.T;  y[:, cols_m] += u[:, rank_m] @ B_m.T
 
 No zero blocks are held, so an adapter costs exactly its own numbers
-(bulkhead.lora.peft_files.resident_bytes). Values are fp32, whatever the
+(bulkhead.lora.peft_files.fp32_bytes). Values are fp32, whatever the
 file stored (bf16 and fp16 widen exactly).
 
 The values come from the very bytes whose header and digest were checked
@@ -47,6 +47,9 @@ class LoraWeights:
     digest: str
     layers: tuple[dict[str, FusedDelta], ...]  # per layer: fused linear name -> its delta (absent: none)
     nbytes: int  # the fp32 tensors held
+    # False: only `packed` is held, the tensors above are shapes on torch's
+    # meta device (bulkhead.model.lora_layers.pack_only; the fp32 path refuses them).
+    fp32: bool = True
     # bulkhead.model.lora_layers.packed's bf16 copy for the C decode layers, made
     # on first use there (at most one entry); dropped with these weights.
     packed: list = field(default_factory=list, compare=False, repr=False)

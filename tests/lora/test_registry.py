@@ -80,18 +80,28 @@ def test_changed_files_are_validated_again(tmp_path):
 
 
 def test_the_resident_bytes_reported_are_what_a_worker_holds(tmp_path, tiny_model_dir):
-    from bulkhead.lora.peft_files import BaseShapes, read_adapter, read_weights, resident_bytes
+    """On the default kernels a worker holds the bf16 copy the C delta reads
+    and only that (bulkhead.model.lora_layers.pack_only); before, the fp32
+    copy was counted though both were held. The fp32 figure is reported too
+    (the exact path's)."""
+    from bulkhead.lora.peft_files import BaseShapes, fp32_bytes, packed_bytes, read_adapter, read_weights
     from bulkhead.model.config import load_model_config
+    from bulkhead.model.lora_layers import PackedAdapter
     from bulkhead.model.lora_weights import LoraWeights
 
     config = load_model_config(tiny_model_dir)
     shapes = BaseShapes.of(config)
-    for targets in (("q_proj", "v_proj", "down_proj"), ("gate_proj", "up_proj", "o_proj", "k_proj")):
-        path = write_adapter(tmp_path / "-".join(targets), shapes, rank=8, targets=targets)
+    for rank, targets in ((8, ("q_proj", "v_proj", "down_proj")), (3, ("gate_proj", "up_proj", "o_proj", "k_proj"))):
+        path = write_adapter(tmp_path / "-".join(targets), shapes, rank=rank, targets=targets)
         data = read_weights(path)
         files = read_adapter(path, shapes, data=data)
-        assert resident_bytes(files, shapes) == LoraWeights.load(files, config, data).nbytes
+        weights = LoraWeights.load(files, config, data)
+        assert fp32_bytes(files, shapes) == weights.nbytes
+        assert packed_bytes(files, shapes) == PackedAdapter(weights, pairs=True).nbytes  # an odd rank's pad too
+        assert packed_bytes(files, shapes) >= PackedAdapter(weights, pairs=False).nbytes
     registry = AdapterRegistry(shapes)
     registry.sync({"alpha": {"sql": files.path}})
     info = registry.info()
-    assert info["tenants"]["alpha"]["sql"]["resident_bytes"] == info["resident_bytes"] > 0
+    sql = info["tenants"]["alpha"]["sql"]
+    assert sql["resident_bytes"] == info["resident_bytes"] == sql["packed_bytes"] < sql["fp32_bytes"]
+    assert sql["packed_bytes"] > 0

@@ -1,0 +1,104 @@
+"""csrc/lora_delta.c's lora_layer_delta on its own, over the packed weights
+of bulkhead.model.lora_layers, in both arithmetics: fp32 products (register
+tiles) and bf16 products (vdpbf16ps, where the CPU has them). Each computes
+what it says it rounds, and a row's numbers do not depend on which rows,
+tiles or adapters share its call."""
+
+import pytest
+import torch
+
+from bench.lora_adapters import write_adapter
+from bulkhead.lora.peft_files import BaseShapes, read_adapter, read_weights
+from bulkhead.model import lora_layers
+from bulkhead.model.config import load_model_config
+from bulkhead.model.lora_rows import LoraRows
+from bulkhead.model.lora_weights import LoraWeights
+
+LIB = lora_layers.load()
+pytestmark = pytest.mark.skipif(LIB is None, reason="the C LoRA delta cannot be built here")
+PRODUCTS = ["fp32", pytest.param("bf16", marks=pytest.mark.skipif(
+    LIB is None or not LIB.lora_bf16_dots(), reason="no AVX-512 BF16 here"))]
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_model_dir, tmp_path_factory):
+    """(config, {pairs: [adapter of rank 16, adapter of odd rank 3]}), each packed for one arithmetic."""
+    config = load_model_config(tiny_model_dir)
+    shapes, root = BaseShapes.of(config), tmp_path_factory.mktemp("adapters")
+    out = {}
+    for pairs in (False, True):
+        out[pairs] = []
+        for i, rank in enumerate((16, 3)):
+            path = write_adapter(root / f"a{i}", shapes, rank=rank, alpha=2 * rank, seed=i, scale=0.2,
+                                 dtype=torch.bfloat16)
+            data = read_weights(path)
+            w = LoraWeights.load(read_adapter(path, shapes, data=data), config, data)
+            w.packed.append(lora_layers.PackedAdapter(w, pairs=pairs))
+            out[pairs].append(w)
+    return config, out
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+def _delta(row_adapters, layer, linear, x, y0):
+    y = y0.clone()
+    lora_layers.StepDeltas(LIB, LoraRows.of(row_adapters)).add(layer, linear, x, y)
+    return y
+
+
+def _reference(adapter, layer, linear, x, pairs):
+    """The delta in float64 from the packed bf16 weights, rounding what the arithmetic rounds."""
+    d = adapter.layers[layer][linear]
+    a = _bf16(d.a)
+    xr = _bf16(x) if pairs else x.double()
+    u = xr @ a.T
+    out = torch.zeros(x.shape[0], max(p.cols[1] for p in d.parts), dtype=torch.float64)
+    for p in d.parts:
+        up = u[:, p.ranks[0]:p.ranks[1]]
+        out[:, p.cols[0]:p.cols[1]] = (_bf16(up) if pairs else up) @ _bf16(p.b).T
+    return out
+
+
+@pytest.mark.parametrize("products", PRODUCTS)
+@pytest.mark.parametrize("linear", lora_layers.LINEARS)
+def test_each_arithmetic_computes_the_delta_it_documents(weights, products, linear):
+    config, packed = weights
+    pairs = products == "bf16"
+    gen = torch.Generator().manual_seed(1)
+    for adapter in packed[pairs]:  # rank 16, and rank 3: an odd rank's last pair padded
+        d = adapter.layers[1][linear]
+        x = torch.randn(9, d.a.shape[1], generator=gen)
+        out = max(p.cols[1] for p in d.parts)
+        y = _delta([adapter] * 9, 1, linear, x, torch.zeros(9, out))
+        ref = _reference(adapter, 1, linear, x, pairs)
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5), (y.double() - ref).abs().max()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("products", PRODUCTS)
+def test_a_rows_delta_does_not_depend_on_its_neighbours_tiles_or_threads(weights, products, threads):
+    """Row 0 under adapter 0 alone, then in a group of 7 (a whole tile of 4
+    and a remainder) beside base rows and the other adapter's rows."""
+    config, packed = weights
+    a0, a1 = packed[products == "bf16"]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(2)
+        for linear in lora_layers.LINEARS:
+            d = a0.layers[0][linear]
+            out = max(p.cols[1] for p in d.parts)
+            x, y0 = torch.randn(12, d.a.shape[1], generator=gen), torch.randn(12, out, generator=gen)
+            alone = _delta([a0], 0, linear, x[:1], y0[:1])
+            mixed = [a0, None, a1, a0, a0, a1, a0, None, a0, a0, a1, a0]
+            together = _delta(mixed, 0, linear, x, y0)
+            assert torch.equal(alone[0], together[0]), linear
+            for j in (3, 11):  # the same inputs at other places in the group give the same numbers
+                xs, ys = x.clone(), y0.clone()
+                xs[j], ys[j] = x[0], y0[0]
+                assert torch.equal(_delta(mixed, 0, linear, xs, ys)[j], alone[0]), (linear, j)
+            assert torch.equal(together[1], y0[1])  # a base row is untouched
+    finally:
+        torch.set_num_threads(previous)
