@@ -349,10 +349,11 @@ def prepare(weights, kernel: str, head: str | None = None, release: bool = False
     `bf16-in` the weights and its inputs, never the logits."""
     dtype = weights.final_norm.dtype  # the model's (the loader gives norms its dtype)
     layers = []
-    for i, layer in enumerate(weights.layers):
+    for i in range(len(weights.layers)):  # by index: an iterator would hold the last layer while the next is made
+        layer = weights.layers[i]
         layers.append(dataclasses.replace(layer, **{name: prepare_one(_widened(getattr(layer, name), kernel, dtype),
                                                                       kernel, runs) for name in LINEARS}))
-        del layer
+        del layer  # a GGUF's plain layer (loader.GGUFLayers) goes before the next is decoded
         if release:
             weights.layers[i] = None
     lm_head = _widened(weights.lm_head, kernel, dtype)
