@@ -93,7 +93,7 @@ class Q4Linear(Linear):
     prompts only to recompute a request it preempted. Why the decode kernel
     and not a bf16 copy made for it: it reads the stored codes exactly and
     computes each row alone (csrc/linear_i16in.h), and on a 1B model's
-    shapes at 64 and 256 rows, one thread, it takes 1.3-1.6x the bf16 prompt
+    shapes at 64 and 256 rows, one thread, it takes 1.0-1.6x the bf16 prompt
     kernel's time (bench/prompt_kernels.py), for the rare recompute."""
 
     # decode_inputs -> (the module that loads the C library, its function with linear_q4's signature)
