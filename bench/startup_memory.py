@@ -51,9 +51,10 @@ GIB = 2**30
 # -- pure helpers (tests/bench/test_startup_memory.py) ---------------------------------
 
 
-def vm_rss_bytes(status_text: str) -> int:
-    """VmRSS of a /proc/PID/status text, in bytes (0 where it has none: a zombie)."""
-    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status_text, re.M)
+def vm_rss_bytes(status_text: str, field: str = "VmRSS") -> int:
+    """VmRSS (or `field`: VmHWM, the process's peak RSS) of a /proc/PID/status
+    text, in bytes (0 where it has none: a zombie)."""
+    match = re.search(rf"^{field}:\s+(\d+)\s+kB", status_text, re.M)
     return int(match.group(1)) * 1024 if match else 0
 
 
@@ -98,6 +99,7 @@ class Start:
     rss: dict[str, int] = field(default_factory=dict)  # process name -> bytes
     pools: dict[str, int] = field(default_factory=dict)  # worker name -> KV pool bytes
     server_info_rss: dict[str, int] = field(default_factory=dict)  # what /server_info says
+    peak: dict[str, int] = field(default_factory=dict)  # process name -> VmHWM bytes (its peak RSS so far)
 
 
 def report(starts: list[Start], label: str) -> str:
@@ -110,9 +112,9 @@ def report(starts: list[Start], label: str) -> str:
                      f"{sum(s.pools.values()) / MIB:.0f} | {beyond_pools(s.rss, s.pools) / MIB:.0f} |")
     if starts:
         last = starts[-1]
-        lines += ["", "| process | RSS MiB | KV pool MiB |", "|---|---|---|"]
-        lines += [f"| {name} | {rss / MIB:.0f} | {last.pools.get(name, 0) / MIB:.0f} |"
-                  for name, rss in sorted(last.rss.items())]
+        lines += ["", "| process | RSS MiB | peak RSS (VmHWM) MiB | KV pool MiB |", "|---|---|---|---|"]
+        lines += [f"| {name} | {rss / MIB:.0f} | {last.peak.get(name, 0) / MIB:.0f} | "
+                  f"{last.pools.get(name, 0) / MIB:.0f} |" for name, rss in sorted(last.rss.items())]
     return "\n".join(lines)
 
 
@@ -134,12 +136,12 @@ def _stamp_lines(stream, stamps: list[tuple[float, str]], echo) -> None:
     echo.flush()
 
 
-def _rss_by_process(root: int) -> dict[str, int]:
+def _rss_by_process(root: int, field: str = "VmRSS") -> dict[str, int]:
     out = {}
     for pid in descendants(root):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            rss = vm_rss_bytes(Path(f"/proc/{pid}/status").read_text())
+            rss = vm_rss_bytes(Path(f"/proc/{pid}/status").read_text(), field)
         except OSError:
             continue
         if "serve" in cmdline:  # not a compiler a worker runs, say
@@ -187,7 +189,7 @@ def one_start(extra: list[str], env: dict, log_path: Path, timeout: float) -> St
             health = _poll(url, proc, deadline, lambda u: httpx.get(u + "/health", timeout=1).status_code == 200)
             _poll(url, proc, deadline, _ready)
             ready = _poll(url, proc, deadline, _answers)
-            rss = _rss_by_process(proc.pid)
+            rss, peak = _rss_by_process(proc.pid), _rss_by_process(proc.pid, "VmHWM")
             info = httpx.get(url + "/server_info", headers=OPERATOR_HEADERS, timeout=5).json()
         finally:
             proc.terminate()
@@ -200,7 +202,7 @@ def one_start(extra: list[str], env: dict, log_path: Path, timeout: float) -> St
     memory = info.get("memory", {})
     gap, ended_by = longest_gap(stamps, started, ready)
     return Start(health - started, ready - started, gap, ended_by, rss, memory.get("kv_pool_bytes", {}),
-                 memory.get("rss_bytes", {}))
+                 memory.get("rss_bytes", {}), peak)
 
 
 def main() -> int:

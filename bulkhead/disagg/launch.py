@@ -107,7 +107,8 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
             holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode, **opts)
             return holder["target"].pool
 
-        built = build_engine(config.engine, pool_factory=pool_factory, seams=seams, lineage=lineage)
+        built = build_engine(config.engine, pool_factory=pool_factory, seams=seams, lineage=lineage,
+                             decode_only=True)
         return DecodeWorker(built, config.engine.model_id, signer, config.router, target=holder["target"],
                             drain_lease_s=config.drain_lease_s, seams=seams)
     built = build_engine(config.engine, prefill_only=True, seams=seams, lineage=lineage)

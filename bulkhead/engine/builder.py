@@ -125,16 +125,20 @@ class _Model:
 
 
 def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False,
-                 seams: EngineParts = OWN_PARTS, lineage: LineageSink = NULL_SINK) -> BuiltEngine:
+                 seams: EngineParts = OWN_PARTS, lineage: LineageSink = NULL_SINK,
+                 decode_only: bool = False) -> BuiltEngine:
     """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
-    transfer backend shares with the prefill worker (decode role). seams:
+    transfer backend shares with the prefill worker (decode role). prefill_only
+    (a prefill worker) lays the weights out for prompts only, decode_only (a
+    decode worker, whose prompts are recomputes) for the decode kernels only
+    (linear_kernel.prepare_one). seams:
     the scrub, scheduler and engine a test harness may wrap (EngineParts;
     bulkhead/seams.py's record is one). lineage: where the ledger, the
     scrub, the prefix cache and the engine record what touches tenant KV
     (bulkhead.lineage; default: nowhere)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    m = _load_model(cfg)
+    m = _load_model(cfg, "prompts" if prefill_only else "decode" if decode_only else "both")
     mc = m.config
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.page_size, m.kv_dtype)
     num_pages = layout.pages_for_budget(cfg.kv_memory_bytes)
@@ -146,7 +150,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     limits = Limits(context_length=decision.context_length, pool_tokens=pool.num_tokens, page_size=cfg.page_size,
                     vocab_size=mc.vocab_size)
     scheduler = _make_scheduler(cfg, mc, pool, ledger, seams)
-    row_multiple = _decode_row_multiple(m.model, cfg)
+    row_multiple = 0 if prefill_only else _decode_row_multiple(m.model, cfg)  # a prefill worker decodes nothing
     runner_config = RunnerConfig(decode_tile=cfg.decode_tile, decode_row_multiple=row_multiple,
                                  prefill_row_bucket=0 if m.kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
                                  batch_prompts=prompts_share_passes(m.kernel, m.head, m.model.prefill_glue),
@@ -172,16 +176,18 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                        m.attention, m.head, m.model.decode_glue, m.prompt_attention, m.model.prefill_glue)
 
 
-def _load_model(cfg: EngineConfig) -> _Model:
-    """The weights laid out for the chosen kernels, and the attention and
-    glue each "auto" resolves to on this machine."""
+def _load_model(cfg: EngineConfig, runs: str) -> _Model:
+    """The weights laid out for the chosen kernels and the passes `runs`
+    names (kernel_names.RUNS), and the attention and glue each "auto"
+    resolves to on this machine."""
     dtype = getattr(torch, cfg.dtype)
-    mc, laid_out, kernel, head = load_laid_out(cfg.model_dir, dtype, cfg.linear_kernel)
+    mc, laid_out, kernel, head = load_laid_out(cfg.model_dir, dtype, cfg.linear_kernel, runs=runs)
     kv_dtype = resolve_kv_dtype(cfg)
     attention = decode_kernel.choose(cfg.decode_attention, kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                      cfg.page_size)
     prompt_attention = prefill_attention.choose(cfg.prefill_attention, kernel, mc.head_dim)
-    model = LlamaModel(mc, laid_out, attention, cfg.decode_glue, prompt_attention,
+    decode_glue = "torch" if runs == "prompts" else cfg.decode_glue  # no decode rows: no C decode layers
+    model = LlamaModel(mc, laid_out, attention, decode_glue, prompt_attention,
                        prefill_glue.choose(cfg.prefill_glue, kernel, dtype))
     return _Model(mc, model, kernel, head, kv_dtype, attention, prompt_attention)
 

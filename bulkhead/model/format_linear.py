@@ -106,18 +106,20 @@ def pack(codes) -> tuple[torch.Tensor, torch.Tensor]:
 
 class CodedLinear(Linear):
     """Decode rows through the layer's own format's kernel (the table at
-    the top), by way of linear_coded; prompt rows through `prefill`."""
+    the top), by way of linear_coded; prompt rows through `prefill`, or,
+    where it is None (a decode worker's layout: linear_kernel.Q4Linear says
+    why), through the same decode kernel."""
 
     decode_inputs = "i16"
 
-    def __init__(self, codes, prefill: Linear):
+    def __init__(self, codes, prefill: Linear | None):
         self.format = kernel_of(codes)
         self.weights = pack(codes)
         # [tag, codes, scales]: linear_coded's descriptor; the C decode layers pass it as the weight pointer.
         self.desc = torch.tensor([TAGS[self.format], *(t.data_ptr() for t in self.weights)], dtype=torch.int64)
         self.packed = (self.desc, self.desc)
         self.prefill = prefill
-        self.out_features, self.in_features = prefill.out_features, prefill.in_features
+        self.out_features, self.in_features = codes.q.shape[0], codes.q.shape[1] * codes.q.shape[2]
 
     def decode_fn(self):
         """linear_coded (linear_q4's signature), or None where it cannot be loaded here."""
@@ -125,7 +127,7 @@ class CodedLinear(Linear):
         return None if lib is None else lib.linear_coded
 
     def __call__(self, x, b=None, decode=False):
-        if not decode:
+        if not decode and self.prefill is not None:
             return self.prefill(x, b)
         fn = self.decode_fn()
         if fn is None:
@@ -134,14 +136,35 @@ class CodedLinear(Linear):
         return (y if b is None else y + b.float()).to(x.dtype)
 
     def silu_mul(self, x):
-        return self.prefill.silu_mul(x)
+        return None if self.prefill is None else self.prefill.silu_mul(x)
 
 
-def prepare_one(w: torch.Tensor) -> CodedLinear:
-    """Weight `w` (fp32 values whose codes were recorded) laid out for its format's kernels."""
+def prepare_one(w: torch.Tensor, runs: str = "both") -> Linear:
+    """Weight `w` (fp32 values whose codes were recorded) laid out for its
+    format's kernels, for the passes `runs` names (kernel_names.RUNS): a
+    prefill worker's holds the bf16 prompt packing only, a decode worker's
+    the stored codes only."""
     from bulkhead.model.linear_kernel import BF16InLinear
 
+    if runs == "prompts":
+        return BF16InLinear(bf16in_kernel.pack(w))
     codes = codes_of(w)
     if codes is None:
         raise ValueError(f"gguf-i16in: weight {tuple(w.shape)} has no stored codes (a GGUF file's; see choose())")
-    return CodedLinear(codes, BF16InLinear(bf16in_kernel.pack(w)))
+    return CodedLinear(codes, None if runs == "decode" else BF16InLinear(bf16in_kernel.pack(w)))
+
+
+# The GGUF types whose codes each decode kernel reads as stored (gguf_codes'
+# decoders; gguf_weights._fused puts a fused layer of mixed kinds on q8a).
+TYPES_OF = {"q4-i16in": ("Q4_0", "Q4_1", "Q4_K"), "q8-i16in": ("Q8_0", "Q5_0"),
+            "q8a-i16in": ("Q6_K", "Q5_K", "Q5_1")}
+
+
+def kernel_of_types(types) -> str | None:
+    """The decode kernel of a fused layer whose parts are stored as `types`
+    (GGUF type names): what kernel_of gives for its codes, from the file's
+    table alone (/server_info); None where a part has no codes."""
+    kinds = {next((k for k, names in TYPES_OF.items() if t in names), None) for t in types}
+    if not kinds or None in kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 else "q8a-i16in"

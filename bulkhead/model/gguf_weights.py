@@ -137,18 +137,30 @@ def remember_codes(weights, decoded: dict[str, Decoded]) -> dict[str, str]:
     codes given, in the last layer}."""
     given = {}
     for i, layer in enumerate(weights.layers):
-        for fused, parts in FUSED.items():
-            codes = _fused([decoded[f"model.layers.{i}.{p}.weight"] for p in parts])
-            if codes is None:
-                continue
-            format_linear.remember(getattr(layer, fused), codes)
-            given[fused] = type(codes).__name__.removesuffix("Codes")
-            if isinstance(codes, Q4Codes):
-                q4_kernel.remember_grid(getattr(layer, fused), (codes.q, codes.d, codes.m))
+        given |= remember_layer_codes(layer, i, decoded)
+    return given | remember_head_codes(weights, decoded)
+
+
+def remember_layer_codes(layer, i: int, decoded: dict[str, Decoded]) -> dict[str, str]:
+    """remember_codes for layer i alone (a LayerWeights built from `decoded`'s values)."""
+    given = {}
+    for fused, parts in FUSED.items():
+        codes = _fused([decoded[f"model.layers.{i}.{p}.weight"] for p in parts])
+        if codes is None:
+            continue
+        format_linear.remember(getattr(layer, fused), codes)
+        given[fused] = type(codes).__name__.removesuffix("Codes")
+        if isinstance(codes, Q4Codes):
+            q4_kernel.remember_grid(getattr(layer, fused), (codes.q, codes.d, codes.m))
+    return given
+
+
+def remember_head_codes(weights, decoded: dict[str, Decoded]) -> dict[str, str]:
+    """remember_codes for the lm_head alone."""
     head = decoded.get("lm_head.weight", decoded.get("model.embed_tokens.weight"))
     w = weights.lm_head
     if isinstance(head, Q8Codes) and w.dtype == torch.float32 and w.dim() == 2 \
             and w.shape[0] % q4_kernel.BLOCK == 0 and w.shape[1] % q4_kernel.GROUP == 0:
         i16in_kernel.remember_q8_grid(w, (head.q, head.d))
-        given["lm_head"] = "Q8"
-    return given
+        return {"lm_head": "Q8"}
+    return {}

@@ -18,6 +18,12 @@ REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
 # What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel) or
 # 16-bit integers (i16in_kernel).
 DECODE_INPUTS = {"q4-i16in": "i16", "gguf-i16in": "i16"}
+# What an engine's passes run, so what its weights are laid out for
+# (linear_kernel.prepare): "both" (colocated), "prompts" (a prefill worker:
+# the prompt kernel's packing only), "decode" (a decode worker: the decode
+# packing only; the prompts it recomputes after a preemption run the decode
+# kernel, Q4Linear's docstring says why).
+RUNS = ("both", "prompts", "decode")
 HEAD_KERNELS = ("fp32", "bf16w", "bf16-in", "q8-i16in")
 # lm_head kernels that run each row alone, the same operations whatever its
 # batch mates (Q8I16InLinear, BF16WeightLinear, BF16InputHead); fp32's oneDNN GEMM does not.

@@ -44,7 +44,7 @@ from bulkhead.model.head_linear import (  # noqa: F401  (re-exported)
 )
 from bulkhead.model.kernel_names import (  # noqa: F401  (torch-free: the command line reads them too)
     BF16_INPUT_PROMPTS, DECODE_INPUTS, EXACT_KERNELS, HEAD_KERNELS, HEAD_PRECISION, KERNELS, MATMUL_PRECISION,
-    Q4_KERNELS, REDUCED, ROW_BY_ROW_HEADS,
+    Q4_KERNELS, REDUCED, ROW_BY_ROW_HEADS, RUNS,
 )
 from bulkhead.model.linear import Linear
 
@@ -85,18 +85,29 @@ class Q4Linear(Linear):
     """Decode rows through a kernel over the 4-bit packing (q4_kernel.pack):
     by `decode_inputs`, fp32 inputs and sums (bulkhead.model.q4_kernel) or
     16-bit integer inputs (bulkhead.model.i16in_kernel); other rows through
-    `prefill` (a layer over the same weight)."""
+    `prefill` (a layer over the same weight).
+
+    prefill None (a decode worker's layout, RUNS "decode"): prompt rows run
+    the decode kernel too, over the same 4-bit codes, so the worker holds no
+    bf16 copy of the weights (1,856 MiB of a 1B model). A decode worker runs
+    prompts only to recompute a request it preempted. Why the decode kernel
+    and not a bf16 copy made for it: it reads the stored codes exactly and
+    computes each row alone (csrc/linear_i16in.h), and on a 1B model's
+    shapes at 64 and 256 rows, one thread, it takes 1.0-1.6x the bf16 prompt
+    kernel's time (bench/prompt_kernels.py), for the rare recompute."""
 
     # decode_inputs -> (the module that loads the C library, its function with linear_q4's signature)
     _KERNEL = {"fp32": (q4_kernel, "linear_q4"), "i16": (i16in_kernel, "linear_q4_i16in")}
 
-    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear, decode_inputs: str = "fp32"):
+    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear | None,
+                 decode_inputs: str = "fp32"):
         if decode_inputs not in self._KERNEL:
             raise ValueError(f"decode inputs must be one of {tuple(self._KERNEL)}, not {decode_inputs!r}")
         self.packed = packed
         self.prefill = prefill
         self.decode_inputs = decode_inputs
-        self.out_features, self.in_features = prefill.out_features, prefill.in_features
+        qs = packed[0]  # [N / NB, K, NB / 2]
+        self.out_features, self.in_features = qs.shape[0] * q4_kernel.BLOCK, qs.shape[1]
 
     def decode_fn(self):
         """The C function decode rows run (linear_q4's signature; the C decode
@@ -106,7 +117,7 @@ class Q4Linear(Linear):
         return None if lib is None else getattr(lib, name)
 
     def __call__(self, x, b=None, decode=False):
-        if not decode:
+        if not decode and self.prefill is not None:
             return self.prefill(x, b)
         fn = self.decode_fn()
         if fn is None:
@@ -115,7 +126,8 @@ class Q4Linear(Linear):
         return (y if b is None else y + b.float()).to(x.dtype)
 
     def silu_mul(self, x):
-        return self.prefill.silu_mul(x)  # prompt rows: the prompt kernel's
+        # prompt rows: the prompt kernel's; None (two calls) where the decode kernel runs them
+        return None if self.prefill is None else self.prefill.silu_mul(x)
 
 
 class BF16InLinear(Linear):
@@ -286,8 +298,14 @@ def _per_group(dtype: torch.dtype, weights) -> bool:
         and runs("gguf-i16in", dtype, weights)
 
 
-def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
-    """One [out, in] weight laid out for a chosen kernel."""
+def prepare_one(w: torch.Tensor, kernel: str, runs: str = "both") -> Linear:
+    """One [out, in] weight laid out for a chosen kernel, for the passes
+    `runs` names (kernel_names.RUNS): a prefill worker's 4-bit layers keep
+    only the prompt kernel's bf16 packing, a decode worker's only the 4-bit
+    one (Q4Linear runs its prompt rows then). Kernels with one packing for
+    both (bf16, the exact ones) lay it out whatever `runs`."""
+    if runs not in RUNS:
+        raise ValueError(f"runs must be one of {RUNS}, not {runs!r}")
     if kernel == "aten":
         return AtenLinear(w)
     if kernel == "onednn":
@@ -295,18 +313,21 @@ def prepare_one(w: torch.Tensor, kernel: str) -> Linear:
     if kernel == "bf16":
         return BF16Linear(BF16InLinear(bf16in_kernel.pack(w)))
     if kernel == "gguf-i16in":
-        return format_linear.prepare_one(w)
+        return format_linear.prepare_one(w, runs)
     if kernel in Q4_KERNELS:
+        if kernel in BF16_INPUT_PROMPTS and runs == "prompts":  # never a decode row: no 4-bit packing
+            return BF16InLinear(bf16in_kernel.pack(w))
         packed = q4_kernel.pack(w)
         if packed is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
         if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read it in bf16
-            return Q4Linear(packed, BF16InLinear(bf16in_kernel.pack(w)), DECODE_INPUTS.get(kernel, "fp32"))
+            prompts = None if runs == "decode" else BF16InLinear(bf16in_kernel.pack(w))
+            return Q4Linear(packed, prompts, DECODE_INPUTS.get(kernel, "fp32"))
         return Q4Linear(packed, OneDNNLinear(w, w.dtype))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
-def prepare(weights, kernel: str, head: str | None = None, release: bool = False):
+def prepare(weights, kernel: str, head: str | None = None, release: bool = False, runs: str = "both"):
     """The model's weights with every linear layer's laid out for `kernel`
     (a ModelWeights; returned as a new one), the lm_head's for `head`
     (choose_head's answer when None). The laid-out copy replaces the plain
@@ -317,7 +338,8 @@ def prepare(weights, kernel: str, head: str | None = None, release: bool = False
     model's dtype for every kernel but `bf16`'s. release=True empties
     `weights.layers` layer by layer as each is laid out (the loader's
     weights, dropped after), so that the plain weights and the laid-out ones
-    are never both held whole; otherwise the input is not changed.
+    are never both held whole; otherwise the input is not changed. runs:
+    the passes the engine runs (prepare_one; the lm_head serves both).
 
     The lm_head's outputs stay fp32 on every kernel: they are the logits,
     and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
@@ -327,9 +349,11 @@ def prepare(weights, kernel: str, head: str | None = None, release: bool = False
     `bf16-in` the weights and its inputs, never the logits."""
     dtype = weights.final_norm.dtype  # the model's (the loader gives norms its dtype)
     layers = []
-    for i, layer in enumerate(weights.layers):
+    for i in range(len(weights.layers)):  # by index: an iterator would hold the last layer while the next is made
+        layer = weights.layers[i]
         layers.append(dataclasses.replace(layer, **{name: prepare_one(_widened(getattr(layer, name), kernel, dtype),
-                                                                      kernel) for name in LINEARS}))
+                                                                      kernel, runs) for name in LINEARS}))
+        del layer  # a GGUF's plain layer (loader.GGUFLayers) goes before the next is decoded
         if release:
             weights.layers[i] = None
     lm_head = _widened(weights.lm_head, kernel, dtype)

@@ -5,6 +5,7 @@ safetensors directory, or one whose weights stay in a GGUF file
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -42,8 +43,7 @@ def held_as_stored(t: torch.Tensor, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and t.dtype in HELD_AS_STORED and t.dim() == 2
 
 
-def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                  mapped: bool = True) -> ModelWeights:
+def _taker(tensors: dict[str, torch.Tensor], dtype: torch.dtype, mapped: bool):
     def take(name: str, own: bool = True) -> torch.Tensor:
         """The tensor in `dtype`, but for a bf16 or fp16 matrix under an fp32
         model (a 16-bit checkpoint's linear layers and embedding), which stays
@@ -66,24 +66,27 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
         out = t.to(dtype).contiguous()
         return out.clone() if mapped and own and out.data_ptr() == t.data_ptr() else out
 
-    layers = []
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight", own=False) for n in "qkv"])
-        bias = None
-        if config.qkv_bias:
-            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias", own=False) for n in "qkv"])
-        layers.append(
-            LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
-                qkv=qkv,
-                qkv_bias=bias,
-                o=take(p + "self_attn.o_proj.weight"),
-                post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(p + f"mlp.{n}_proj.weight", own=False) for n in ("gate", "up")]),
-                down=take(p + "mlp.down_proj.weight"),
-            )
-        )
+    return take
+
+
+def _build_layer(config: ModelConfig, i: int, take) -> LayerWeights:
+    p = f"model.layers.{i}."
+    qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight", own=False) for n in "qkv"])
+    bias = None
+    if config.qkv_bias:
+        bias = torch.cat([take(p + f"self_attn.{n}_proj.bias", own=False) for n in "qkv"])
+    return LayerWeights(
+        input_norm=take(p + "input_layernorm.weight"),
+        qkv=qkv,
+        qkv_bias=bias,
+        o=take(p + "self_attn.o_proj.weight"),
+        post_norm=take(p + "post_attention_layernorm.weight"),
+        gate_up=torch.cat([take(p + f"mlp.{n}_proj.weight", own=False) for n in ("gate", "up")]),
+        down=take(p + "mlp.down_proj.weight"),
+    )
+
+
+def _build_top(config: ModelConfig, tensors: dict[str, torch.Tensor], take, layers) -> ModelWeights:
     embed = take("model.embed_tokens.weight")
     if config.tie_word_embeddings or "lm_head.weight" not in tensors:
         lm_head = embed
@@ -92,13 +95,91 @@ def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: 
     return ModelWeights(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
 
 
-def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, ModelWeights]:
-    """The config and the plain (not yet laid-out) weights of a directory."""
+def build_weights(config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                  mapped: bool = True) -> ModelWeights:
+    """The model's plain weights from {Hugging Face name: tensor} (each taken
+    out of `tensors`; _taker says what is copied)."""
+    take = _taker(tensors, dtype, mapped)
+    layers = [_build_layer(config, i, take) for i in range(config.num_layers)]
+    return _build_top(config, tensors, take, layers)
+
+
+class GGUFLayers(Sequence):
+    """A GGUF-backed model's layers, each decoded from the file when asked
+    for and not kept: linear_kernel.prepare(release=True) lays them out one
+    at a time, so a start holds one layer's fp32 values and codes beside the
+    laid-out weights, not the whole model's (a 1B Q4_0 peaked at 7.2 GB, its
+    laid-out weights 2.6 GB). Each access decodes again; `representatives`
+    gives the kernel choice one layer per distinct mix of stored types.
+
+    codes_only: a coded matrix's values are a placeholder of its shape on
+    torch's "meta" device, carrying its codes (format_linear.remember) and
+    no numbers: for a layout that reads only codes (a decode worker's), which
+    then never writes the fp32 values (4 bytes a weight, most of its start)."""
+
+    def __init__(self, f: gguf_weights.GGUFFile, config: ModelConfig, dtype: torch.dtype):
+        self._f, self._config, self._dtype = f, config, dtype
+        self.codes_only = False
+
+    def __len__(self) -> int:
+        return self._config.num_layers
+
+    def __getitem__(self, i: int) -> LayerWeights:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        c = self._config
+        decoded = {name: self._f.decoded(name, c.num_heads, c.num_kv_heads) for name in self._f.tensors
+                   if name.startswith(f"model.layers.{i}.")}
+        layer = _build_layer(c, i, _taker({n: self._values(d) for n, d in decoded.items()}, self._dtype, False))
+        gguf_weights.remember_layer_codes(layer, i, decoded)
+        return layer
+
+    def _values(self, d) -> torch.Tensor:
+        if self.codes_only and hasattr(d, "q"):  # Q4Codes, Q8Codes, Q8ACodes: q [N, K / 32, 32]
+            return torch.empty(d.q.shape[0], d.q.shape[1] * d.q.shape[2], device="meta")
+        return d.values()
+
+    def __setitem__(self, i: int, value) -> None:
+        """prepare(release=True) drops a laid-out layer: nothing is held here to drop."""
+
+    def signature(self, i: int) -> tuple[str, ...]:
+        """The stored types of layer i's tensors, by name."""
+        prefix = f"model.layers.{i}."
+        return tuple(sorted(f"{n[len(prefix):]}={t}" for n, t in self._f.formats().items() if n.startswith(prefix)))
+
+    def representatives(self) -> list[LayerWeights]:
+        """One layer per distinct signature: the kernel choice
+        (linear_kernel.choose) depends on each layer's stored types and shapes,
+        the same in every layer of a signature."""
+        firsts = {}
+        for i in range(len(self)):
+            firsts.setdefault(self.signature(i), i)
+        return [self[i] for i in sorted(firsts.values())]
+
+
+def _gguf_weights(config: ModelConfig, pointer: dict, dtype: torch.dtype) -> ModelWeights:
+    """A GGUF's weights with lazily decoded layers (GGUFLayers) and the
+    embedding, lm_head and final norm decoded now."""
+    f = gguf_weights.GGUFFile(pointer["gguf"], pointer.get("table"))
+    top = {name: f.decoded(name, config.num_heads, config.num_kv_heads) for name in f.tensors
+           if not name.startswith("model.layers.")}
+    tensors = {name: d.values() for name, d in top.items()}
+    weights = _build_top(config, tensors, _taker(tensors, dtype, False), GGUFLayers(f, config, dtype))
+    gguf_weights.remember_head_codes(weights, top)
+    return weights
+
+
+def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32,
+                 lazy: bool = False) -> tuple[ModelConfig, ModelWeights]:
+    """The config and the plain (not yet laid-out) weights of a directory.
+    lazy=True: a GGUF's layers as GGUFLayers (decoded one at a time, as laid out)."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
     pointer = gguf_pointer(model_dir)
     if pointer is None:
         return config, build_weights(config, _read_tensors(model_dir), dtype)
+    if lazy:
+        return config, _gguf_weights(config, pointer, dtype)
     decoded = gguf_weights.read(pointer["gguf"], config.num_heads, config.num_kv_heads, pointer.get("table"))
     weights = build_weights(config, {name: d.values() for name, d in decoded.items()}, dtype, mapped=False)
     gguf_weights.remember_codes(weights, decoded)

@@ -19,6 +19,7 @@ fp32 weights on every start, as before; they are not the default.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -40,13 +41,17 @@ LINEARS = ("qkv", "o", "gate_up", "down")
 LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
              "q8-i16in": (i16in_kernel,),
              "bf16w": (head_kernel,)}
+# The kernels whose decode-only layout reads a GGUF's codes and never its values (linear_kernel.prepare_one).
+CODES_ONLY = ("q4-bf16in", "q4-i16in", "gguf-i16in")
 # Counted for tests: how many builds read an entry and how many wrote one.
 stats = {"hits": 0, "writes": 0}
 
 
-def entry_name(model_dir: Path, dtype: torch.dtype, asked: str) -> str:
+def entry_name(model_dir: Path, dtype: torch.dtype, asked: str, runs: str = "both") -> str:
+    # Each role's entry holds only its own packing (linear_kernel.prepare_one); "both" keeps the old key.
+    role = {} if runs == "both" else {"runs": runs}
     return machine_cache.key("weights", model=machine_cache.model_identity(model_dir), dtype=str(dtype),
-                             kernel=asked)
+                             kernel=asked, **role)
 
 
 def cacheable(kernel: str, head: str) -> bool:
@@ -54,10 +59,11 @@ def cacheable(kernel: str, head: str) -> bool:
     return kernel in linear_kernel.BF16_INPUT_PROMPTS and kernel not in ("bf16", "gguf-i16in") and head in CACHED_HEADS
 
 
-def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, ModelWeights, str, str] | None:
+def load(model_dir: Path, dtype: torch.dtype, asked: str,
+         runs: str = "both") -> tuple[ModelConfig, ModelWeights, str, str] | None:
     """(config, laid-out weights, kernel, lm_head kernel) from this machine's
-    entry for `asked` (a --linear-kernel value), or None."""
-    found = machine_cache.read_tensors(entry_name(model_dir, dtype, asked))
+    entry for `asked` (a --linear-kernel value) and `runs`, or None."""
+    found = machine_cache.read_tensors(entry_name(model_dir, dtype, asked, runs))
     if found is None:
         return None
     tensors, meta = found
@@ -66,9 +72,11 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, 
         return None
     inputs = linear_kernel.DECODE_INPUTS.get(kernel, "fp32")
 
-    def linear(prefix: str) -> Q4Linear:
-        return Q4Linear((tensors[prefix + ".qs"], tensors[prefix + ".dm"]), BF16InLinear(tensors[prefix + ".wb"]),
-                        inputs)
+    def linear(prefix: str):
+        prompts = BF16InLinear(tensors[prefix + ".wb"]) if prefix + ".wb" in tensors else None
+        if prefix + ".qs" not in tensors:  # a prefill worker's: prompts only
+            return prompts
+        return Q4Linear((tensors[prefix + ".qs"], tensors[prefix + ".dm"]), prompts, inputs)
 
     layers = [LayerWeights(input_norm=tensors[f"layers.{i}.input_norm"], qkv=linear(f"layers.{i}.qkv"),
                            qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=linear(f"layers.{i}.o"),
@@ -84,8 +92,10 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str) -> tuple[ModelConfig, 
             kernel, head)
 
 
-def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str) -> None:
-    """Write the entry for `asked` (laid-out weights of a cacheable kernel)."""
+def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str,
+         runs: str = "both") -> None:
+    """Write the entry for `asked` and `runs` (laid-out weights of a cacheable kernel: each layer's
+    4-bit packing and bf16 prompt packing, whichever of them `runs` laid out)."""
     tied = isinstance(weights.embed, Q8Embedding)  # rebuilt from the lm_head's packing on load
     tensors = {"final_norm": weights.final_norm} | ({} if tied else {"embed": weights.embed})
     for i, layer in enumerate(weights.layers):
@@ -94,47 +104,59 @@ def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights,
                 tensors[f"layers.{i}.{name}"] = getattr(layer, name)
         for name in LINEARS:
             w = getattr(layer, name)
-            tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.packed
-            tensors[f"layers.{i}.{name}.wb"] = w.prefill.wb
+            prompts = w if isinstance(w, BF16InLinear) else w.prefill
+            if isinstance(w, Q4Linear):
+                tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.packed
+            if prompts is not None:
+                tensors[f"layers.{i}.{name}.wb"] = prompts.wb
     if head == "q8-i16in":
         tensors["lm_head.qb"], tensors["lm_head.d"] = weights.lm_head.packed
     else:
         tensors["lm_head.packed"] = weights.lm_head.packed
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    machine_cache.write_tensors(entry_name(model_dir, dtype, asked), tensors,
+    machine_cache.write_tensors(entry_name(model_dir, dtype, asked, runs), tensors,
                                 {"kernel": kernel, "head": head, "num_layers": len(weights.layers),
                                  "embed": "lm_head-q8" if tied else "tensor"})
     stats["writes"] += 1
 
 
-def load_laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None = None):
-    """(config, weights laid out for the kernel `asked` resolves to, kernel,
-    lm_head kernel): from the cache where this machine has the entry, else
-    from the fp32 weights (then cached where the kernels are cacheable). The
-    fp32 weights are dropped once laid out."""
+def load_laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None = None,
+                  runs: str = "both"):
+    """(config, weights laid out for the kernel `asked` resolves to and the
+    passes `runs` names (kernel_names.RUNS), kernel, lm_head kernel): from
+    the cache where this machine has the entry, else from the fp32 weights
+    (then cached where the kernels are cacheable). The fp32 weights are
+    dropped once laid out."""
     if head_asked is not None:
-        return _lay_out(model_dir, dtype, asked, head_asked)
-    hit = load(model_dir, dtype, asked)
+        return _lay_out(model_dir, dtype, asked, head_asked, runs)
+    name = entry_name(model_dir, dtype, asked, runs)
+    hit = load(model_dir, dtype, asked, runs)
     if hit is None:
-        with machine_cache.computing(entry_name(model_dir, dtype, asked)):  # a worker starting beside this one waits
-            if (hit := load(model_dir, dtype, asked)) is None:  # ... and then reads what the first one wrote
-                return _lay_out(model_dir, dtype, asked, head_asked)
-    log.info("laid-out weights read from this machine's cache (%s kernel, %s lm_head)", hit[2], hit[3])
+        with machine_cache.computing(name):  # a worker starting beside this one waits
+            if (hit := load(model_dir, dtype, asked, runs)) is None:  # ... and then reads what the first one wrote
+                return _lay_out(model_dir, dtype, asked, head_asked, runs)
+    log.info("laid-out weights read from this machine's cache (%s kernel, %s lm_head, for %s)", hit[2], hit[3],
+             runs)
     return hit
 
 
-def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None):
-    from bulkhead.model.loader import load_weights
+def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None, runs: str):
+    from bulkhead.model.loader import GGUFLayers, load_weights
 
-    log.info("loading %s and laying its weights out for the kernels (once per machine where they are cached)",
-             Path(model_dir).name)
+    log.info("loading %s and laying its weights out for the kernels, for %s (once per machine where they are "
+             "cached)", Path(model_dir).name, runs)
     with heartbeat("laying the weights out", "decoding them as stored, then packing", log):
-        mc, weights = load_weights(model_dir, dtype)
-        kernel = linear_kernel.choose(asked, dtype, weights, weight_format.linear_format(model_dir))
+        mc, weights = load_weights(model_dir, dtype, lazy=True)  # a GGUF's layers decoded one at a time
+        probe = weights
+        if isinstance(weights.layers, GGUFLayers):  # the choice reads one layer of each mix of stored types
+            probe = dataclasses.replace(weights, layers=weights.layers.representatives())
+        kernel = linear_kernel.choose(asked, dtype, probe, weight_format.linear_format(model_dir))
+        del probe
         head = linear_kernel.choose_head(kernel, weights.lm_head, head_asked)
-        laid = linear_kernel.prepare(weights, kernel, head, release=True)  # never both whole
+        if isinstance(weights.layers, GGUFLayers) and runs == "decode" and kernel in CODES_ONLY:
+            weights.layers.codes_only = True  # the decode packing reads the codes alone
+        laid = linear_kernel.prepare(weights, kernel, head, release=True, runs=runs)  # never both whole
         del weights
     if head_asked is None and cacheable(kernel, head):
-        save(model_dir, dtype, asked, laid, kernel, head)
+        save(model_dir, dtype, asked, laid, kernel, head, runs)
     return mc, laid, kernel, head
-

@@ -101,7 +101,24 @@ def describe(model_dir: Path, linear_kernel: str, lm_head_kernel: str) -> dict[s
         found = sorted({fmt for name, fmt in formats.items() if name.endswith(suffixes)})
         if group == "lm_head" and not found:
             found = sorted({formats.get("model.embed_tokens.weight", "?")})
-        out[group] = {"stored": "+".join(found), "kernel": kernels.get(group, linear_kernel)}
+        kernel = kernels.get(group, linear_kernel)
+        if linear_kernel == "gguf-i16in" and group in ("qkv", "o", "gate_up", "down"):
+            kernel = per_group_kernels(formats, group)
+        out[group] = {"stored": "+".join(found), "kernel": kernel}
         if fallback.intersection(found):
             out[group]["dequantized_to_fp32"] = sorted(fallback.intersection(found))  # no decoder for these
     return out
+
+
+def per_group_kernels(formats: dict[str, str], group: str) -> str:
+    """The decode micro-kernels that run a fused group under gguf-i16in
+    (each layer's by its parts' stored types: format_linear.kernel_of_types),
+    "+"-joined where layers differ (a Q4_K_M file's down: q4-i16in in some
+    layers, q8a-i16in over Q6_K in others)."""
+    from bulkhead.model.format_linear import kernel_of_types
+    from bulkhead.model.gguf_weights import FUSED
+
+    layers = sorted({int(name.split(".")[2]) for name in formats if name.startswith("model.layers.")})
+    found = {kernel_of_types([formats.get(f"model.layers.{i}.{part}.weight") for part in FUSED[group]])
+             for i in layers}
+    return "+".join(sorted(k or "fp32" for k in found))

@@ -11,6 +11,7 @@ STATUS = "Name:\tpython\nVmPeak:\t 900 kB\nVmRSS:\t  123456 kB\nRssAnon:\t 100 k
 def test_vm_rss_is_read_in_bytes_and_a_zombie_has_none():
     assert vm_rss_bytes(STATUS) == 123456 * 1024
     assert vm_rss_bytes("Name:\tpython\nState:\tZ (zombie)\n") == 0
+    assert vm_rss_bytes("VmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n", "VmHWM") == 2048 * 1024  # the peak
 
 
 def test_a_worker_is_named_by_its_config_and_anything_else_is_the_router():
@@ -37,4 +38,4 @@ def test_rss_beyond_the_pools_and_the_report_shows_each_process():
     assert beyond_pools(rss, pools) == 1504 * 2**20
     text = report([Start(5.0, 6.5, 2.25, "a line", rss, pools)], "warm")
     assert "| 1 | 5.0 | 6.5 | 2.2 (a line) | 5600 | 4096 | 1504 |" in text
-    assert "| router | 100 | 0 |" in text and "| decode-0 | 2500 | 2048 |" in text
+    assert "| router | 100 | 0 | 0 |" in text and "| decode-0 | 2500 | 0 | 2048 |" in text

@@ -151,3 +151,17 @@ def test_a_file_of_mixed_formats_takes_gguf_i16in_only_where_every_groups_format
     assert kernel_table.per_group({"Q4_K", "Q6_K", "Q5_0", "Q8_0"}, every)
     assert not kernel_table.per_group({"Q4_K", "F16"}, every)  # F16 has no such row: the exact path
     assert not kernel_table.per_group({"Q4_K", "Q6_K"}, frozenset({"avx512_bf16"}))  # no VNNI
+
+
+def test_server_info_names_each_groups_own_kernel_not_gguf_i16in(mixed_dir):
+    """/server_info's `weights` (weight_format.describe) under gguf-i16in: each
+    group's own decode micro-kernel, by its stored types, layer by layer."""
+    info = weight_format.describe(mixed_dir, "gguf-i16in", "q8-i16in")
+    assert {group: info[group]["kernel"] for group in ("qkv", "o", "gate_up", "down")} == \
+        {"qkv": "q8a-i16in", "o": "q8-i16in", "gate_up": "q4-i16in", "down": "q8-i16in"}  # as the layers hold them
+    assert info["qkv"]["stored"] == "Q4_0+Q8_0" and info["lm_head"]["kernel"] == "q8-i16in"
+    # A Q4_K_M file's down: Q4_K in some layers, Q6_K in others.
+    formats = {"model.layers.0.mlp.down_proj.weight": "Q4_K", "model.layers.1.mlp.down_proj.weight": "Q6_K"}
+    assert weight_format.per_group_kernels(formats, "down") == "q4-i16in+q8a-i16in"
+    assert format_linear.kernel_of_types(["Q4_K", "Q4_K", "Q6_K"]) == "q8a-i16in"  # a fused mix: gguf_weights._fused
+    assert format_linear.kernel_of_types(["Q4_K", "F16"]) is None
