@@ -77,11 +77,17 @@ def stop_workers(workers: list[subprocess.Popen]) -> None:
             proc.kill()
 
 
-def wait_for_workers(backend: DisaggBackend, workers: list[subprocess.Popen], timeout: float = 300.0) -> bool:
+def wait_for_workers(backend: DisaggBackend, workers: list[subprocess.Popen], timeout: float = 900.0,
+                     progress_every: float = 30.0) -> bool:
     """Local mode: start serving only once every worker registered; a worker
-    that exits (a failed capacity gate, say) stops the launch."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    that exits (a failed capacity gate, say) stops the launch.
+
+    A worker's first start of a model lays its weights out (a ~1B checkpoint
+    on a loaded 2-core machine took 245 s), so the wait is long and says
+    every progress_every seconds who it still waits for."""
+    start = time.monotonic()
+    next_progress = start + progress_every
+    while time.monotonic() < start + timeout:
         failed = [p for p in workers if p.poll() is not None]
         if failed:
             log.error("a worker exited with status %d during start-up; stopping", failed[0].returncode)
@@ -90,6 +96,10 @@ def wait_for_workers(backend: DisaggBackend, workers: list[subprocess.Popen], ti
             return False
         if len(backend.workers) >= len(workers):
             return True
+        if time.monotonic() >= next_progress:
+            next_progress += progress_every
+            log.info("%d of %d workers registered after %.0fs (a first start lays the weights out)",
+                     len(backend.workers), len(workers), time.monotonic() - start)
         time.sleep(0.1)
     log.error("workers did not register within %.0fs", timeout)
     return False
