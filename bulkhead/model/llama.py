@@ -54,6 +54,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def _final_norm_after_c_layers():
+    """The C glue's RMSNorm where its library loads, else torch's (LlamaModel.__init__ says why)."""
+    return prefill_glue.rms_norm if prefill_glue.load() is not None else _rms_norm
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, decode_attention: str = "torch",
                  decode_glue: str = "auto", prefill_attention: str = "torch", prefill_glue: str = "torch"):
@@ -80,6 +85,11 @@ class LlamaModel:
             raise RuntimeError(f"decode glue c cannot run: {why}")
         self._c_layers = decode_layers.DecodeLayers(config, weights, self.cos, self.sin, decode_layers.load()) \
             if usable else None
+        # After the C layers, their final RMSNorm in C too (csrc/glue.h's, the
+        # layers' own): the weights streamed through the pass leave torch's
+        # dispatch cold, and F.rms_norm then cost ~130-240 us a pass
+        # (docs/performance.md). Torch's where the C glue cannot load.
+        self._c_final_norm = _final_norm_after_c_layers() if usable else _rms_norm
 
     @property
     def decode_glue(self) -> str:
@@ -110,7 +120,7 @@ class LlamaModel:
         if batch.decode and self._c_layers is not None and not batch.row_tile \
                 and (batch.lora is None or self._c_layers.takes_adapters()):
             x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
-            return self._head(x, batch)
+            return self._head(x, batch, self._c_final_norm)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
         return self._head(state.x, batch)
 
@@ -132,10 +142,10 @@ class LlamaModel:
         """The logits of a pass whose every layer has run: [S, V] float32."""
         return self._head(state.x, batch)
 
-    def _head(self, x: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, batch: PagedBatch, norm=_rms_norm) -> torch.Tensor:
         # A decode pass wants every row's logits, in order (padding rows too:
         # PagedBatch.logit_rows), so the gather would only copy x.
-        x = _rms_norm(x if batch.decode else x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
+        x = norm(x if batch.decode else x[batch.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
         return _linear(x, self.weights.lm_head, None, batch).float()
 
     def _adapter_deltas(self, batch: PagedBatch):

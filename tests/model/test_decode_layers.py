@@ -242,6 +242,18 @@ def test_where_decode_rows_are_tiled_the_torch_path_runs(c_model, monkeypatch):
     assert len(calls) == 1
 
 
+def test_after_the_c_layers_the_final_norm_is_the_c_glues(c_model, monkeypatch):
+    # torch's F.rms_norm after a pass that streamed the weights cost ~200 us
+    # against ~75 for the C glue's (docs/performance.md): it must not run.
+    runner, works = prefilled(c_model)
+    monkeypatch.setattr(torch.nn.functional, "rms_norm",
+                        lambda *a, **k: pytest.fail("torch's RMSNorm ran after the C decode layers"))
+    ours = decode(runner, works)
+    monkeypatch.undo()
+    assert torch.isfinite(ours).all()
+    assert ours.shape == (len(works), c_model.config.vocab_size)
+
+
 def test_a_pool_of_another_geometry_is_refused_before_anything_is_written(c_model):
     runner, works = prefilled(c_model)
     before = runner.pool.data.clone()
