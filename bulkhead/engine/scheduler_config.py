@@ -38,8 +38,10 @@ class SchedulerConfig:
     # While another tenant has work, a chunk longer than this runs as slices
     # of layers, each costing about this many tokens of a whole pass: the
     # longest another tenant's prompt or next token waits behind it (128
-    # tokens of SmolLM2 is about 70 ms on two cores). 0 = whole passes
-    # always (first come, first served never slices: nobody is let ahead).
+    # tokens of SmolLM2 is about 70 ms on two cores). A decode batch costing
+    # more runs in groups of rows of about this cost, whoever waits (a
+    # prompt may arrive while it runs: decode_rounds.py). 0 = whole passes
+    # and batches always (first come, first served: nobody is let ahead).
     slice_tokens: int = 128
     # A chunk over this runs in slices even while its tenant is alone: a
     # prompt that arrives mid-pass waits one slice, not the pass. Chunks up
