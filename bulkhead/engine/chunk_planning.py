@@ -39,8 +39,8 @@ class ChunkPlanner:
         # Tokens of a whole pass a slice costs; 0 = passes run whole (the order decides, once).
         self.slice_tokens = scheduler.order.slice_tokens(scheduler.config.slice_tokens)
         self._deferred_decode = False  # the last step left its decode rows to this one
-        # Decode rows in groups of about a slice's cost (decode_rounds.py); whole batches when passes run whole.
-        self.rounds = DecodeRounds(self.slice_tokens)
+        # Decode rows in groups within decode_step_tokens (decode_rounds.py); whole batches when passes run whole.
+        self.rounds = DecodeRounds(scheduler.config.decode_step_tokens if self.slice_tokens else 0)
 
     def first_tokens_first(self, prefills: list[PrefillWork], decode: list[DecodeWork]) -> bool:
         """The step runs its prompt chunks alone, its decode rows next step

@@ -2,19 +2,19 @@
 
 A prompt that arrives while a step runs waits for that step to end, and the
 scheduler cannot know it is coming: so no step should be much longer than
-the latency budget (SchedulerConfig.slice_tokens, in tokens of a whole
-prompt pass), whoever waits when it is planned. A long prompt pass is cut
-into slices of layers for this (pass_slices.py); a large decode batch over
-long contexts is the other long step (24 rows of 1,700 positions cost about
-as much as 128 prompt tokens), so its rows run in rounds: every decoding
-request gets one row a round, and a round's rows are split into as few
-equal groups, one group per step, as keep each group within the budget.
+a latency budget, whoever waits when it is planned. A long prompt pass is
+cut into slices of layers for this (pass_slices.py); a large decode batch
+over long contexts is the other long step (24 rows of 1,700 positions cost
+about as much as 128 prompt tokens), so its rows run in rounds: a round's
+rows are split into as few equal groups, one group per step, as keep each
+group within SchedulerConfig.decode_step_tokens (in tokens of a whole
+prompt pass), and every decoding request gets one row a round.
 A batch within the budget is one group: one step a round, as before.
 
 Cost model (one thread, the bundled SmolLM2, bench/noisy_clock.py's load):
 a decode row costs about 2 prompt tokens plus one per 512 positions it
-reads (its attention), so 24 rows of 1,700 positions are ~130 tokens, two
-groups of 12 under a 128-token budget. Splitting adds one step's fixed
+reads (its attention), so 24 rows of 1,700 positions are ~120 tokens, two
+groups of 12 under a 64-token budget. Splitting adds one step's fixed
 cost (a few ms against ~80 ms) per extra group.
 
 Invariant: rows run least recently run first, so with G groups a decoding

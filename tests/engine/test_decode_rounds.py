@@ -10,10 +10,10 @@ FLOOD = 8
 PROMPT = 1030  # each row reads over 1,024 positions: it costs 4 tokens of a pass
 
 
-def flood_decoding(slice_tokens):
+def flood_decoding(budget):
     """A scheduler whose heavy tenant has FLOOD requests decoding long contexts."""
     s = make(num_pages=FLOOD * 300, page_size=4, prefill_chunk=2048, max_running=FLOOD + 1,
-             slice_tokens=slice_tokens, whole_pass_tokens=4096)
+             decode_step_tokens=budget, whole_pass_tokens=4096)
     s.planner.rounds.budget = 0  # whole batches while the prompts run
     for i in range(FLOOD):
         s.add(ticket(f"heavy{i}", prompt_len=PROMPT, max_tokens=50, tenant="heavy"))
@@ -21,7 +21,7 @@ def flood_decoding(slice_tokens):
         run_step(s)
     assert all(r.decoding for r in s.running) and len(s.running) == FLOOD
     assert len(run_step(s).decode) == FLOOD  # every row ran last in the same step
-    s.planner.rounds.budget = slice_tokens
+    s.planner.rounds.budget = budget
     return s
 
 
@@ -30,7 +30,7 @@ def rows(plan):
 
 
 def test_a_batch_over_the_budget_runs_in_groups_each_row_once_a_round():
-    s = flood_decoding(slice_tokens=16)  # 8 rows of 4 tokens = 32: two groups of 4
+    s = flood_decoding(budget=16)  # 8 rows of 4 tokens = 32: two groups of 4
     assert row_cost(s.running[0]) == 4
     first, second, third = run_step(s), run_step(s), run_step(s)
     assert len(rows(first)) == len(rows(second)) == FLOOD // 2
@@ -39,12 +39,12 @@ def test_a_batch_over_the_budget_runs_in_groups_each_row_once_a_round():
 
 
 def test_a_batch_within_the_budget_is_one_step():
-    s = flood_decoding(slice_tokens=32)
+    s = flood_decoding(budget=32)
     assert len(run_step(s).decode) == FLOOD
 
 
 def test_a_light_prompt_arriving_mid_round_waits_one_group_not_the_batch():
-    s = flood_decoding(slice_tokens=16)
+    s = flood_decoding(budget=16)
     first_group = rows(run_step(s))  # the light prompt arrives while it runs
     s.add(ticket("light", prompt_len=6, max_tokens=4, tenant="light"))
     plan = run_step(s)
@@ -55,7 +55,7 @@ def test_a_light_prompt_arriving_mid_round_waits_one_group_not_the_batch():
 
 def test_deferred_rows_stay_due():
     r = DecodeRounds(budget=4)
-    reqs = flood_decoding(slice_tokens=0).running
+    reqs = flood_decoding(budget=0).running
     group = r.group(reqs)
     assert r.group(reqs) == group  # not run (deferred): planned again
     r.ran([q.request_id for q in group])
