@@ -18,9 +18,11 @@ prompts (a stream sends its next prompt when one ends). Once every stream
 has had its first token, the light tenant sends its requests one after
 another, each arriving a random time (0 .. --max-gap seconds, seeded) after
 the last one ended. Variants run on the same flood, request by request in
-turn, so the two see the same heavy state: `first-tokens-first` (the
-scheduler as it is) and `shared-step` (ChunkPlanner.first_tokens_first off:
-a light prompt shares its step with the flood's decode rows, as before it).
+turn, so they see the same heavy state: `latency-budget` (the scheduler as
+it is), `whole-batch` (every decode row in one step, as
+before decode_rounds.py) and `shared-step` (whole batches and
+ChunkPlanner.first_tokens_first off: a light prompt shares its step with
+the flood's decode rows, as before it).
 Alone: the light requests on an idle engine. Prints, per variant, the
 light median and p99 time to first token alone and flooded with their
 ratios, and the heavy tenant's output tokens per CPU second while each
@@ -48,7 +50,7 @@ from bulkhead.engine.request import SamplingParams  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 
 FIRST_ID, LAST_ID = 1000, 30000  # ordinary tokens of the bundled SmolLM2 (as bench/prompt_step.py)
-VARIANTS = ("first-tokens-first", "shared-step")
+VARIANTS = ("latency-budget", "whole-batch", "shared-step")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kv-memory-gib", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--variants", default="first-tokens-first,shared-step", help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="latency-budget,whole-batch", help=f"comma list of {', '.join(VARIANTS)}")
     return ap
 
 
@@ -146,11 +148,14 @@ class Bench:
 
 
 def set_variant(engine, name: str) -> None:
+    """Put the scheduler as the variant has it; every variant undoes the others first."""
     planner = engine.scheduler.planner
+    planner.__dict__.pop("first_tokens_first", None)
+    planner.rounds.budget = engine.scheduler.config.decode_step_tokens
+    if name in ("whole-batch", "shared-step"):  # before decode rounds: every decode row in one step
+        planner.rounds.budget = 0
     if name == "shared-step":  # the scheduler before first tokens first
         planner.first_tokens_first = lambda prefills, decode: False
-    else:
-        planner.__dict__.pop("first_tokens_first", None)
 
 
 def summary(ttfts: list[float]) -> tuple[float, float]:

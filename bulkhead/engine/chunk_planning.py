@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bulkhead.engine.decode_rounds import DecodeRounds
 from bulkhead.engine.kv_quota import Preempt
 from bulkhead.engine.pass_slices import InFlightPass, layers_per_slice
 from bulkhead.engine.request import Request, RequestStatus
@@ -38,6 +39,8 @@ class ChunkPlanner:
         # Tokens of a whole pass a slice costs; 0 = passes run whole (the order decides, once).
         self.slice_tokens = scheduler.order.slice_tokens(scheduler.config.slice_tokens)
         self._deferred_decode = False  # the last step left its decode rows to this one
+        # Decode rows in groups within decode_step_tokens (decode_rounds.py); whole batches when passes run whole.
+        self.rounds = DecodeRounds(scheduler.config.decode_step_tokens if self.slice_tokens else 0)
 
     def first_tokens_first(self, prefills: list[PrefillWork], decode: list[DecodeWork]) -> bool:
         """The step runs its prompt chunks alone, its decode rows next step
@@ -54,10 +57,11 @@ class ChunkPlanner:
         return any(r.tenant != tenant for r in self._s.requests.values())
 
     def plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
-        """A row for every decoding request, oldest first (growth may preempt newer ones)."""
+        """A row for every decoding request due this round (decode_rounds.py),
+        oldest first (growth may preempt newer ones)."""
         s = self._s
         work = []
-        for req in sorted((r for r in s.running if r.decoding), key=lambda r: r.arrival):
+        for req in self.rounds.group(sorted((r for r in s.running if r.decoding), key=lambda r: r.arrival)):
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted while making room for an older request
             if not s.growth.grow(req, req.num_computed + 1, preempted, Preempt.ANY):
@@ -67,16 +71,13 @@ class ChunkPlanner:
         return work
 
     def plan_prefills(self, budget: int, preempted: list[str]) -> list[PrefillWork]:
-        """Chunks in the order's order within budget (the first always, when
-        no pass is in flight). While one is, only chunks that run whole in a
-        slice's time join it: a step stays about one slice long."""
+        """Chunks in the order's order within budget and _limit()."""
         s = self._s
         works: list[PrefillWork] = []
         planned: set[str] = set()
         passed_over: set[str] = set()
         if s.in_flight is not None:
             planned.add(s.in_flight.work.request_id)
-            budget = min(budget, self.slice_tokens)
         while True:
             planned.update(preempted)  # never re-admitted in the step that preempted it
             room = len(s.running) < s.config.max_running
@@ -84,14 +85,26 @@ class ChunkPlanner:
             if not candidates:
                 return works
             req, running = min(candidates, key=lambda c: s.order.rank(*c, self._next_chunk_tokens(c[0])))
-            first = not works and s.in_flight is None
-            work = self._plan_chunk(req, running, None if first else budget, preempted)
+            work = self._plan_chunk(req, running, self._limit(req, works, budget), preempted)
             (planned if work is not None else passed_over).add(req.request_id)
             if work is not None:
                 works.append(self._sliced(work))
                 budget -= len(work.token_ids)
-                if s.in_flight is not None:
-                    budget = min(budget, self.slice_tokens)
+
+    def _limit(self, req: Request, works: list[PrefillWork], budget: int) -> int | None:
+        """The most tokens req's chunk may compute beside works (None: no limit).
+        The step's first chunk has none when no pass is in flight. While one
+        is, the chunks that join it run whole in about a slice's time, so a
+        step stays about one slice long; but the first to join, when another
+        tenant's, may run up to whole_pass_tokens: that tenant's prompt (its
+        first token, ahead of the slice) would otherwise wait for the whole
+        pass behind a chunk a little longer than a slice."""
+        s = self._s
+        if s.in_flight is None:
+            return None if not works else budget
+        beside_pass = not works and req.tenant != s.in_flight.work.tenant
+        cap = max(self.slice_tokens, s.config.whole_pass_tokens) if beside_pass else self.slice_tokens
+        return min(budget, cap - sum(len(w.token_ids) for w in works))
 
     def _next_chunk_tokens(self, req: Request) -> int:
         """Prompt tokens req's next chunk computes (before any prefix-cache hit)."""

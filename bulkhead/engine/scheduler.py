@@ -8,6 +8,7 @@ module to plan each step:
     prefill_order.py   which prompt goes next (first_come.py: measurement only)
     chunk_planning.py  a step's decode rows and prefill chunks within its budget
     pass_slices.py     a long pass handed out a slice of layers per step
+    decode_rounds.py   a large decode batch handed out a group of rows per step
     page_growth.py     pages for a request's next positions; preemption
     kv_quota.py        whom a request may preempt when tenants compete
     prefix_pins.py     the prefix-cache pages a request reads
@@ -148,6 +149,7 @@ class Scheduler:
         prefills = [w for w in prefills if alive(w)]
         if self.planner.first_tokens_first(prefills, decode):
             decode = []  # planned again next step: their pages are held, the growth is done
+        self.planner.rounds.ran([w.request_id for w in decode])
         if not decode and not prefills and not preempted:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))

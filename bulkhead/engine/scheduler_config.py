@@ -39,8 +39,13 @@ class SchedulerConfig:
     # of layers, each costing about this many tokens of a whole pass: the
     # longest another tenant's prompt or next token waits behind it (128
     # tokens of SmolLM2 is about 70 ms on two cores). 0 = whole passes
-    # always (first come, first served never slices: nobody is let ahead).
+    # and decode batches always (first come, first served: nobody is let ahead).
     slice_tokens: int = 128
+    # A decode batch costing more than this many tokens of a pass runs in
+    # groups of rows, one a step, whoever waits (decode_rounds.py): a prompt
+    # that arrives mid-step waits one group. 64: under an 80-token prompt's
+    # own pass (issue 14's light tenant), so its wait stays under 2x alone.
+    decode_step_tokens: int = 64
     # A chunk over this runs in slices even while its tenant is alone: a
     # prompt that arrives mid-pass waits one slice, not the pass. Chunks up
     # to it run whole when nobody else waits, so two 256-token prompts still
@@ -51,9 +56,9 @@ class SchedulerConfig:
         for name in ("page_size", "max_running", "prefill_chunk", "max_waiting", "num_layers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.step_tokens < 0 or self.slice_tokens < 0:
-            raise ValueError(f"step_tokens and slice_tokens must be >= 0, got {self.step_tokens}, "
-                             f"{self.slice_tokens}")
+        if min(self.step_tokens, self.slice_tokens, self.decode_step_tokens) < 0:
+            raise ValueError(f"step_tokens, slice_tokens and decode_step_tokens must be >= 0, got "
+                             f"{self.step_tokens}, {self.slice_tokens}, {self.decode_step_tokens}")
         if self.prompt_token_cost < 0 or self.output_token_cost < 0:
             raise ValueError("token costs must be >= 0")
 

@@ -208,6 +208,22 @@ def test_short_prompts_join_a_slice_step_and_long_ones_wait():
     s.check_integrity()
 
 
+def test_another_tenants_prompt_a_little_over_a_slice_joins_the_pass_not_waits_it_out():
+    """Up to whole_pass_tokens, the first chunk to join a pass in flight when
+    another tenant's (chunk_planning._limit): it waited for every slice left."""
+    s = slicing_scheduler()
+    s.add(ticket("a-long", prompt_len=64, max_tokens=1, tenant="a"))
+    complete_step(s, s.schedule())  # a's first slice of four
+    s.add(ticket("a-mid", prompt_len=24, max_tokens=1, tenant="a"))
+    s.add(ticket("b-mid", prompt_len=24, max_tokens=1, tenant="b"))  # 24 tokens: over a slice (16), within 32
+    plan = s.schedule()
+    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (1, 2)), ("b-mid", None)]
+    complete_step(s, plan)
+    plan = s.schedule()  # a's own 24 tokens wait for its pass: a slice's worth joins, no more
+    assert [(w.request_id, w.layers) for w in plan.prefills] == [("a-long", (2, 3))]
+    s.check_integrity()
+
+
 def test_the_request_in_flight_is_never_preempted_for_pages():
     # 16 pages of 4 tokens: a's 56-token prompt holds 14 of them, over its
     # quota of 8, and its pass runs a layer a step for 12 steps while b
