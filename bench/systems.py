@@ -44,6 +44,25 @@ class Settings:
     logs: Path
 
 
+def weights_dir(s: Settings) -> Path:
+    """A Hugging Face directory holding the weights, for the peers that read
+    one (vLLM, transformers). bulkhead serves a GGUF as stored, so the
+    directory it imports beside one holds only the tokenizer and config: the
+    GGUF (--model FILE.gguf, else --gguf) is dequantized once into a sibling
+    `-hf` directory, the values bulkhead reads, which the peer then casts
+    to its own dtype."""
+    from bulkhead.model.gguf_import import convert_gguf, resolve_model
+
+    model = Path(s.model_dir)
+    if model.is_dir() and any(model.glob("*.safetensors")):
+        return model
+    imported = resolve_model(model)
+    out = imported.with_name(imported.name + "-hf")
+    if not (out / "config.json").exists():
+        convert_gguf(model if model.suffix == ".gguf" else Path(s.gguf), out)
+    return out
+
+
 # -- bulkhead -------------------------------------------------------------------
 
 BULKHEAD_FLAGS = {
@@ -184,7 +203,7 @@ def vllm_env(s: Settings, cores: str, malloc: str, tcmalloc: Path | None, inheri
 
 def vllm_cmd(python: Path, s: Settings, port: int, dtype: str, extra_args: list[str]) -> list[str]:
     """vLLM's OpenAI server, compiled (its default: no -O0, no --enforce-eager), in `dtype`."""
-    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir),
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights_dir(s)),
             "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
             "--dtype", dtype, "--max-model-len", str(s.context_length), "--seed", "0", *extra_args]
 
@@ -296,4 +315,4 @@ def binary_problem(binary: Path, setup: str) -> str | None:
 
 
 def hf_static_cmd(s: Settings) -> list[str]:
-    return [sys.executable, str(BENCH / "hf_static.py"), str(s.model_dir)]
+    return [sys.executable, str(BENCH / "hf_static.py"), str(weights_dir(s))]

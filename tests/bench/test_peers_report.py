@@ -168,17 +168,41 @@ def test_vllm_is_measured_with_and_without_the_tcmalloc_preload_under_each_core_
         parse_args(["--vllm-malloc", "jemalloc"])
 
 
-def test_vllm_is_compiled_and_bf16_on_the_model_given_and_its_command_line_is_quoted_whole():
+def test_vllm_is_compiled_and_bf16_on_the_model_given_and_its_command_line_is_quoted_whole(tmp_path):
     from pathlib import Path
 
     from bench.systems import command_line, vllm_cmd
 
-    s = Settings(Path("/ckpt/bf16"), Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    s = Settings(tmp_path, Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
     cmd = vllm_cmd(Path("/venv/bin/python"), s, 8000, "bfloat16", [])
-    assert cmd[cmd.index("--model") + 1] == "/ckpt/bf16" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--model") + 1] == str(tmp_path) and cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert not set(cmd) & {"-O0", "--enforce-eager"}
     line = command_line(cmd, {"LD_PRELOAD": "/a b.so", "VLLM_CPU_KVCACHE_SPACE": "1"})
     assert line.startswith("LD_PRELOAD='/a b.so' VLLM_CPU_KVCACHE_SPACE=1 /venv/bin/python -m vllm.")
+
+
+def test_a_peer_given_a_ggufs_import_reads_the_gguf_dequantized_once(tmp_path, monkeypatch):
+    # bulkhead's import of a GGUF holds no weights (it serves the file as
+    # stored): vLLM pointed at it failed with "Cannot find any model weights".
+    from pathlib import Path
+
+    import bulkhead.model.gguf_import as gguf_import
+    from bench import systems
+
+    imported = tmp_path / "SmolLM2.Q4_1-abc"
+    imported.mkdir()
+    converted = []
+
+    def convert(source, out):
+        converted.append(Path(source))
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf_import, "convert_gguf", convert)
+    s = Settings(imported, Path("/m.gguf"), 1.0, 2048, Path("/tmp"))
+    assert systems.weights_dir(s) == tmp_path / "SmolLM2.Q4_1-abc-hf" and converted == [Path("/m.gguf")]
+    assert systems.weights_dir(s) == tmp_path / "SmolLM2.Q4_1-abc-hf" and len(converted) == 1  # once
 
 
 def test_the_tcmalloc_setting_is_checked_in_every_process_of_the_server(tmp_path):
