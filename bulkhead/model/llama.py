@@ -90,6 +90,12 @@ class LlamaModel:
         # dispatch cold, and F.rms_norm then cost ~130-240 us a pass
         # (docs/performance.md). Torch's where the C glue cannot load.
         self._c_final_norm = _final_norm_after_c_layers() if usable else _rms_norm
+        # Adapter rows take the C delta over packed bf16 adapters wherever a
+        # reduced-precision pass runs: beside the C decode layers, and on a
+        # prompts-only worker (no decode layers, the C prompt glue), whose
+        # prompts through the fp32 torch delta took 2.3x the base's time to
+        # first token. The exact path keeps lora_rows over fp32 adapters.
+        self._c_adapters = lora_layers.load() is not None and (usable or self.prefill_glue == "c")
 
     @property
     def decode_glue(self) -> str:
@@ -100,7 +106,7 @@ class LlamaModel:
     def adapter_packing(self):
         """How a worker holds adapters for this model (bulkhead.engine.adapter_store's
         pack): only packed, where every pass reads the packed copy (_adapter_deltas)."""
-        return lora_layers.pack_only if self._c_layers is not None and self._c_layers.takes_adapters() else None
+        return lora_layers.pack_only if self._c_adapters else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -154,7 +160,7 @@ class LlamaModel:
         prompt and decode steps read one copy of its adapter; elsewhere (the
         exact path) bulkhead.model.lora_rows over fp32 weights. None: no
         row has an adapter."""
-        if batch.lora is None or self._c_layers is None or not self._c_layers.takes_adapters():
+        if batch.lora is None or not self._c_adapters:
             return batch.lora
         return lora_layers.StepDeltas(lora_layers.load(), batch.lora)
 

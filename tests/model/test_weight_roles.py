@@ -125,3 +125,17 @@ def test_a_ggufs_layers_are_decoded_one_at_a_time_as_they_are_laid_out(q4_0_dir,
 
     laid = linear_kernel.prepare(lazy, "q4-bf16in" if i16in_kernel.load() is None else "q4-i16in", release=True)
     assert len(alive) == len(laid.layers) == SHAPES["layers"]
+
+
+@needs_i16in
+def test_adapter_rows_take_the_c_delta_on_a_prefill_worker_too(q4_0_dir, fresh_cache):
+    # A prefill worker has no C decode layers; its adapter prompts ran the
+    # fp32 torch delta and took 2.3x the base's time to first token, served.
+    from bulkhead.engine.builder import EngineConfig, build_engine
+    from bulkhead.model import lora_layers
+
+    if lora_layers.load() is None:
+        pytest.skip("the C LoRA delta does not build here")
+    cfg = EngineConfig(model_dir=q4_0_dir, model_id="tiny", kv_memory_bytes=16 * 2**20)
+    for built in (build_engine(cfg, prefill_only=True), build_engine(cfg, decode_only=True)):
+        assert built.engine.runner.model.adapter_packing is lora_layers.pack_only
