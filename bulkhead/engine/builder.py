@@ -56,10 +56,22 @@ UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
 THREAD_COUNT_INVARIANT_DECODE = ("q4-i16in", "bf16")
 
 
-def single_thread_decode_rows(kernel: str, head: str, decode_glue: str) -> int:
+# A lone row on one thread pays off where one core's memory bandwidth keeps
+# up with the weights a token reads (SmolLM2-135M: ~106M layer parameters);
+# a ~1B model's token streams ~0.5 GB even at 4 bits and wants every core.
+SINGLE_THREAD_MAX_LAYER_PARAMS = 300_000_000
+
+
+def layer_params(mc: ModelConfig) -> int:
+    """The decoder layers' matrix parameters: what a decode token streams."""
+    attention = mc.hidden_size * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads)
+    return mc.num_layers * (attention + 3 * mc.hidden_size * mc.intermediate_size)
+
+
+def single_thread_decode_rows(kernel: str, head: str, decode_glue: str, params: int = 0) -> int:
     invariant = kernel in THREAD_COUNT_INVARIANT_DECODE and head in linear_kernel.ROW_BY_ROW_HEADS \
         and decode_glue == "c"
-    return 1 if invariant else 0
+    return 1 if invariant and params <= SINGLE_THREAD_MAX_LAYER_PARAMS else 0
 
 
 def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bool:
@@ -155,8 +167,8 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
                                  prefill_row_bucket=0 if m.kernel in UNBUCKETED_KERNELS else PREFILL_ROW_BUCKET,
                                  batch_prompts=prompts_share_passes(m.kernel, m.head, m.model.prefill_glue),
                                  safe_mode=cfg.safe_mode and cfg.guards,
-                                 single_thread_decode_rows=single_thread_decode_rows(m.kernel, m.head,
-                                                                                     m.model.decode_glue))
+                                 single_thread_decode_rows=single_thread_decode_rows(
+                                     m.kernel, m.head, m.model.decode_glue, layer_params(mc)))
     lease = CoreLease(cfg.core_lease) if cfg.core_lease else None
     runner = ModelRunner(m.model, pool, ledger, runner_config, lease)
     sampler = Sampler(mc.eos_token_ids, GrammarMasks(tokenizer.to_json(), mc.vocab_size, mc.eos_token_ids))

@@ -130,3 +130,16 @@ def test_only_kernels_whose_sums_ignore_the_thread_count_decode_a_lone_row_on_on
     assert single_thread_decode_rows("bf16", "bf16w", "c") == 1
     assert single_thread_decode_rows("onednn", "fp32", "c") == 0  # oneDNN may split a row's sums by thread
     assert single_thread_decode_rows("q4-i16in", "q8-i16in", "torch") == 0  # torch's glue: not shown invariant
+
+
+def test_a_model_too_big_for_one_cores_bandwidth_decodes_a_lone_row_on_every_thread():
+    from types import SimpleNamespace
+
+    from bulkhead.engine.builder import layer_params
+
+    smollm2 = SimpleNamespace(num_layers=30, hidden_size=576, head_dim=64, num_heads=9, num_kv_heads=3,
+                              intermediate_size=1536)
+    llama_1b = SimpleNamespace(num_layers=16, hidden_size=2048, head_dim=64, num_heads=32, num_kv_heads=8,
+                               intermediate_size=8192)
+    assert single_thread_decode_rows("q4-i16in", "q8-i16in", "c", layer_params(smollm2)) == 1
+    assert single_thread_decode_rows("q4-i16in", "q8-i16in", "c", layer_params(llama_1b)) == 0
