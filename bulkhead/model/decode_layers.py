@@ -131,13 +131,6 @@ class DecodeLayers:
             return "the C file could not be built here (see the log)"
         return None
 
-    @staticmethod
-    def takes_adapters() -> bool:
-        """Whether steps with adapter rows run here: the C delta they call
-        builds (a process's answer never changes, so a row's path never
-        depends on its batch)."""
-        return lora_layers.load() is not None
-
     def _bind(self, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Model:
         """The C Model struct for this pool, built once per pool."""
         k0, v0 = kv_layers[0]

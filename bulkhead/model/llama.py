@@ -94,7 +94,8 @@ class LlamaModel:
         # reduced-precision pass runs: beside the C decode layers, and on a
         # prompts-only worker (no decode layers, the C prompt glue), whose
         # prompts through the fp32 torch delta took 2.3x the base's time to
-        # first token. The exact path keeps lora_rows over fp32 adapters.
+        # first token. The exact path keeps lora_rows over fp32 adapters. Fixed
+        # per process, so a row's path never depends on its batch.
         self._c_adapters = lora_layers.load() is not None and (usable or self.prefill_glue == "c")
 
     @property
@@ -124,7 +125,7 @@ class LlamaModel:
         # was measured): the C layers run every row through one matmul.
         # Adapter rows too, where the C delta builds (bulkhead.model.lora_layers).
         if batch.decode and self._c_layers is not None and not batch.row_tile \
-                and (batch.lora is None or self._c_layers.takes_adapters()):
+                and (batch.lora is None or self._c_adapters):
             x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
             return self._head(x, batch, self._c_final_norm)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
@@ -155,11 +156,10 @@ class LlamaModel:
         return _linear(x, self.weights.lm_head, None, batch).float()
 
     def _adapter_deltas(self, batch: PagedBatch):
-        """Where the C decode layers run adapter rows, the same C delta over
-        the same bf16 weights (bulkhead.model.lora_layers), so a request's
-        prompt and decode steps read one copy of its adapter; elsewhere (the
-        exact path) bulkhead.model.lora_rows over fp32 weights. None: no
-        row has an adapter."""
+        """Where adapter rows take the C delta (_c_adapters), the same bf16
+        weights (bulkhead.model.lora_layers) for a request's prompt and decode
+        steps, one copy of its adapter; elsewhere (the exact path)
+        bulkhead.model.lora_rows over fp32 weights. None: no row has an adapter."""
         if batch.lora is None or not self._c_adapters:
             return batch.lora
         return lora_layers.StepDeltas(lora_layers.load(), batch.lora)
