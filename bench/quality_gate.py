@@ -135,8 +135,8 @@ class TeacherSampler(Sampler):
         self.rows: dict[str, dict[int, torch.Tensor]] = {}
         self.picked: dict[str, dict[int, int]] = {}
 
-    def sample(self, requests, logits):
-        tokens, logprobs = super().sample(requests, logits)
+    def sample(self, requests, logits, greedy_picks=None):
+        tokens, logprobs = super().sample(requests, logits, greedy_picks)
         for i, req in enumerate(requests):
             at = len(req.output_token_ids)  # a recompute after preemption writes the same position again
             self.rows.setdefault(req.request_id, {})[at] = logits[i].float().clone()

@@ -250,7 +250,8 @@ class Engine:
                 ids, logits = self.runner.run(plan)
                 requests = [self.scheduler.requests[i] for i in ids]
                 # A slice that does not end its pass samples nothing.
-                tokens, logprobs = self.sampler.sample(requests, logits) if requests else ([], [])
+                tokens, logprobs = self.sampler.sample(requests, logits, self.runner.greedy_picks) if requests \
+                    else ([], [])
             for rid, start, rows in self.runner.prompt_rows:
                 req = self.scheduler.requests[rid]
                 got = prompt_logprobs(rows, start, req.prompt_token_ids, req.params.prompt_logprobs or 0)

@@ -89,6 +89,10 @@ class ModelRunner:
         # logprobs, PrefillWork.all_logits): (request id, first position,
         # logits [len(chunk), V]); row j predicts the token at start + j + 1.
         self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
+        # The last run's greedy pick for each row it returned, where its one
+        # pass was a decode pass whose tail ran in C (LlamaModel.forward's
+        # tail), else None: the sampler takes them instead of its own argmax.
+        self.greedy_picks: list[int] | None = None
         # Passes the scheduler hands out a slice of layers at a time
         # (bulkhead.engine.pass_slices), by request id: the batch and the
         # rows after the last slice run. Dropped when the pass ends or its
@@ -124,6 +128,8 @@ class ModelRunner:
         ids: list[str] = []
         parts: list[torch.Tensor] = []
         prompt_rows: list[tuple[str, int, torch.Tensor]] = []
+        tails: list = []  # the decode pass's decode_layers.StepTail, where its tail ran in C
+        self.greedy_picks = None
         passes = self._prefill_passes(plan.prefills) + ([list(plan.decode)] if plan.decode else [])
         for works in passes:
             prefill = isinstance(works[0], PrefillWork)
@@ -133,7 +139,7 @@ class ModelRunner:
                     continue  # the pass goes on in a later step
             else:
                 batch, pass_ids = self._build_batch(works)
-                logits = self.model.forward(batch, self._layers)
+                logits = self._forward(batch, tails)
             if prefill and works[0].all_logits:
                 prompt_rows.append((works[0].request_id, works[0].start, logits))
                 logits = logits[-1:]  # the chunk's last row: the sampling row, if it samples
@@ -145,17 +151,26 @@ class ModelRunner:
         if not parts:
             return ids, torch.empty(0, 0)  # nothing to sample (a slice that does not end its pass)
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        tail = tails[0] if tails and len(parts) == 1 else None  # the step is that decode pass alone
         # One sum instead of isfinite(): any NaN or inf makes the sum non-finite
         # (1.2 vs 0.03 ms for 16 rows of a 49k vocabulary, measured).
         # A sum of finite logits overflowing would also trip it: a false
-        # alarm that fails closed.
+        # alarm that fails closed. The C tail checks each value instead.
         if self.config.safe_mode and not all(torch.isfinite(x.sum()) for _, _, x in self.prompt_rows):
             raise NonFiniteLogits(f"non-finite prompt logits for {[rid for rid, _, _ in self.prompt_rows]}")
-        if self.config.safe_mode and not math.isfinite(logits.sum().item()):
+        if self.config.safe_mode and not (tail.finite if tail is not None else math.isfinite(logits.sum().item())):
             # Only a read of KV nobody wrote for this request (poisoned with
             # NaN in tests) or corrupted pages produce this: fail closed.
             raise NonFiniteLogits(f"non-finite logits for {ids}")
+        self.greedy_picks = tail.picks if tail is not None else None
         return ids, logits
+
+    def _forward(self, batch: PagedBatch, tails: list) -> torch.Tensor:
+        """The pass's logits; a decode pass whose tail runs in C
+        (LlamaModel.decode_tail_in_c) also appends its StepTail to tails."""
+        if batch.decode and getattr(self.model, "decode_tail_in_c", False):  # a stand-in model has none
+            return self.model.forward(batch, self._layers, tails)
+        return self.model.forward(batch, self._layers)
 
     def threads_for(self, plan: StepPlan) -> AbstractContextManager:
         """Held around a step's run and sampling: one thread where the step

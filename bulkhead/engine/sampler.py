@@ -38,9 +38,13 @@ class Sampler:
             self._generators[req.request_id] = gen
         return gen
 
-    def sample(self, requests: list[Request], logits: torch.Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def sample(self, requests: list[Request], logits: torch.Tensor,
+               greedy_picks: list[int] | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(requests), V] float32 raw model output. Logprobs are
-        the model's own (before bias, penalties and grammar), as vLLM's are."""
+        the model's own (before bias, penalties and grammar), as vLLM's are.
+        greedy_picks: each row's argmax of logits where the step computed
+        them (ModelRunner.greedy_picks), taken when every row samples greedily
+        from its raw logits."""
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] = []
         if not requests:
@@ -49,7 +53,8 @@ class Sampler:
         plain_greedy = all(r.params.greedy and not r.params.logit_bias and not r.params.penalized
                            and not self._suppressed(r) for r in requests)
         if plain_greedy:
-            tokens = argmax_rows(allowed)
+            raw = greedy_picks is not None and allowed is logits  # no grammar masked a row
+            tokens = list(greedy_picks) if raw else argmax_rows(allowed)
         for i, req in enumerate(requests):
             if not plain_greedy:
                 tokens.append(self._sample_row(req, allowed[i]))

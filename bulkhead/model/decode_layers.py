@@ -22,6 +22,12 @@ where the engine tiles decode rows instead (no invariant row multiple was
 measured), the model takes the torch path. Rows under a LoRA adapter stay
 here: the C file adds their deltas after each matmul through
 bulkhead.model.lora_layers (where that builds; else the torch path).
+
+Where the lm_head's kernel has the same signature (head_linear's
+`tail_kernel`: `q8-i16in`, `bf16-in`), `step` runs the step's tail in the
+same call: the final RMSNorm, the lm_head, and each request row's finite
+check and greedy pick (StepTail), which the runner and the sampler then
+read instead of going over the logits again in Python.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import ctypes
 import functools
 import logging
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,6 +69,11 @@ class _Layer(ctypes.Structure):
                 ("k_pool", ctypes.c_void_p), ("v_pool", ctypes.c_void_p)]
 
 
+class _Head(ctypes.Structure):
+    _fields_ = [("final_norm", ctypes.c_void_p), ("w", ctypes.c_void_p), ("w2", ctypes.c_void_p),
+                ("linear", ctypes.c_void_p), ("vocab", ctypes.c_int64)]
+
+
 class _Model(ctypes.Structure):
     _fields_ = [("layers", ctypes.c_void_p),
                 *((name, ctypes.c_int64) for name in ("num_layers", "D", "H", "KVH", "hd", "I", "page_size",
@@ -89,7 +101,33 @@ def load() -> ctypes.CDLL | None:
     lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                   *[ctypes.c_void_p] * 3, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int,
                                   ctypes.c_void_p, ctypes.c_void_p]
+    lib.decode_step.restype = ctypes.c_int64
+    lib.decode_step.argtypes = [ctypes.c_void_p, *lib.decode_layers.argtypes, *[ctypes.c_void_p] * 3]
+    lib.pick_rows.restype = ctypes.c_int64
+    lib.pick_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     return lib
+
+
+@dataclass
+class StepTail:
+    """What the C decode step computed after the lm_head, for the rows
+    [0, S) of its requests (not the padding): each row's greedy pick (the
+    first of equal maxima, NaN the largest: torch.argmax's rule), and
+    whether every one of those rows' logits is finite."""
+
+    picks: list[int]
+    finite: bool
+
+
+def pick_rows(logits: torch.Tensor) -> StepTail:
+    """The C step's tail over logits [S, V] float32 alone (what decode_step
+    runs after its lm_head): each row's greedy pick and whether all are finite."""
+    logits = logits.contiguous()
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.shape[1] < 1:
+        raise ValueError(f"logits must be float32 [S, V >= 1], not {logits.dtype} {tuple(logits.shape)}")
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    nonfinite = load().pick_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr())
+    return StepTail(out.tolist(), nonfinite == 0)
 
 
 class DecodeLayers:
@@ -103,6 +141,25 @@ class DecodeLayers:
         self._linear = ctypes.cast(weights.layers[0].qkv.decode_fn(), ctypes.c_void_p).value
         self._pool_key = None
         self._model = None
+        self._head = self._bind_head(weights)
+
+    def _bind_head(self, weights) -> _Head | None:
+        """The lm_head for `step`, or None where its kernel runs from Python
+        (no tail_kernel: bf16w, fp32) or the final norm is not fp32."""
+        tail = getattr(weights.lm_head, "tail_kernel", None)
+        found = tail() if tail is not None else None
+        norm = weights.final_norm
+        if found is None or norm.dtype != torch.float32 or not norm.is_contiguous():
+            return None
+        fn, w, w2 = found
+        self._head_keep = (norm, w, w2)  # the struct holds their addresses
+        return _Head(norm.data_ptr(), w.data_ptr(), w2.data_ptr(), ctypes.cast(fn, ctypes.c_void_p).value,
+                     weights.lm_head.out_features)
+
+    @property
+    def runs_head(self) -> bool:
+        """Whether `step` runs the lm_head and the tail in the same call."""
+        return self._head is not None
 
     @staticmethod
     def why_not(config, weights, decode_attention: str) -> str | None:
@@ -180,24 +237,39 @@ class DecodeLayers:
 
     def run(self, x: torch.Tensor, batch, kv_layers) -> torch.Tensor:
         """x [T, D] float32 (the step's embedded rows), returned after the last layer."""
-        model = self._bind(kv_layers)
         x = x.contiguous()
+        self._call(self.lib.decode_layers, x, batch, kv_layers)
+        return x
+
+    def step(self, x: torch.Tensor, batch, kv_layers) -> tuple[torch.Tensor, StepTail]:
+        """x [T, D] float32 through every layer, the final norm and the
+        lm_head (runs_head): (logits [T, V] float32, the rows' StepTail)."""
+        x, rows = x.contiguous(), batch.decode_kv_len.shape[0]
+        logits = torch.empty(x.shape[0], self._head.vocab, dtype=torch.float32)
+        out = torch.empty(rows + 1, dtype=torch.int64)  # the picks, then the count of non-finite rows
+        self._call(self.lib.decode_step, x, batch, kv_layers, ctypes.addressof(self._head),
+                   tail=(logits.data_ptr(), out.data_ptr(), out.data_ptr() + 8 * rows))
+        *picks, nonfinite = out.tolist()
+        return logits, StepTail(picks, nonfinite == 0)
+
+    def _call(self, fn, x: torch.Tensor, batch, kv_layers, *head, tail=()) -> None:
+        """fn (decode_layers, or decode_step with its head and tail
+        pointers) over x in place; raises where the C file refuses."""
+        model = self._bind(kv_layers)
         rows = batch.decode_kv_len.shape[0]
         index = (batch.positions, batch.write_slots, batch.pages, batch.decode_page_offset, batch.decode_kv_len)
         if any(t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1 for t in index) \
                 or x.dtype != torch.float32 or batch.write_slots.shape[0] != rows \
                 or batch.decode_page_offset.shape[0] != rows or batch.positions.shape[0] != x.shape[0]:
-            raise KernelError("the C decode layers take float32 rows, one write slot and page offset per request "
-                              "and contiguous 1-D int64 index tensors")
+            raise KernelError("the C decode layers take float32 rows, one write slot and page offset "
+                              "per request and contiguous 1-D int64 index tensors")
         # The adapter rows' deltas (bulkhead.model.lora_layers), or none.
         deltas = lora_layers.StepDeltas(lora_layers.load(), batch.lora) if batch.lora is not None else None
-        rc = self.lib.decode_layers(ctypes.addressof(model), x.data_ptr(), x.shape[0], rows,
-                                    batch.positions.data_ptr(), batch.write_slots.data_ptr(), batch.pages.data_ptr(),
-                                    batch.pages.shape[0], batch.decode_page_offset.data_ptr(),
-                                    batch.decode_kv_len.data_ptr(), torch.get_num_threads(),
-                                    deltas and deltas.fn, deltas and ctypes.addressof(deltas.step))
+        rc = fn(*head, ctypes.addressof(model), x.data_ptr(), x.shape[0], rows, batch.positions.data_ptr(),
+                batch.write_slots.data_ptr(), batch.pages.data_ptr(), batch.pages.shape[0],
+                batch.decode_page_offset.data_ptr(), batch.decode_kv_len.data_ptr(), torch.get_num_threads(),
+                deltas and deltas.fn, deltas and ctypes.addressof(deltas.step), *tail)
         if rc > 0:
             raise decode_kernel.page_list_refused(rc - 1, model.num_pool_pages)
         if rc < 0:
             raise KernelError(f"the C decode layers refused the step: {ERRORS.get(rc, rc)}")
-        return x

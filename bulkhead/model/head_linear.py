@@ -18,6 +18,10 @@ runs each row alone, the same operations whatever its batch-mates:
   as the bundled SmolLM2's tied embedding is), those weights rebuilt
   exactly, inputs as 16-bit integers per group (bulkhead.model.i16in_kernel).
 
+`q8-i16in` and `bf16-in` have linear_q4's signature (`tail_kernel`), so the
+C decode step runs them after its layers in the same call
+(bulkhead.model.decode_layers); `bf16w` and `fp32` run from Python.
+
 Which runs is the kernel table's lm_head column (bulkhead.model.kernel_table).
 """
 
@@ -53,6 +57,13 @@ class Q8I16InLinear(Linear):
     def __call__(self, x, b=None, decode=False):
         y = i16in_kernel.linear_q8_i16in(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
+
+    def tail_kernel(self):
+        """(its C function, linear_q4's signature, and that function's two
+        weight tensors) for the C decode step (bulkhead.model.decode_layers),
+        or None where the library cannot be loaded here."""
+        lib = i16in_kernel.load()
+        return None if lib is None else (lib.linear_q8_i16in, *self.packed)
 
 
 def q8_i16in_usable(w: torch.Tensor) -> bool:
@@ -94,6 +105,11 @@ class BF16InputHead(Linear):
     def __call__(self, x, b=None, decode=False):
         y = bf16in_kernel.linear_bf16_bf16in(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
+
+    def tail_kernel(self):
+        """As Q8I16InLinear.tail_kernel: linear_bf16_bf16in and its weight."""
+        lib = bf16in_kernel.load()
+        return None if lib is None else (lib.linear_bf16_bf16in, self.packed, bf16in_kernel.NO_SECOND_WEIGHT)
 
 
 def bf16w_usable(w: torch.Tensor) -> bool:

@@ -113,20 +113,36 @@ class LlamaModel:
     def dtype(self) -> torch.dtype:
         return self.weights.embed.dtype
 
+    @property
+    def decode_tail_in_c(self) -> bool:
+        """Whether a decode pass through the C layers runs the lm_head, the
+        finite check and the greedy picks in the same call (forward's `tail`)."""
+        return self._c_layers is not None and self._c_layers.runs_head
+
     @torch.inference_mode()
-    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, batch: PagedBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                tail: list | None = None) -> torch.Tensor:
         """Run one whole pass; returns logits [S, V] (float32) for batch.logit_rows.
 
         kv_layers[i] = (k, v) of layer i, each [num_pages, page_size, KVH, hd]
         views of the one pool tensor. This pass writes its real rows' K/V at
-        batch.write_slots before any attention reads them.
+        batch.write_slots before any attention reads them. tail: where given
+        and the pass's tail ran in C (decode_tail_in_c), the pass appends its
+        decode_layers.StepTail (each request row's greedy pick, and whether
+        their logits are all finite); otherwise left empty.
         """
         # Not where decode rows are tiled (no batch-invariant row multiple
         # was measured): the C layers run every row through one matmul.
         # Adapter rows too, where the C delta builds (bulkhead.model.lora_layers).
         if batch.decode and self._c_layers is not None and not batch.row_tile \
                 and (batch.lora is None or self._c_adapters):
-            x = self._c_layers.run(self.weights.embed[batch.token_ids], batch, kv_layers)
+            x = self.weights.embed[batch.token_ids]
+            if self._c_layers.runs_head:
+                logits, found = self._c_layers.step(x, batch, kv_layers)
+                if tail is not None:
+                    tail.append(found)
+                return logits
+            x = self._c_layers.run(x, batch, kv_layers)
             return self._head(x, batch, self._c_final_norm)
         state = self._torch_layers(self.start_pass(batch), batch, kv_layers, 0, self.config.num_layers)
         return self._head(state.x, batch)

@@ -38,6 +38,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include "bf16.h"
 #include "glue.h"
 
@@ -197,4 +200,111 @@ int64_t decode_layers(const Model *m, float *x, int64_t T, int64_t S, const int6
     }
     free(buf);
     return rc;
+}
+
+/* The lm_head after the last layer, for decode_step: the final RMSNorm's
+ * weight and the lm_head's kernel (linear_q4's signature: linear_q8_i16in
+ * or linear_bf16_bf16in, over the weight pointers the Python layer hands). */
+typedef struct {
+    const float *final_norm;  /* [D] */
+    const void *w, *w2;
+    linear_fn linear;
+    int64_t vocab;
+} Head;
+
+/* Whether every value of a row is finite, and the row's greedy pick as
+ * numpy's and torch's argmax give it: the first of equal maxima (-0.0 and
+ * 0.0 equal), the first NaN where there is one (NaN counts as the largest),
+ * 0 for a row of -inf. The usual row (all finite) takes two vector passes
+ * over its logits, still in cache from the lm_head: the largest value,
+ * then the first place it occurs; a row with NaN or an infinity takes the
+ * scalar pass that states the rule. */
+static int64_t first_max_scalar(const float *row, int64_t V) {
+    int64_t arg = 0;
+    float best = row[0];
+    if (best != best) return 0;
+    for (int64_t i = 1; i < V; i++) {
+        float v = row[i];
+        if (v != v) return i;
+        if (v > best) {
+            best = v;
+            arg = i;
+        }
+    }
+    return arg;
+}
+
+static int64_t row_pick(const float *row, int64_t V, int *finite) {
+    float best = -INFINITY;
+    int bad = 0;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    __mmask16 odd = 0;
+    for (; i + 16 <= V; i += 16) {
+        __m512 v = _mm512_loadu_ps(row + i);
+        odd |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_NEQ_UQ);  /* NaN, inf: v - v is NaN */
+        top = _mm512_max_ps(top, v);
+    }
+    bad = odd != 0;
+    best = _mm512_reduce_max_ps(top);
+#endif
+    for (; i < V; i++) {
+        bad |= !(row[i] - row[i] == 0.0f);
+        best = row[i] > best ? row[i] : best;
+    }
+    *finite = !bad;
+    if (bad) return first_max_scalar(row, V);
+    i = 0;
+#ifdef __AVX512F__
+    const __m512 b = _mm512_set1_ps(best);
+    for (; i + 16 <= V; i += 16) {
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), b, _CMP_EQ_OQ);
+        if (hit) return i + __builtin_ctz(hit);
+    }
+#endif
+    for (; i < V; i++)
+        if (row[i] == best) return i;
+    return 0;  /* unreachable: best is one of the row's values */
+}
+
+/* Each of rows [0, S) of logits [S, V]: its greedy pick into picks[s]
+ * (row_pick). Returns how many rows hold NaN or an infinity. */
+int64_t pick_rows(const float *logits, int64_t S, int64_t V, int64_t *picks) {
+    int64_t bad = 0;
+    for (int64_t s = 0; s < S; s++) {
+        int finite;
+        picks[s] = row_pick(logits + s * V, V, &finite);
+        bad += !finite;
+    }
+    return bad;
+}
+
+/* One decode step whole: decode_layers, then the final RMSNorm and the
+ * lm_head over every row (padding too, as the torch path computes them:
+ * logits [T, vocab]), then each request row's finite check and greedy pick
+ * (picks [S]; *nonfinite_rows: how many of rows [0, S) hold NaN or an
+ * infinity). Why one call: back in Python after the layers, the final norm
+ * and the lm_head's call, the finite check and the argmax were a few small
+ * ops each, run cold (the weights streamed through the layers had evicted
+ * the interpreter's and torch's code and data) at ~0.5 ms a token in all
+ * (docs/performance.md). The same numbers as the separate calls: the same
+ * glue.h RMSNorm and the same lm_head kernel. Returns decode_layers' codes,
+ * or LINEAR_REFUSED / NO_MEMORY from the tail. */
+int64_t decode_step(const Head *head, const Model *m, float *x, int64_t T, int64_t S, const int64_t *positions,
+                    const int64_t *write_slots, const int64_t *pages, int64_t table_len,
+                    const int64_t *page_offset, const int64_t *kv_len, int nthreads,
+                    lora_fn lora, const void *lora_step, float *logits, int64_t *picks, int64_t *nonfinite_rows) {
+    int64_t rc = decode_layers(m, x, T, S, positions, write_slots, pages, table_len, page_offset, kv_len, nthreads,
+                               lora, lora_step);
+    if (rc) return rc;
+    const int64_t D = m->D, V = head->vocab;
+    float *h = aligned_alloc(LINE_BYTES, line_floats(T * D) * sizeof(float));
+    if (!h) return NO_MEMORY;
+    for (int64_t t = 0; t < T; t++) rms_norm_row(x + t * D, head->final_norm, h + t * D, D, m->eps);
+    rc = head->linear(h, head->w, head->w2, logits, T, V, D, nthreads) ? LINEAR_REFUSED : 0;
+    free(h);
+    if (rc) return rc;
+    *nonfinite_rows = pick_rows(logits, S, V, picks);
+    return 0;
 }
