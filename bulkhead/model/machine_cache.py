@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -161,25 +162,36 @@ _DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "U8": "uint8"
 
 
 def _read_each(path: Path) -> dict:
-    """Every tensor of a safetensors file read straight into a tensor of its
+    """Every tensor of a safetensors file read straight into memory of its
     own: the whole file never sits in memory beside the tensors (reading its
     bytes first, then the tensors out of them, peaked at twice a 1B model's
-    2.7 GB entry), nor is it mapped (its touched pages would count as RSS)."""
+    2.7 GB entry), nor is it mapped (its touched pages would count as RSS).
+    The tensors are views of one arena on transparent huge pages
+    (bulkhead.kv.huge_pages: a decode step streams them, and on 4 KiB pages
+    the prefetchers stop at every page), each on a cache line of its own."""
     import torch
+
+    from bulkhead.kv import huge_pages
 
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-        out = {}
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            t = torch.empty(info["shape"], dtype=getattr(torch, _DTYPES[info["dtype"]]))
-            if t.numel() * t.element_size() != end - start:
-                raise ValueError(f"tensor {key}: {end - start} bytes for shape {info['shape']}")
-            f.seek(8 + size + start)
-            if end > start and f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy())) != end - start:
+        header = {k: v for k, v in json.loads(f.read(size)).items() if k != "__metadata__"}
+        spans = [info["data_offsets"][1] - info["data_offsets"][0] for info in header.values()]
+        room = huge_pages.arena(sum(_on_lines(n) for n in spans))
+        out, at = {}, 0
+        for (key, info), nbytes in zip(header.items(), spans):
+            dtype = getattr(torch, _DTYPES[info["dtype"]])
+            numel = math.prod(info["shape"])
+            if numel * dtype.itemsize != nbytes:
+                raise ValueError(f"tensor {key}: {nbytes} bytes for shape {info['shape']}")
+            t = room[at:at + nbytes].view(dtype).view(info["shape"])
+            f.seek(8 + size + info["data_offsets"][0])
+            if nbytes and f.readinto(memoryview(room[at:at + nbytes].numpy())) != nbytes:
                 raise ValueError(f"tensor {key}: the file ends early")
-            out[key] = t
+            out[key], at = t, at + _on_lines(nbytes)
     return out
+
+
+def _on_lines(nbytes: int) -> int:
+    """nbytes rounded up to whole cache lines (64 bytes: torch's own alignment)."""
+    return -(-nbytes // 64) * 64

@@ -2,7 +2,9 @@
 answer depends on, so a stale entry is never read; entries round-trip."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 from bulkhead.model import machine_cache
@@ -40,3 +42,28 @@ def test_entries_round_trip_and_an_unreadable_one_is_none(tmp_path, monkeypatch)
     assert machine_cache.read_tensors("w") is None and machine_cache.read_json("absent") is None
     with machine_cache.computing("w"):  # the lock is free: taken at once
         pass
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags (/proc/self/smaps) of this process's mapping that holds address."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split()[0]
+        if "-" in first and not first.endswith(":"):
+            lo, hi = (int(x, 16) for x in first.split("-"))
+            inside = lo <= address < hi
+        elif inside and first == "VmFlags:":
+            return line.split()[1:]
+    return []
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps to read the advice from")
+def test_tensors_read_from_an_entry_lie_on_memory_advised_for_huge_pages(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_CACHE", str(tmp_path))
+    written = {"qs": torch.randint(0, 255, (3, 100), dtype=torch.uint8), "dm": torch.randn(7, 5),
+               "empty": torch.empty(0, 4)}
+    machine_cache.write_tensors("w", written, {})
+    tensors, _ = machine_cache.read_tensors("w")
+    assert all(torch.equal(tensors[k], v) for k, v in written.items())
+    assert all(t.data_ptr() % 64 == 0 for t in tensors.values())  # a cache line each, as torch aligns its own
+    assert "hg" in vm_flags(tensors["qs"].data_ptr())  # MADV_HUGEPAGE: a decode step streams these
