@@ -40,19 +40,18 @@ from bulkhead.engine.scheduler import DecodeWork, StepPlan  # noqa: E402
 from bulkhead.kv.layout import KVLayout  # noqa: E402
 from bulkhead.kv.ledger import PageLedger  # noqa: E402
 from bulkhead.kv.pool import KVPool  # noqa: E402
-from bulkhead.model import decode_kernel, linear_kernel, weight_format  # noqa: E402
-from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
+from bulkhead.model import decode_kernel  # noqa: E402
+from bulkhead.model.gguf_import import default_model_dir, resolve_model  # noqa: E402
 from bulkhead.model.llama import LlamaModel  # noqa: E402
-from bulkhead.model.loader import load_weights  # noqa: E402
+from bulkhead.model.prepared_weights import load_laid_out  # noqa: E402
 
 
 def build(kernel: str, head_kernel: str | None, max_requests: int, context: int, kv_dtype: str = "float32",
           glue: str = "auto", model_dir: Path | None = None):
-    model_dir = model_dir or default_model_dir()
-    mc, weights = load_weights(model_dir, torch.float32)
-    chosen = linear_kernel.choose(kernel, torch.float32, weights, weight_format.linear_format(model_dir))
+    model_dir = resolve_model(model_dir) if model_dir else default_model_dir()
+    # As the engine lays them out: from this machine's cache where the kernels are cached (on huge pages).
+    mc, prepared, chosen, _ = load_laid_out(model_dir, torch.float32, kernel, head_kernel)
     attention = decode_kernel.choose("auto", kv_dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, 16)
-    prepared = linear_kernel.prepare(weights, chosen, head_kernel)
     model = LlamaModel(mc, prepared, attention, glue)
     layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, 16, kv_dtype)
     pages_each = -(-(context + 8) // 16)
@@ -79,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode-glue", default="", help="comma list, one per variant: auto, c or torch "
                                                       "('' = auto)")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a model directory or GGUF file (default: the bundled SmolLM2)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--cpu-time", action="store_true",

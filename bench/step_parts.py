@@ -32,6 +32,7 @@ PARTS = (
     ("model.forward (all)", "model", "forward"),
     ("guards: page ownership", "runner", "check_ownership"),
     ("batch build", "runner", "_build_batch"),
+    ("embedding lookup", "embed", "__getitem__"),
     ("C layers", "c_layers", "run"),
     ("C layers + tail (one call)", "c_layers", "step"),
     ("final norm (Python)", "model", "_c_final_norm"),
@@ -44,12 +45,11 @@ PARTS = (
 
 
 def wrap(owner, name: str, sink: list[float]) -> None:
-    fn = getattr(type(owner), name, None) if name == "__call__" else getattr(owner, name)
-    if name == "__call__":
-        cls = type(owner)
-        sub = type(cls.__name__ + "Timed", (cls,), {"__call__": lambda self, *a, **k: timed(fn, sink, self, *a, **k)})
-        owner.__class__ = sub
+    if name.startswith("__"):  # Python looks dunders up on the class: wrap them in a subclass of the owner's own
+        fn, cls = getattr(type(owner), name), type(owner)
+        owner.__class__ = type(cls.__name__ + "Timed", (cls,), {name: lambda *a, **k: timed(fn, sink, *a, **k)})
         return
+    fn = getattr(owner, name)
     setattr(owner, name, lambda *a, **k: timed(fn, sink, *a, **k))
 
 
@@ -78,6 +78,7 @@ def child(args) -> None:
     model = engine.runner.model
     owners = {"runner": engine.runner, "c_layers": getattr(model, "_c_layers", None), "model": model,
               "lm_head": model.weights.lm_head, "sampler": engine.sampler, "scheduler": engine.scheduler,
+              "embed": None if isinstance(model.weights.embed, torch.Tensor) else model.weights.embed,  # a Q8Embedding
               "engine": engine}
     sinks = {part: [0.0] for part, _, _ in PARTS}
     for part, owner, name in PARTS:
