@@ -104,3 +104,33 @@ def test_q4_i16in_layers_hold_the_files_bytes_and_run_through_the_descriptor():
     assert sum(t.nbytes for t in layer.weights) == N * K * 18 // 32
     x = torch.randn(2, K)
     assert torch.equal(layer(x, decode=True), i16in_kernel.linear_q4_i16in(x, layer.weights))
+
+
+@needs_i16in
+def test_the_c_decode_layers_read_each_layers_own_layout(smollm2_dir):
+    """The bundled Q4_1 model with layer 0 held in fp32 scales (the same
+    numbers, 24 bytes a group): the C layers, which call one function for
+    every layer, give the very logits of the model held all in fp16 scales."""
+    import dataclasses
+
+    from bulkhead.model import decode_layers
+    from bulkhead.model.llama import LlamaModel
+    from bulkhead.model.loader import load_model
+    from tests.model.test_decode_layers import decode, prefilled
+
+    if decode_layers.load() is None:
+        pytest.skip("the C decode layers cannot be built here")
+    model = load_model(smollm2_dir, linear_kernel="q4-i16in", decode_attention="c", decode_glue="c")
+    layer = model.weights.layers[0]
+    assert q4_scales.layout_of(layer.qkv.weights) == "q4_1"
+    wide = {name: Q4Linear((lin.weights[0], lin.weights[1].float()), lin.prefill, "i16")
+            for name in ("qkv", "o", "gate_up", "down") for lin in [getattr(layer, name)]}
+    layers = [dataclasses.replace(layer, **wide), *model.weights.layers[1:]]
+    mixed = LlamaModel(model.config, dataclasses.replace(model.weights, layers=layers), "c", "c")
+    assert mixed.decode_glue == "c"
+    runner, works = prefilled(model)
+    before = runner.pool.data.clone()
+    ours = decode(runner, works)
+    runner.pool.data.copy_(before)
+    runner.model = mixed
+    assert torch.equal(decode(runner, works), ours)
