@@ -108,14 +108,15 @@ class Q4Linear(Linear):
                  decode_inputs: str = "fp32"):
         if decode_inputs not in self._KERNEL:
             raise ValueError(f"decode inputs must be one of {tuple(self._KERNEL)}, not {decode_inputs!r}")
-        if decode_inputs == "fp32" and (packed[1].dtype != torch.float32 or packed[0].shape[2] != q4_kernel.BLOCK // 2):
+        if decode_inputs == "fp32" and packed[0].shape[2] != q4_kernel.BLOCK // 2:
             raise ValueError("the fp32-input 4-bit kernel reads q4_kernel.pack's layout, not q4_scales.pack's")
         self.weights = packed
         self.packed = packed if decode_inputs == "fp32" else (q4_scales.descriptor(packed),) * 2
         self.prefill = prefill
         self.decode_inputs = decode_inputs
         qs = packed[0]  # [N / NB, K, NB / 2] (q4_kernel.pack) or [N / NB, K / 4, 2 NB] (q4_scales.pack)
-        self.out_features, self.in_features = qs.shape[0] * q4_kernel.BLOCK, qs.shape[1] * qs.shape[2] * 2 // q4_kernel.BLOCK
+        self.out_features = qs.shape[0] * q4_kernel.BLOCK
+        self.in_features = qs.shape[1] * qs.shape[2] * 2 // q4_kernel.BLOCK
 
     def decode_fn(self):
         """The C function decode rows run (linear_q4's signature; the C decode
