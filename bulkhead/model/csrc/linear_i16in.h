@@ -120,12 +120,14 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
  *     offset taken off in exact integers (|T - 8 isum| <= 32 * 8 * 32767 < 2^23),
  *     not as m * S_g, which nearly cancels s_g * T * d and leaves its rounding. */
 #define Q4_GROUP_AFFINE(t, isum, sum)                                                             \
+    (void)(isum);                                                                                \
     __m512 sv = _mm512_set1_ps(sum);                                                             \
     a0 = _mm512_fmadd_ps(sv, m0, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t[0]), scale), d0, a0)); \
     a1 = _mm512_fmadd_ps(sv, m1, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t[1]), scale), d1, a1));
 #define Q4_GROUP_F32(t, isum, sum) Q4_GROUP_AFFINE(t, isum, sum)
 #define Q4_GROUP_Q4_1(t, isum, sum) Q4_GROUP_AFFINE(t, isum, sum)
 #define Q4_GROUP_Q4_0(t, isum, sum)                                                               \
+    (void)(sum);                                                                                 \
     __m512i off = _mm512_set1_epi32(8 * (isum));                                                 \
     a0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(t[0], off)), scale), d0, a0); \
     a1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(t[1], off)), scale), d1, a1);
