@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bulkhead.model import bf16in_kernel, i16in_kernel, q4_kernel  # noqa: E402
+from bulkhead.model import bf16in_kernel, i16in_kernel, q4_scales  # noqa: E402
 
 # [out, in] of each fused layer of Llama-3.2-1B (bench/big_checkpoint.py's shapes).
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
@@ -33,7 +33,7 @@ def grid_layer(n: int, k: int, gen: torch.Generator):
     q = torch.randint(0, 16, (n, k // 32, 32), dtype=torch.uint8, generator=gen)
     d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01).half().float()
     w = (q.float() * d - 8 * d).reshape(n, k)
-    return bf16in_kernel.pack(w), q4_kernel.pack_grid(q, d, -8 * d)
+    return bf16in_kernel.pack(w), q4_scales.pack(q, d, -8 * d)
 
 
 def main() -> int:

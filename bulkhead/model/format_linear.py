@@ -10,7 +10,7 @@ codes read once, exact int32 sums (csrc/linear_i16in.h, csrc/linear_q8a.h):
 
 | codes (gguf_codes) | stored as | decode kernel | bytes a weight read |
 |---|---|---|---|
-| Q4Codes | Q4_0, Q4_1, Q4_K | linear_q4_i16in | 0.75 |
+| Q4Codes | Q4_0, Q4_1, Q4_K | linear_q4_i16in (q4_scales: the file's fp16 scales for Q4_0 and Q4_1) | 0.5625 (Q4_0), 0.625 (Q4_1), 0.75 (Q4_K) |
 | Q8Codes | Q8_0, Q5_0 | linear_q8_i16in | 1.125 |
 | Q8ACodes | Q6_K, Q5_K, Q5_1, a fused layer of mixed formats | linear_q8a_i16in | 1.375 |
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from bulkhead.model import bf16in_kernel, c_linear, i16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, c_linear, i16in_kernel, q4_kernel, q4_scales
 from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
 from bulkhead.model.linear import Linear
 
@@ -98,7 +98,7 @@ def pack(codes) -> tuple[torch.Tensor, torch.Tensor]:
     """The two tensors of `codes`' decode kernel (kernel_of's)."""
     kernel = kernel_of(codes)
     if kernel == "q4-i16in":
-        return q4_kernel.pack_grid(codes.q, codes.d, codes.m)
+        return q4_scales.pack(codes.q, codes.d, codes.m)
     if kernel == "q8-i16in":
         return i16in_kernel.pack_q8_grid(codes.q, codes.d)
     return pack_q8a(codes)
@@ -116,7 +116,8 @@ class CodedLinear(Linear):
         self.format = kernel_of(codes)
         self.weights = pack(codes)
         # [tag, codes, scales]: linear_coded's descriptor; the C decode layers pass it as the weight pointer.
-        self.desc = torch.tensor([TAGS[self.format], *(t.data_ptr() for t in self.weights)], dtype=torch.int64)
+        self.desc = q4_scales.descriptor(self.weights) if self.format == "q4-i16in" else \
+            torch.tensor([TAGS[self.format], *(t.data_ptr() for t in self.weights)], dtype=torch.int64)
         self.packed = (self.desc, self.desc)
         self.prefill = prefill
         self.out_features, self.in_features = codes.q.shape[0], codes.q.shape[1] * codes.q.shape[2]

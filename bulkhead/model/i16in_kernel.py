@@ -33,7 +33,7 @@ import ctypes
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from bulkhead.model import c_linear, q4_kernel
+from bulkhead.model import c_linear, q4_kernel, q4_scales
 
 def load() -> ctypes.CDLL | None:
     """The C linear kernels (bulkhead.model.c_linear), or None where they
@@ -41,13 +41,22 @@ def load() -> ctypes.CDLL | None:
     return c_linear.load_with("avx512_vnni")
 
 
+def pack_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [N, K] laid out for linear_q4_i16in (q4_scales.pack of its 4-bit
+    grid: the file's own fp16 scales where they are fp16), or None if w is
+    not exactly on a 4-bit grid."""
+    found = q4_kernel.grid(w)
+    return None if found is None else q4_scales.pack(*found)
+
+
 def linear_q4_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, K] float32 @ w.T -> [M, N] float32 from q4's packing (packed =
-    q4_kernel.pack(w)), x quantized to 16-bit integers per group inside the call."""
+    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack_q4(w) (the
+    C entry point of its scales' layout: q4_scales), x quantized to 16-bit
+    integers per group inside the call."""
     lib = load()
     if lib is None:
         raise RuntimeError("the 16-bit-input decode kernel is not available")
-    return q4_kernel.call_packed(lib.linear_q4_i16in, x, packed)
+    return q4_scales.linear(lib, x, packed)
 
 
 # q8_grid()'s answer per weight tensor, while it lives: the engine asks once

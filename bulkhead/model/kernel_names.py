@@ -35,7 +35,7 @@ MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                                  "and outputs; decode rows as q4",
                     "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
-                                "fp32 scales",
+                                "fp32 scales (read as the file's fp16 for Q4_0 and Q4_1)",
                     "gguf-i16in": "each tensor group's GGUF codes as stored (4-bit, 8-bit, 8-bit with a scale per "
                                   "16); prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs "
                                   "as 16-bit integers per group of 32, exact int32 sums, fp32 scales",

@@ -37,7 +37,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import bf16in_kernel, format_linear, i16in_kernel, kernel_table, q4_kernel
+from bulkhead.model import bf16in_kernel, c_linear, format_linear, i16in_kernel, kernel_table, q4_kernel, q4_scales
 from bulkhead.model.bf16_embedding import BF16Embedding
 from bulkhead.model.head_linear import (  # noqa: F401  (re-exported)
     BF16InputHead, BF16WeightLinear, Q8I16InLinear, choose_head,
@@ -82,10 +82,15 @@ class OneDNNLinear(Linear):
 
 
 class Q4Linear(Linear):
-    """Decode rows through a kernel over the 4-bit packing (q4_kernel.pack):
-    by `decode_inputs`, fp32 inputs and sums (bulkhead.model.q4_kernel) or
-    16-bit integer inputs (bulkhead.model.i16in_kernel); other rows through
-    `prefill` (a layer over the same weight).
+    """Decode rows through a kernel over the 4-bit packing: by
+    `decode_inputs`, fp32 inputs and sums over q4_kernel.pack's fp32 scales
+    (bulkhead.model.q4_kernel), or 16-bit integer inputs over the file's
+    own scales (q4_scales.pack: fp16 for Q4_0 and Q4_1; i16in_kernel);
+    other rows through `prefill` (a layer over the same weight). `weights`
+    holds the packed tensors; `packed` the two the C decode layers pass its
+    kernel (linear_q4's signature): the tensors themselves under fp32
+    inputs, linear_coded's descriptor twice under 16-bit ones (the layers
+    call one function, and a model's layers may differ in layout).
 
     prefill None (a decode worker's layout, RUNS "decode"): prompt rows run
     the decode kernel too, over the same 4-bit codes, so the worker holds no
@@ -97,17 +102,21 @@ class Q4Linear(Linear):
     kernel's time (bench/prompt_kernels.py), for the rare recompute."""
 
     # decode_inputs -> (the module that loads the C library, its function with linear_q4's signature)
-    _KERNEL = {"fp32": (q4_kernel, "linear_q4"), "i16": (i16in_kernel, "linear_q4_i16in")}
+    _KERNEL = {"fp32": (q4_kernel, "linear_q4"), "i16": (i16in_kernel, "linear_coded")}
 
     def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear | None,
                  decode_inputs: str = "fp32"):
         if decode_inputs not in self._KERNEL:
             raise ValueError(f"decode inputs must be one of {tuple(self._KERNEL)}, not {decode_inputs!r}")
-        self.packed = packed
+        if decode_inputs == "fp32" and packed[0].shape[2] != q4_kernel.BLOCK // 2:
+            raise ValueError("the fp32-input 4-bit kernel reads q4_kernel.pack's layout, not q4_scales.pack's")
+        self.weights = packed
+        self.packed = packed if decode_inputs == "fp32" else (q4_scales.descriptor(packed),) * 2
         self.prefill = prefill
         self.decode_inputs = decode_inputs
-        qs = packed[0]  # [N / NB, K, NB / 2]
-        self.out_features, self.in_features = qs.shape[0] * q4_kernel.BLOCK, qs.shape[1]
+        qs = packed[0]  # [N / NB, K, NB / 2] (q4_kernel.pack) or [N / NB, K / 4, 2 NB] (q4_scales.pack)
+        self.out_features = qs.shape[0] * q4_kernel.BLOCK
+        self.in_features = qs.shape[1] * qs.shape[2] * 2 // q4_kernel.BLOCK
 
     def decode_fn(self):
         """The C function decode rows run (linear_q4's signature; the C decode
@@ -122,7 +131,7 @@ class Q4Linear(Linear):
         fn = self.decode_fn()
         if fn is None:
             raise RuntimeError(f"the {self.decode_inputs}-input 4-bit decode kernel is not available here")
-        y = q4_kernel.call_packed(fn, x.float(), self.packed)
+        y = c_linear.call(fn, x.float(), self.in_features, self.out_features, *self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
     def silu_mul(self, x):
@@ -317,12 +326,14 @@ def prepare_one(w: torch.Tensor, kernel: str, runs: str = "both") -> Linear:
     if kernel in Q4_KERNELS:
         if kernel in BF16_INPUT_PROMPTS and runs == "prompts":  # never a decode row: no 4-bit packing
             return BF16InLinear(bf16in_kernel.pack(w))
-        packed = q4_kernel.pack(w)
-        if packed is None:
+        found = q4_kernel.grid(w)
+        if found is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
+        inputs = DECODE_INPUTS.get(kernel, "fp32")
+        packed = q4_scales.pack(*found) if inputs == "i16" else q4_kernel.pack_grid(*found)
         if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read it in bf16
             prompts = None if runs == "decode" else BF16InLinear(bf16in_kernel.pack(w))
-            return Q4Linear(packed, prompts, DECODE_INPUTS.get(kernel, "fp32"))
+            return Q4Linear(packed, prompts, inputs)
         return Q4Linear(packed, OneDNNLinear(w, w.dtype))
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 

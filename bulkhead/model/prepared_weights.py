@@ -106,7 +106,7 @@ def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights,
             w = getattr(layer, name)
             prompts = w if isinstance(w, BF16InLinear) else w.prefill
             if isinstance(w, Q4Linear):
-                tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.packed
+                tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.weights  # its own layout
             if prompts is not None:
                 tensors[f"layers.{i}.{name}.wb"] = prompts.wb
     if head == "q8-i16in":

@@ -36,7 +36,7 @@ def outputs(kernel: str) -> list[torch.Tensor]:
     xs[-1][-2, 5], xs[-1][-1, 9] = float("nan"), float("inf")
     run = {
         "linear_q4": lambda x: q4_kernel.linear_q4(x, q4_kernel.pack(w4)),
-        "linear_q4_i16in": lambda x: i16in_kernel.linear_q4_i16in(x, q4_kernel.pack(w4)),
+        "linear_q4_i16in": lambda x: i16in_kernel.linear_q4_i16in(x, i16in_kernel.pack_q4(w4)),
         "linear_q8_i16in": lambda x: i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w8)),
         "linear_bf16w": lambda x: head_kernel.linear_bf16w(x, head_kernel.pack(w4)),
         "linear_bf16in": lambda x: bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w4)),

@@ -21,7 +21,7 @@ GROUP = q4_kernel.GROUP
 
 
 def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return i16in_kernel.linear_q4_i16in(x, q4_kernel.pack(w))
+    return i16in_kernel.linear_q4_i16in(x, i16in_kernel.pack_q4(w))
 
 
 def what_it_computes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ def test_it_quantizes_the_inputs_per_group_and_nothing_else(rows):
 
 @needs_i16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    packed = q4_kernel.pack(gguf_q4_1(64, 96))
+    packed = i16in_kernel.pack_q4(gguf_q4_1(64, 96))
     assert_rows_independent(lambda x: i16in_kernel.linear_q4_i16in(x, packed), torch.randn(20, 96))
 
 
@@ -86,9 +86,11 @@ def test_shapes_it_does_not_take_are_refused():
     w = gguf_q4_1(64, 96)
     with pytest.raises(ValueError, match="float32"):
         run(torch.randn(2, 64), w)
-    qs = torch.zeros(2, 48, q4_kernel.BLOCK // 2, dtype=torch.uint8)  # K = 48: not whole groups
+    qs = torch.zeros(2, 12, 2 * q4_kernel.BLOCK, dtype=torch.uint8)  # K = 48: not whole groups
     with pytest.raises(ValueError, match="refused"):
         i16in_kernel.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
+    with pytest.raises(ValueError, match="pack_quads"):  # the fp32-input kernel's packing is not this one's
+        i16in_kernel.linear_q4_i16in(torch.randn(2, 96), q4_kernel.pack(w))
 
 
 @needs_i16in

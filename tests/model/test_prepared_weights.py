@@ -34,7 +34,7 @@ def test_a_second_load_reads_the_laid_out_weights_and_they_are_the_same(smollm2_
     for la, lb in zip(a.layers, b.layers):
         for name in prepared_weights.LINEARS:
             wa, wb = getattr(la, name), getattr(lb, name)
-            assert all(torch.equal(x, y) for x, y in zip(wa.packed, wb.packed))
+            assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(wa.weights, wb.weights))
             assert torch.equal(wa.prefill.wb, wb.prefill.wb) and wa.decode_inputs == wb.decode_inputs
     # The same logits from both: prompt and decode rows.
     x = torch.randn(3, a.embed.shape[1], generator=torch.Generator().manual_seed(0))

@@ -4,7 +4,8 @@
  *
  *   format (micro-kernel file)        inputs             entry points
  *   4-bit grid, fp32 (linear_q4.h)     fp32               linear_q4
- *   4-bit / 8-bit grid (linear_i16in.h) 16-bit integers   linear_q4_i16in, linear_q8_i16in
+ *   4-bit / 8-bit grid (linear_i16in.h) 16-bit integers   linear_q4_i16in, linear_q8_i16in,
+ *     (the 4-bit one's fp32, Q4_1 and Q4_0 scales)                  linear_q4_1_i16in, linear_q4_0_i16in
  *   8-bit, scale per 16 (linear_q8a.h)  16-bit integers   linear_q8a_i16in (Q6_K, Q5_K, Q5_1, mixed)
  *   any of the three above, by tag     16-bit integers   linear_coded (a GGUF file's per-group formats)
  *   bf16 pairs (linear_bf16.h)         bf16               linear_bf16in(_rounded, _silu_mul), linear_bf16_bf16in
@@ -56,6 +57,7 @@
 struct linear_call {
     const void *x;        /* the rows as the micro-kernel reads them: fp32, bf16 or 16-bit integers */
     const float *sc, *s;  /* 16-bit integer rows: each group's scale and exact sum, [M][K / G] */
+    const int32_t *is;    /* ... and the sum of its integers, [M][K / G] */
     const void *w, *w2;   /* the packed weight and its scales (NULL where a format has none) */
     void *y;              /* [M, N], row stride N */
     int64_t M, N, K;
@@ -141,12 +143,15 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
     if (!takes(M, N, K, G)) return -1;
     int16_t *xi;
     float *sc, *s;
-    if (quantized_rows(x, M, K, nthreads > 0 ? nthreads : 1, &xi, &sc, &s)) return -1;
-    struct linear_call c = {.x = xi, .sc = sc, .s = s, .w = q, .w2 = scales, .y = y, .M = M, .N = N, .K = K};
+    int32_t *is;
+    if (quantized_rows(x, M, K, nthreads > 0 ? nthreads : 1, &xi, &sc, &s, &is)) return -1;
+    struct linear_call c = {.x = xi, .sc = sc, .s = s, .is = is, .w = q, .w2 = scales, .y = y, .M = M, .N = N,
+                            .K = K};
     drive(&c, RMAX, nthreads, tile);
     free(xi);
     free(sc);
     free(s);
+    free(is);
     return 0;
 #else
     (void)x; (void)q; (void)scales; (void)y; (void)M; (void)N; (void)K; (void)nthreads; (void)tile;
@@ -156,6 +161,8 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
 
 #ifndef __AVX512VNNI__
 #define i16_q4_tile NULL
+#define i16_q4_1_tile NULL
+#define i16_q4_0_tile NULL
 #define i16_q8_tile NULL
 #define i16_q8a_tile NULL
 #endif
@@ -164,6 +171,21 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
 int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     return run_i16in(x, qs, dm, y, M, N, K, nthreads, i16_q4_tile);
+}
+
+/* qs as linear_q4 takes it, dm fp16 [N / NB][K / G][2][NB]: a Q4_1 file's
+ * own fp16 d and m (q4_scales.pack): 0.625 bytes a weight, against 0.75. */
+int linear_q4_1_i16in(const float *x, const uint8_t *qs, const uint16_t *dm, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    return run_i16in(x, qs, (const float *)dm, y, M, N, K, nthreads, i16_q4_1_tile);
+}
+
+/* qs as linear_q4 takes it, d fp16 [N / NB][K / G][NB]: a Q4_0 file's own
+ * signed fp16 d, its offset -8 d implied (q4_scales.pack): 0.5625 bytes a
+ * weight, what the file itself holds. */
+int linear_q4_0_i16in(const float *x, const uint8_t *qs, const uint16_t *d, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    return run_i16in(x, qs, (const float *)d, y, M, N, K, nthreads, i16_q4_0_tile);
 }
 
 /* qb [N / NB][K / 2][2][HALF][2] int8, d [N / NB][K / G][NB] (i16in_kernel.pack_q8). */
@@ -181,7 +203,7 @@ int linear_q8a_i16in(const float *x, const int8_t *qb, const float *dm, float *y
 /* One signature for a model whose layers are stored in different formats,
  * so that decode_layers.c calls one function for every layer: desc int64
  * [3] = {format tag (CODED_*), the weight's codes, its scales}. */
-enum { CODED_Q4 = 0, CODED_Q8 = 1, CODED_Q8A = 2 };
+enum { CODED_Q4 = 0, CODED_Q8 = 1, CODED_Q8A = 2, CODED_Q4_1 = 3, CODED_Q4_0 = 4 };
 int linear_coded(const float *x, const int64_t *desc, const void *unused, float *y, int64_t M, int64_t N,
                  int64_t K, int nthreads) {
     (void)unused;
@@ -191,6 +213,8 @@ int linear_coded(const float *x, const int64_t *desc, const void *unused, float 
     case CODED_Q4: return linear_q4_i16in(x, w, w2, y, M, N, K, nthreads);
     case CODED_Q8: return linear_q8_i16in(x, w, w2, y, M, N, K, nthreads);
     case CODED_Q8A: return linear_q8a_i16in(x, w, w2, y, M, N, K, nthreads);
+    case CODED_Q4_1: return linear_q4_1_i16in(x, w, (const uint16_t *)w2, y, M, N, K, nthreads);
+    case CODED_Q4_0: return linear_q4_0_i16in(x, w, (const uint16_t *)w2, y, M, N, K, nthreads);
     default: return -1;
     }
 }
