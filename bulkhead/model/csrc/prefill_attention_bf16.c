@@ -75,23 +75,11 @@ static inline __m512 exp_neg16(__m512 x) {
     return _mm512_maskz_mul_ps(~under, p, _mm512_castsi512_ps(e));
 }
 
-/* One pass of a block's R query rows (row block i0, head h) over the key
- * block at j0: its first nvec vectors of 16 keys, the rest lying past every
- * row's position (a masked key's score is -inf, its probability exactly 0,
- * so skipping it adds nothing to any sum: the same numbers, without the
- * ~25% of a 256-token prompt's dot products that the last block of each row
- * block spent on keys past its queries). nvec a constant at each call
- * (block()'s switch), as are R and D: every loop then has a constant count,
- * so the score and output sums stay in registers. With the real row count
- * as a loop bound the compiler kept them in memory, and it reloaded the key
- * and value vectors for every row unless told to hold them (the asm lines);
- * the kernel then ran at ~100 useful GFLOP/s of vdpbf16ps's ~230 on one core
- * (docs/performance.md). Row r is query qrow[r], at position pos[r]. */
-static inline __attribute__((always_inline)) void pass_keys(
-    const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, int64_t H, int64_t h, const int64_t *qrow,
-    const int64_t *pos, int64_t j0, int diagonal, float scale, float *m, float *l, float (*o)[D],
-    uint16_t (*p16)[KB], const int nvec) {
-    __m512 s[R][KB / 16];
+#define INLINE static inline __attribute__((always_inline))
+
+/* s[r][c] = q(row r) . key (j0 + 16 c + lane), for the block's first nvec vectors. */
+INLINE void scores(const uint16_t *qb, const uint16_t *kb, int64_t H, int64_t h, const int64_t *qrow, int64_t j0,
+                   __m512 (*s)[KB / 16], const int nvec) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < nvec; c++) s[r][c] = _mm512_setzero_ps();
     const uint16_t *kblk = kb + (j0 / 16) * (D / 2) * 32;
@@ -108,6 +96,12 @@ static inline __attribute__((always_inline)) void pass_keys(
             for (int c = 0; c < nvec; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qv, kv[c]);
         }
     }
+}
+
+/* Each row's scores scaled and masked, its running max and divisor moved on,
+ * its output so far rescaled, and its probabilities rounded into p16. */
+INLINE void softmax_rows(__m512 (*s)[KB / 16], const int64_t *pos, int64_t j0, int diagonal, float scale, float *m,
+                         float *l, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
     for (int r = 0; r < R; r++) {
         __m512 vmax = _mm512_set1_ps(-INFINITY);
         for (int c = 0; c < nvec; c++) {
@@ -137,6 +131,10 @@ static inline __attribute__((always_inline)) void pass_keys(
         if (alpha != 1.0f)
             for (int d = 0; d < D; d++) o[r][d] *= alpha;
     }
+}
+
+/* o[r] += p16[r] . V over the block's first nvec * 16 keys. */
+INLINE void add_values(const uint16_t *vb, int64_t j0, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
     const uint16_t *vblk = vb + j0 * D;
     __m512 acc[R][D / 16];
     for (int r = 0; r < R; r++)
@@ -156,6 +154,27 @@ static inline __attribute__((always_inline)) void pass_keys(
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < D / 16; c++) _mm512_store_ps(o[r] + c * 16, acc[r][c]);
+}
+
+/* One pass of a block's R query rows (row block i0, head h) over the key
+ * block at j0: its first nvec vectors of 16 keys, the rest lying past every
+ * row's position (a masked key's score is -inf, its probability exactly 0,
+ * so skipping it adds nothing to any sum: the same numbers, without the
+ * ~25% of a 256-token prompt's dot products that the last block of each row
+ * block spent on keys past its queries). nvec a constant at each call
+ * (block()'s switch), as are R and D: every loop then has a constant count,
+ * so the score and output sums stay in registers. With the real row count
+ * as a loop bound the compiler kept them in memory, and it reloaded the key
+ * and value vectors for every row unless told to hold them (the asm lines);
+ * the kernel then ran at ~100 useful GFLOP/s of vdpbf16ps's ~230 on one core
+ * (docs/performance.md). Row r is query qrow[r], at position pos[r]. */
+INLINE void pass_keys(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, int64_t H, int64_t h,
+                      const int64_t *qrow, const int64_t *pos, int64_t j0, int diagonal, float scale, float *m,
+                      float *l, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
+    __m512 s[R][KB / 16];
+    scores(qb, kb, H, h, qrow, j0, s, nvec);
+    softmax_rows(s, pos, j0, diagonal, scale, m, l, o, p16, nvec);
+    add_values(vb, j0, o, p16, nvec);
 }
 
 /* Queries [i0, i0 + rows) of head h against keys [0, their last position].
