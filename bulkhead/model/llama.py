@@ -163,7 +163,9 @@ class LlamaModel:
         down projections of every other row, ~2% of a 256-token prompt pass.
         Under the C glue each row's norms and SiLU are its own, and so are its
         linears on the bf16 prompt kernels (the default's), so a logit row's
-        numbers are the whole pass's bit for bit; x's other rows keep the
+        numbers are the whole pass's bit for bit (`q4`'s oneDNN prompts, whose
+        prompts never share a pass, take a matmul of the logit rows: still the
+        same numbers whatever else is in the step); x's other rows keep the
         layer's input. Not under adapters (their deltas index the pass's rows)."""
         rows = batch.logit_rows
         part = x[rows]  # [S, D] a copy, which the C glue adds into
