@@ -62,3 +62,25 @@ def test_the_torch_glue_runs_the_last_layer_whole(smollm2_dir):
     model = load_model(smollm2_dir, linear_kernel="onednn", prefill_glue="torch", prefill_attention="torch")
     _, _, rows = prompt_logits(model, all_logits=False)
     assert rows == [len(PROMPT)]
+
+
+@needs_kernels
+def test_a_chunk_that_wants_no_logits_skips_its_last_layers_tail_and_still_writes_its_kv(smollm2_dir):
+    model = load_model(smollm2_dir, linear_kernel="q4-i16in", prefill_glue="c", prefill_attention="bf16")
+    c = model.config
+    pool, ledger = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, 16, "bfloat16"), 8, "poison"), \
+        PageLedger(8)
+    runner = ModelRunner(model, pool, ledger, RunnerConfig(decode_row_multiple=1))
+    pages = tuple(ledger.allocate("r0", "t", 3))
+    last = model.weights.layers[-1]
+    down, last.down = last.down, RowCounter(last.down)
+    try:
+        runner.run(StepPlan((PrefillWork("r0", "t", 0, PROMPT[:24], pages, False),), (), ()))
+        _, logits = runner.run(StepPlan((PrefillWork("r0", "t", 24, PROMPT[24:], pages, True),), (), ()))
+        rows = last.down.rows
+    finally:
+        last.down = down
+    whole, whole_kv, _ = prompt_logits(model, all_logits=False)
+    assert rows == [0, 1]  # the first chunk: no row; the second: its sampling row
+    assert torch.equal(pool.data.nan_to_num(), whole_kv.nan_to_num())  # every position's K and V, every layer
+    torch.testing.assert_close(logits, whole, rtol=0, atol=1e-3)  # chunked: the same model, within rounding
