@@ -3,6 +3,7 @@
     python bench/prompt_step.py                              # two 256-token prompts, default kernels
     python bench/prompt_step.py --prompts 1,2,4 --tokens 256
     python bench/prompt_step.py --linear-kernel auto,q4 --reps 20   # A/B, interleaved
+    python bench/prompt_step.py --threads 1 --cpu-time --parts     # where the time goes (bench/prompt_parts.py)
     perf record -g python bench/prompt_step.py --reps 40     # a profile (docs/performance.md, Figures)
 
 Builds the engine as `bulkhead serve` does (`build_engine`: the kernel
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.prompt_parts import PARTS, PartTimer, hot_rate, linear_flops  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
 from bulkhead.engine.scheduler import PrefillWork, StepPlan  # noqa: E402
 from bulkhead.kv.layout import KVLayout  # noqa: E402
@@ -58,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the step in this thread's CPU time, not wall time: with --threads 1, what a step "
                          "costs without the time a busy machine keeps it waiting (as bench/decode_step.py)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also each part's share of a step (bench/prompt_parts.py) and the linears' GFLOP/s "
+                         "against the same kernel's on a hot-cache layer")
     return ap
 
 
@@ -93,8 +98,11 @@ def step(runner, prompts: list[tuple[int, ...]]) -> float:
         scrub_released(runner.pool, ledger)
 
 
-def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_dir: Path) -> dict:
-    """{(variant, prompts a step): [milliseconds]}, variants interleaved rep by rep."""
+def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_dir: Path,
+            parts: dict | None = None) -> dict:
+    """{(variant, prompts a step): [milliseconds]}, variants interleaved rep by rep;
+    `parts`, where given, gets {(variant, prompts a step): {part: total ms}} and
+    {variant: runner} under "runners"."""
     variants = {}
     for kernel in kernels:
         runner, chosen = build(model_dir, kernel, max(sizes), tokens)
@@ -109,7 +117,17 @@ def measure(kernels: list[str], sizes: list[int], tokens: int, reps: int, model_
             step(runner, prompts[:n])  # warm-up: first-call allocations and kernel builds
         for _ in range(reps):
             for v, runner in variants.items():
-                times[(v, n)].append(step(runner, prompts[:n]) * 1000)
+                if parts is None:
+                    times[(v, n)].append(step(runner, prompts[:n]) * 1000)
+                    continue
+                with PartTimer(CLOCK).installed() as timer:
+                    times[(v, n)].append(step(runner, prompts[:n]) * 1000)
+                spent = parts.setdefault((v, n), dict.fromkeys(PARTS, 0.0))
+                for part, seconds in timer.spent.items():
+                    spent[part] += seconds * 1000
+                spent["rest"] += times[(v, n)][-1] - sum(timer.spent.values()) * 1000
+    if parts is not None:
+        parts["runners"] = variants
     return times
 
 
@@ -122,7 +140,9 @@ def main(argv=None) -> int:
     sizes = [int(x) for x in args.prompts.split(",")]
     if min(sizes) < 1 or args.tokens < 1 or args.reps < 1:
         parser().error("--prompts, --tokens and --reps must be positive")
-    times = measure(args.linear_kernel.split(","), sizes, args.tokens, args.reps, args.model or default_model_dir())
+    parts = {} if args.parts else None
+    times = measure(args.linear_kernel.split(","), sizes, args.tokens, args.reps, args.model or default_model_dir(),
+                    parts)
     print(f"threads {torch.get_num_threads()}, {args.tokens}-token prompts, {args.reps} reps interleaved, "
           f"{'CPU' if args.cpu_time else 'wall'} time")
     for (v, n), ts in times.items():
@@ -130,7 +150,23 @@ def main(argv=None) -> int:
         median = statistics.median(ts)
         print(f"{v:<28} {n:>2} prompts: median {median:7.1f} ms (quartiles {q[0]:.1f}..{q[2]:.1f}), "
               f"{median * 1000 / (n * args.tokens):.1f} ms per 1,000 prompt tokens")
+    if parts is not None:
+        print_parts(parts, args.tokens, args.reps)
     return 0
+
+
+def print_parts(parts: dict, tokens: int, reps: int) -> None:
+    """Each variant's mean ms per part and share of the step, and its linears'
+    GFLOP/s beside the same kernel's on a hot-cache layer (its down projection)."""
+    runners = parts.pop("runners")
+    for (v, n), spent in parts.items():
+        model = runners[v].model
+        total = sum(spent.values())
+        rate = linear_flops(model.config, n * tokens) / (spent["linears"] / 1000 / reps) / 1e9
+        hot = hot_rate(model.weights.layers[0].down, n * tokens, clock=CLOCK)
+        print(f"{v} {n} prompts: " + ", ".join(f"{p} {ms / reps:.1f} ms ({100 * ms / total:.0f}%)"
+                                              for p, ms in spent.items()))
+        print(f"  linears {rate:.0f} GFLOP/s; the same kernel on a hot-cache layer ({n * tokens} rows): {hot:.0f}")
 
 
 if __name__ == "__main__":

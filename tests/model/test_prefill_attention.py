@@ -83,6 +83,20 @@ def test_non_finite_values_reach_the_output():
 
 
 @needs_kernel
+def test_a_query_block_reads_no_key_vector_past_its_last_position():
+    # Keys past a row block's last query are skipped 16 at a time, not
+    # computed and masked: a NaN at position 40 reaches the queries whose
+    # 16-key vectors hold it (rows 32.., whose block of 4 reads to 47), not
+    # those before (it did: 0 x NaN, through the whole 64-key block).
+    q, k, v = qkv(64, 64)
+    clean = run(q, k, v)
+    v[40] = float("nan")
+    out = run(q, k, v)
+    assert torch.equal(out[:32], clean[:32])
+    assert torch.isnan(out[40:, :, 0]).all()
+
+
+@needs_kernel
 def test_shapes_it_does_not_take_are_refused():
     q, k, v = qkv(4, 4)
     with pytest.raises(ValueError):

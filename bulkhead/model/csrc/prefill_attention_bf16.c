@@ -20,9 +20,10 @@
  * Each (query, head) is computed by one thread in a fixed order whatever
  * else is in the call. NaN and inf reach the output. A masked key's
  * probability is 0, but 0 x NaN is NaN: a non-finite V at a later position
- * of the same call reaches earlier queries. Such a value comes from this
- * chunk's own rows (only written positions are passed), whose last row
- * then fails the step closed anyway.
+ * of the same call, among the 16-key vectors a query block reads, reaches
+ * earlier queries. Such a value comes from this chunk's own rows (only
+ * written positions are passed), whose last row then fails the step closed
+ * anyway.
  */
 #include <math.h>
 #include <stdint.h>
@@ -74,81 +75,136 @@ static inline __m512 exp_neg16(__m512 x) {
     return _mm512_maskz_mul_ps(~under, p, _mm512_castsi512_ps(e));
 }
 
-/* Queries [i0, i0 + rows) of head h against keys [0, limit). */
+#define INLINE static inline __attribute__((always_inline))
+
+/* s[r][c] = q(row r) . key (j0 + 16 c + lane), for the block's first nvec vectors. */
+INLINE void scores(const uint16_t *qb, const uint16_t *kb, int64_t H, int64_t h, const int64_t *qrow, int64_t j0,
+                   __m512 (*s)[KB / 16], const int nvec) {
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < nvec; c++) s[r][c] = _mm512_setzero_ps();
+    const uint16_t *kblk = kb + (j0 / 16) * (D / 2) * 32;
+    for (int p = 0; p < D / 2; p++) {
+        __m512bh kv[KB / 16];
+        for (int c = 0; c < nvec; c++) {
+            kv[c] = (__m512bh)_mm512_loadu_si512(kblk + (c * (D / 2) + p) * 32);
+            __asm__("" : "+v"(kv[c]));
+        }
+        for (int r = 0; r < R; r++) {
+            int32_t pair;
+            memcpy(&pair, qb + (qrow[r] * H + h) * D + 2 * p, 4);
+            __m512bh qv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int c = 0; c < nvec; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qv, kv[c]);
+        }
+    }
+}
+
+/* Each row's scores scaled and masked, its running max and divisor moved on,
+ * its output so far rescaled, and its probabilities rounded into p16. */
+INLINE void softmax_rows(__m512 (*s)[KB / 16], const int64_t *pos, int64_t j0, int diagonal, float scale, float *m,
+                         float *l, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
+    for (int r = 0; r < R; r++) {
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int c = 0; c < nvec; c++) {
+            s[r][c] = _mm512_mul_ps(s[r][c], _mm512_set1_ps(scale));
+            if (diagonal) {
+                __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + c * 16)),
+                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+                __mmask16 ok = _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32((int)pos[r]));
+                s[r][c] = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), s[r][c]);
+            }
+            vmax = _mm512_max_ps(vmax, s[r][c]);
+        }
+        float bmax = hmax(vmax); /* one reduction a block: max is exact in any order */
+        float mnew = m[r] > bmax ? m[r] : bmax;
+        /* 0 on the first block (m = -inf); exactly 1, so skipped, where the max stays */
+        float alpha = mnew == m[r] ? 1.0f : expf(m[r] - mnew);
+        m[r] = mnew;
+        __m512 vsum = _mm512_setzero_ps(), vm = _mm512_set1_ps(mnew);
+        for (int c = 0; c < nvec; c++) {
+            /* p rounded to bf16 once; the divisor sums the rounded values */
+            __m256bh b = _mm512_cvtneps_pbh(exp_neg16(_mm512_sub_ps(s[r][c], vm)));
+            _mm256_storeu_si256((__m256i *)(p16[r] + c * 16), (__m256i)b);
+            vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
+        }
+        float sum = _mm512_reduce_add_ps(vsum);
+        l[r] = l[r] * alpha + sum;
+        if (alpha != 1.0f)
+            for (int d = 0; d < D; d++) o[r][d] *= alpha;
+    }
+}
+
+/* o[r] += p16[r] . V over the block's first nvec * 16 keys. */
+INLINE void add_values(const uint16_t *vb, int64_t j0, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
+    const uint16_t *vblk = vb + j0 * D;
+    __m512 acc[R][D / 16];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < D / 16; c++) acc[r][c] = _mm512_load_ps(o[r] + c * 16);
+    for (int jp = 0; jp < nvec * 8; jp++) {
+        __m512bh vv[D / 16];
+        for (int c = 0; c < D / 16; c++) {
+            vv[c] = (__m512bh)_mm512_loadu_si512(vblk + (jp * D + c * 16) * 2);
+            __asm__("" : "+v"(vv[c]));
+        }
+        for (int r = 0; r < R; r++) {
+            int32_t pair;
+            memcpy(&pair, p16[r] + 2 * jp, 4);
+            __m512bh pv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int c = 0; c < D / 16; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv, vv[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < D / 16; c++) _mm512_store_ps(o[r] + c * 16, acc[r][c]);
+}
+
+/* One pass of a block's R query rows (row block i0, head h) over the key
+ * block at j0: its first nvec vectors of 16 keys, the rest lying past every
+ * row's position (a masked key's score is -inf, its probability exactly 0,
+ * so skipping it adds nothing to any sum: the same numbers, without the
+ * ~25% of a 256-token prompt's dot products that the last block of each row
+ * block spent on keys past its queries). nvec a constant at each call
+ * (block()'s switch), as are R and D: every loop then has a constant count,
+ * so the score and output sums stay in registers. With the real row count
+ * as a loop bound the compiler kept them in memory, and it reloaded the key
+ * and value vectors for every row unless told to hold them (the asm lines);
+ * the kernel then ran at ~100 useful GFLOP/s of vdpbf16ps's ~230 on one core
+ * (docs/performance.md). Row r is query qrow[r], at position pos[r]. */
+INLINE void pass_keys(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, int64_t H, int64_t h,
+                      const int64_t *qrow, const int64_t *pos, int64_t j0, int diagonal, float scale, float *m,
+                      float *l, float (*o)[D], uint16_t (*p16)[KB], const int nvec) {
+    __m512 s[R][KB / 16];
+    scores(qb, kb, H, h, qrow, j0, s, nvec);
+    softmax_rows(s, pos, j0, diagonal, scale, m, l, o, p16, nvec);
+    add_values(vb, j0, o, p16, nvec);
+}
+
+/* Queries [i0, i0 + rows) of head h against keys [0, their last position].
+ * Every pass computes R rows, a block of fewer repeating its last query:
+ * rows share no sum, and the block's last position (the key loop's bound,
+ * the mask) stays the same, so a repeated row's numbers are its own. */
 static void block(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, float *out, int64_t out_rs,
                   int64_t H, int64_t h, int64_t i0, int rows, int64_t first, float scale) {
     float m[R], l[R];
     float o[R][D] __attribute__((aligned(64)));
     uint16_t p16[R][KB] __attribute__((aligned(64)));
+    int64_t qrow[R], pos[R];
     for (int r = 0; r < R; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
         memset(o[r], 0, sizeof o[r]);
+        qrow[r] = i0 + (r < rows ? r : rows - 1);
+        pos[r] = first + qrow[r];
     }
     int64_t last = first + i0 + rows - 1; /* the block's last query's position */
     for (int64_t j0 = 0; j0 <= last; j0 += KB) {
-        __m512 s[R][KB / 16];
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < KB / 16; c++) s[r][c] = _mm512_setzero_ps();
-        const uint16_t *kblk = kb + (j0 / 16) * (D / 2) * 32;
-        for (int p = 0; p < D / 2; p++) {
-            __m512bh kv[KB / 16];
-            for (int c = 0; c < KB / 16; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kblk + (c * (D / 2) + p) * 32);
-            for (int r = 0; r < rows; r++) {
-                int32_t pair;
-                memcpy(&pair, qb + ((i0 + r) * H + h) * D + 2 * p, 4);
-                __m512bh qv = (__m512bh)_mm512_set1_epi32(pair);
-                for (int c = 0; c < KB / 16; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qv, kv[c]);
-            }
-        }
         /* Only a block reaching past the row block's first query needs a mask. */
         int diagonal = j0 + KB - 1 > first + i0;
-        for (int r = 0; r < rows; r++) {
-            int64_t pos = first + i0 + r;
-            __m512 vmax = _mm512_set1_ps(-INFINITY);
-            for (int c = 0; c < KB / 16; c++) {
-                s[r][c] = _mm512_mul_ps(s[r][c], _mm512_set1_ps(scale));
-                if (diagonal) {
-                    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + c * 16)),
-                                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-                    __mmask16 ok = _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32((int)pos));
-                    s[r][c] = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), s[r][c]);
-                }
-                vmax = _mm512_max_ps(vmax, s[r][c]);
-            }
-            float bmax = hmax(vmax); /* one reduction a block: max is exact in any order */
-            float mnew = m[r] > bmax ? m[r] : bmax;
-            /* 0 on the first block (m = -inf); exactly 1, so skipped, where the max stays */
-            float alpha = mnew == m[r] ? 1.0f : expf(m[r] - mnew);
-            m[r] = mnew;
-            __m512 vsum = _mm512_setzero_ps(), vm = _mm512_set1_ps(mnew);
-            for (int c = 0; c < KB / 16; c++) {
-                /* p rounded to bf16 once; the divisor sums the rounded values */
-                __m256bh b = _mm512_cvtneps_pbh(exp_neg16(_mm512_sub_ps(s[r][c], vm)));
-                _mm256_storeu_si256((__m256i *)(p16[r] + c * 16), (__m256i)b);
-                vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
-            }
-            float sum = _mm512_reduce_add_ps(vsum);
-            l[r] = l[r] * alpha + sum;
-            if (alpha != 1.0f)
-                for (int d = 0; d < D; d++) o[r][d] *= alpha;
+        int64_t nvec = (last - j0) / 16 + 1; /* vectors holding a key at or before `last` */
+        switch (nvec) {
+        case 1: pass_keys(qb, kb, vb, H, h, qrow, pos, j0, diagonal, scale, m, l, o, p16, 1); break;
+        case 2: pass_keys(qb, kb, vb, H, h, qrow, pos, j0, diagonal, scale, m, l, o, p16, 2); break;
+        case 3: pass_keys(qb, kb, vb, H, h, qrow, pos, j0, diagonal, scale, m, l, o, p16, 3); break;
+        default: pass_keys(qb, kb, vb, H, h, qrow, pos, j0, diagonal, scale, m, l, o, p16, KB / 16); break;
         }
-        const uint16_t *vblk = vb + j0 * D;
-        __m512 acc[R][D / 16];
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < D / 16; c++) acc[r][c] = _mm512_load_ps(o[r] + c * 16);
-        for (int jp = 0; jp < KB / 2; jp++) {
-            __m512bh vv[D / 16];
-            for (int c = 0; c < D / 16; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vblk + (jp * D + c * 16) * 2);
-            for (int r = 0; r < rows; r++) {
-                int32_t pair;
-                memcpy(&pair, p16[r] + 2 * jp, 4);
-                __m512bh pv = (__m512bh)_mm512_set1_epi32(pair);
-                for (int c = 0; c < D / 16; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv, vv[c]);
-            }
-        }
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < D / 16; c++) _mm512_store_ps(o[r] + c * 16, acc[r][c]);
     }
     for (int r = 0; r < rows; r++)
         for (int d = 0; d < D; d++) out[(i0 + r) * out_rs + h * D + d] = o[r][d] / l[r];
