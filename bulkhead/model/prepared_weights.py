@@ -141,6 +141,17 @@ def load_laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: s
 
 
 def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None, runs: str):
+    mc, laid, kernel, head = _laid_out(model_dir, dtype, asked, head_asked, runs)
+    if head_asked is None and cacheable(kernel, head):
+        save(model_dir, dtype, asked, laid, kernel, head, runs)
+        # The first start serves what the next ones do: the entry read back lies on huge pages
+        # (machine_cache._read_each), torch's allocations do not; dropped first, so never two copies.
+        del laid
+        return load(model_dir, dtype, asked, runs) or _laid_out(model_dir, dtype, asked, head_asked, runs)
+    return mc, laid, kernel, head
+
+
+def _laid_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | None, runs: str):
     from bulkhead.model.loader import GGUFLayers, load_weights
 
     log.info("loading %s and laying its weights out for the kernels, for %s (once per machine where they are "
@@ -157,6 +168,4 @@ def _lay_out(model_dir: Path, dtype: torch.dtype, asked: str, head_asked: str | 
             weights.layers.codes_only = True  # the decode packing reads the codes alone
         laid = linear_kernel.prepare(weights, kernel, head, release=True, runs=runs)  # never both whole
         del weights
-    if head_asked is None and cacheable(kernel, head):
-        save(model_dir, dtype, asked, laid, kernel, head, runs)
     return mc, laid, kernel, head

@@ -3,6 +3,7 @@ the weights laid out for the default kernels (bulkhead.model.prepared_weights)
 and the batch-invariance measurement (builder._decode_row_multiple)."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from bulkhead.engine import builder
 from bulkhead.engine.builder import EngineConfig
 from bulkhead.model import linear_kernel, prepared_weights
 from bulkhead.model.llama import LlamaModel
+from tests.model.test_machine_cache import vm_flags
 
 
 @pytest.fixture
@@ -41,6 +43,15 @@ def test_a_second_load_reads_the_laid_out_weights_and_they_are_the_same(smollm2_
     for decode in (False, True):
         assert torch.equal(a.layers[0].gate_up(x, decode=decode), b.layers[0].gate_up(x, decode=decode))
     assert torch.equal(a.lm_head(x), b.lm_head(x))
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps to read the advice from")
+def test_the_first_start_serves_the_weights_from_huge_pages_as_later_ones_do(smollm2_dir, fresh_cache):
+    _, weights, kernel, head = prepared_weights.load_laid_out(smollm2_dir, torch.float32, "auto")
+    if not prepared_weights.cacheable(kernel, head):
+        pytest.skip(f"{kernel} is not cached (this CPU has no AVX-512 BF16)")
+    codes = weights.layers[0].gate_up.weights[0]
+    assert "hg" in vm_flags(codes.data_ptr())  # read back from the entry just written, not torch's 4 KiB pages
 
 
 def test_an_asked_lm_head_kernel_is_laid_out_afresh_not_read(smollm2_dir, fresh_cache):
