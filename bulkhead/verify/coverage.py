@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.protocol import lifecycle
 from bulkhead.protocol.transitions import REGISTRY
 from bulkhead.verify.handlers import HANDLERS, Handler
 
@@ -71,10 +70,6 @@ def format_coverage(rows: list[HandlerCoverage]) -> str:
     lines += ["", "Steps only the runtime takes (never explored; each is why the model differs):"]
     runtime_only = [f"  {name} -> {outcome}: {why}"
                     for name, info in sorted(REGISTRY.items()) for outcome, why in info.runtime_only.items()]
-    for row in lifecycle.rows(runtime=True):
-        if row.runtime_only:
-            src = "-" if row.src is None else row.src.name
-            runtime_only.append(f"  {row.actor.value} table: {src} -{row.event.value}-> {row.dst.name}: {row.why}")
     lines += runtime_only or ["  none: the model takes every step the runtime takes"]
     lines += ["", "Steps only the model takes (the runtime cannot reach them):"]
     for name, info in sorted(REGISTRY.items()):
