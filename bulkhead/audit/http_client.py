@@ -42,29 +42,14 @@ class EngineClient:
             raise EngineResponseError(self.base_url, f"{path} answered HTTP {response.status_code}")
         return response
 
-    def get_json(self, path: str) -> dict[str, Any]:
-        response = self._get(path)
-        try:
-            body = response.json()
-        except ValueError as error:
-            raise EndpointMissing(path) from error
-        if not isinstance(body, dict):
-            raise EndpointMissing(path)
-        return body
-
-    def try_json(self, path: str) -> dict[str, Any] | None:
-        try:
-            return self.get_json(path)
-        except EndpointMissing:
-            return None
-
-    def try_list(self, path: str) -> list[Any] | None:
-        """A JSON array (llama.cpp's /slots), or None when missing or not an array."""
+    def try_json(self, path: str, kind: type = dict) -> Any:
+        """A JSON value of `kind` (an object; llama.cpp's /slots: a list), or
+        None when the endpoint is missing or answers something else."""
         try:
             body = self._get(path).json()
         except (EndpointMissing, ValueError):
             return None
-        return body if isinstance(body, list) else None
+        return body if isinstance(body, kind) else None
 
     def try_text(self, path: str) -> str | None:
         try:

@@ -97,7 +97,7 @@ class DecodeWorker(WorkerBase):
         rid = message.request_id
         with self.lock:
             job = self.jobs.get(rid)
-            step = decode_job.drain_ack(job.phase if job else None, runtime=True)
+            step = decode_job.drain_ack(job.phase if job else None)
             if step.does(Effect.MARK_DRAINED):
                 job.drained = True  # the outcome will free the pages at once
             elif step.does(Effect.RELEASE_PAGES):
@@ -112,7 +112,7 @@ class DecodeWorker(WorkerBase):
             return
         with self.lock:
             known = self.jobs.get(ticket.request_id)
-            step = decode_job.assign(known.phase if known else None, runtime=True)
+            step = decode_job.assign(known.phase if known else None)
             if step.outcome == "duplicate":
                 self.count("duplicate_tickets")
                 return
@@ -171,7 +171,7 @@ class DecodeWorker(WorkerBase):
                     if job is not None:
                         self.pending.append(rid)
                     return
-                step = decode_job.pages_reserved(job.phase if job else None, runtime=True)
+                step = decode_job.pages_reserved(job.phase if job else None)
                 if step.does(Effect.RETURN_PAGES):
                     # Finalized before its grant: give the pages straight back
                     # (no writer was ever told of them). A second reservation
@@ -228,7 +228,7 @@ class DecodeWorker(WorkerBase):
             return
         with self.failing_closed(rid):  # an illegal step skips the rest of the block
             with self.lock:
-                step = decode_job.verdict(job.phase, lambda: "", runtime=True)
+                step = decode_job.verdict(job.phase, lambda: "")
                 if not step.does(Effect.COMMIT):  # finalized while the check ran
                     return
                 job.take(step)
@@ -248,10 +248,10 @@ class DecodeWorker(WorkerBase):
             if job is None:
                 return
             if out.finished:  # the engine has freed the pages
-                job.take(decode_job.finished(job.phase, runtime=True))
+                job.take(decode_job.finished(job.phase))
                 self.jobs.pop(rid)
             else:
-                job.take(decode_job.decode_step(job.phase, runtime=True))
+                job.take(decode_job.decode_step(job.phase))
 
     def _fail(self, rid: str, code: str, reason: str) -> None:
         """Give up on the request's KV and tell the router. An allocation
@@ -263,7 +263,7 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            if job.take(decode_job.verdict(job.phase, lambda: reason, runtime=True)).does(Effect.MARK_FAILED):
+            if job.take(decode_job.verdict(job.phase, lambda: reason)).does(Effect.MARK_FAILED):
                 job.lease_deadline = self.clock() + self.drain_lease_s
         self.send(m.TransferFailed(rid, reason, code))
         self._release_if_remembered_ack(rid)
@@ -277,7 +277,7 @@ class DecodeWorker(WorkerBase):
             if job is None:
                 return
             # A repeat changes nothing (after our own failure, say).
-            step = job.take(decode_job.finalize(job.phase, job.drained, runtime=True))
+            step = job.take(decode_job.finalize(job.phase, job.drained))
             if step.does(Effect.START_LEASE):
                 job.lease_deadline = self.clock() + self.drain_lease_s
             elif step.does(Effect.RELEASE_PAGES):
@@ -297,7 +297,7 @@ class DecodeWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None or not job.drained:
                 return
-            step = job.take(decode_job.drain_ack(job.phase, runtime=True))
+            step = job.take(decode_job.drain_ack(job.phase))
             if step.does(Effect.RELEASE_PAGES):
                 self.jobs.pop(rid)
         if step.does(Effect.RELEASE_PAGES):
@@ -307,7 +307,7 @@ class DecodeWorker(WorkerBase):
         """The fence: no write admitted for this grant can land after it."""
         with self.lock:
             job = self.jobs.get(rid)
-            step = decode_job.lease_expired(job.phase if job else None, runtime=True)
+            step = decode_job.lease_expired(job.phase if job else None)
             if step.does(Effect.RELEASE_PAGES):
                 job.take(step)
                 self.jobs.pop(rid)

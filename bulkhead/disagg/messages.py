@@ -67,25 +67,14 @@ def _optional(parse):
     return lambda v: None if v is None else parse(v)
 
 
-def _nested_list(from_list):
+def _nested(from_json, kind=dict):
     def parse(v):
         try:
-            return from_list(v)
-        except MalformedMessage:
-            raise
-        except (TypeError, ValueError) as e:
-            raise MalformedMessage(f"{from_list.__name__}: {e!r}") from e
-    return parse
-
-
-def _nested(from_dict):
-    def parse(v):
-        try:
-            return from_dict(_typed(dict)(v))
+            return from_json(_typed(kind)(v))
         except MalformedMessage:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise MalformedMessage(f"{from_dict.__qualname__}: {e!r}") from e
+            raise MalformedMessage(f"{from_json.__qualname__}: {e!r}") from e
     return parse
 
 
@@ -94,8 +83,7 @@ def _logprobs_to_list(items) -> list:
 
 
 def _logprobs_from_list(items) -> tuple[TokenLogprobs, ...]:
-    return tuple(TokenLogprobs(int(t), float(lp), tuple((int(a), float(b)) for a, b in top))
-                 for t, lp, top in _typed(list)(items))
+    return tuple(TokenLogprobs(int(t), float(lp), tuple((int(a), float(b)) for a, b in top)) for t, lp, top in items)
 
 
 def _output_to_dict(out: RequestOutput) -> dict:
@@ -151,7 +139,7 @@ _DECODERS = {
     "RequestId": _typed(str), "Outcome": _outcome, "Endpoint": _nested(_endpoint_from_dict),
     "tuple[int, ...]": _ints, "str | None": _optional(_typed(str)), "dict | None": _optional(_typed(dict)),
     "SignedTicket": _nested(signed_ticket_from_dict), "Manifest": _nested(Manifest.from_dict),
-    "RequestOutput": _nested(_output_from_dict), "tuple[TokenLogprobs, ...]": _nested_list(_logprobs_from_list),
+    "RequestOutput": _nested(_output_from_dict), "tuple[TokenLogprobs, ...]": _nested(_logprobs_from_list, list),
     "bytes | None": _optional(_unb64),
 }
 _ENCODERS = {

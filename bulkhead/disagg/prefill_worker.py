@@ -65,8 +65,7 @@ class PrefillWorker(WorkerBase):
             job = self.jobs.get(grant.request_id)
             # A job no longer here has ended (DONE); the grant follows our own
             # prefill_ready, so it never overtakes the ticket.
-            step = prefill_job.pages_granted(job.phase if job else Phase.DONE, job is not None and job.grant is not None,
-                                             runtime=True)
+            step = prefill_job.pages_granted(job.phase if job else Phase.DONE, job is not None and job.grant is not None)
             if step.outcome == "late":  # never write after the outcome, nor twice
                 return
             job.grant = grant
@@ -79,7 +78,7 @@ class PrefillWorker(WorkerBase):
             return
         with self.lock:
             known = self.jobs.get(ticket.request_id)
-            step = prefill_job.assign(known.phase if known else None, known is not None, runtime=True)
+            step = prefill_job.assign(known.phase if known else None, known is not None)
             if step.outcome == "duplicate":
                 self.count("duplicate_tickets")
                 return
@@ -94,7 +93,7 @@ class PrefillWorker(WorkerBase):
                     job = self.jobs.get(rid)
                     if job is not None:
                         job.result = out
-                    step = prefill_job.prefilled(job.phase if job else None, runtime=True)
+                    step = prefill_job.prefilled(job.phase if job else None)
                     if job is not None:
                         job.take(step)
                 if step.does(Effect.RELEASE_LOCAL):  # finalized while prefilling
@@ -113,7 +112,7 @@ class PrefillWorker(WorkerBase):
             job = self.jobs.get(rid)
             if job is None:
                 return
-            step = prefill_job.start_transfer(job.phase, job.grant is not None, runtime=True)
+            step = prefill_job.start_transfer(job.phase, job.grant is not None)
             if not step.does(Effect.POST_WRITES):
                 return
             job.take(step)
@@ -177,7 +176,7 @@ class PrefillWorker(WorkerBase):
                 # Refused ticket or already drained: nothing was or will be
                 # written, so decode may free its grant now, not at the lease
                 # (the outcome overtook the ticket, and nothing is outstanding).
-                drained = prefill_job.quiesced(prefill_job.finalize(None, runtime=True).phase, runtime=True)
+                drained = prefill_job.quiesced(prefill_job.finalize(None).phase, runtime=True)
                 if drained.does(Effect.SEND_DRAIN_ACK):
                     self.send(m.DrainAck(rid))
                 return
@@ -185,7 +184,7 @@ class PrefillWorker(WorkerBase):
                 self.jobs.pop(rid)
                 return
             holding = job.phase is Phase.PREFILLING
-            step = job.take(prefill_job.finalize(job.phase, runtime=True))
+            step = job.take(prefill_job.finalize(job.phase))
         if step.outcome == "repeat":
             return  # the first finalize started the drain
         if not step.does(Effect.STOP_ENGINE):
@@ -205,7 +204,7 @@ class PrefillWorker(WorkerBase):
             if job is None:
                 return
             finalized = job.phase is Phase.DRAINING
-            job.take(prefill_job.undrained(job.phase, runtime=True))  # DONE: no drain_ack for it, ever
+            job.take(prefill_job.undrained(job.phase))  # DONE: no drain_ack for it, ever
             if finalized:
                 self.jobs.pop(rid)
 

@@ -177,7 +177,7 @@ class DisaggBackend(Backend):
             signed = sign(Ticket(t, next(self._rooms), 1, weight=self._weight_of(t.tenant),
                                  kv_share=self._kv_share_of(t.tenant)), self.key)
             route = Route(t.request_id, prefill.name, decode.name, loop, updates, i)
-            route.take(router_job.submit("", runtime=True))  # admit() has decided, against the pair's smallest limit
+            route.take(router_job.submit(""))  # admit() has decided, against the pair's smallest limit
             with self.lock:
                 # The pair may have been declared lost, or drained, since
                 # _pair() chose it; a route to a lost worker would never be
@@ -185,7 +185,7 @@ class DisaggBackend(Backend):
                 # queues its Drain under it, so a worker never gets an
                 # assign after its Drain (the link keeps order per worker).
                 usable = self.registry.is_assignable(prefill.name) and self.registry.is_assignable(decode.name)
-                if route.take(router_job.bootstrap(route.phase, not usable, runtime=True)).outcome == "held":
+                if route.take(router_job.bootstrap(route.phase, not usable)).outcome == "held":
                     for r in routes:
                         self.routes.pop(r.request_id, None)
                     raise Overloaded("the chosen prefill/decode pair was lost or drained; retry")
@@ -227,7 +227,7 @@ class DisaggBackend(Backend):
             return
         if out.finished:  # decode's last output is the outcome (its tokens, or its error)
             with self.lock:
-                route.take(router_job.finished(route.phase, runtime=True))
+                route.take(router_job.finished(route.phase))
         route.loop.call_soon_threadsafe(route.queue.put_nowait, (route.index, out))
 
     def _fail(self, rid: str, error: BulkheadError, outcome: str) -> None:
@@ -252,7 +252,7 @@ class DisaggBackend(Backend):
         first decision wins (the link thread and the request's event loop
         may race here); a repeat sends nothing."""
         with self.lock:
-            step = route.take(router_job.decide(route.phase, runtime=True))
+            step = route.take(router_job.decide(route.phase))
         if step.does(Effect.FINALIZE_WORKERS):
             for worker in (route.prefill, route.decode):
                 self.send(worker, m.Finalize(route.request_id, Outcome(outcome)))

@@ -10,7 +10,7 @@ in step with the parser.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from bulkhead.engine.engine_config import EngineConfig
@@ -78,6 +78,3 @@ class WorkerConfig:
             raise ValueError(f"--worker-config: unknown engine settings {sorted(unknown)}")
         engine = EngineConfig(**{**engine, "model_dir": Path(engine["model_dir"])})
         return cls(**{**body, "cluster_key_file": Path(body["cluster_key_file"]), "engine": engine})
-
-    def with_engine(self, **changes) -> WorkerConfig:
-        return replace(self, engine=replace(self.engine, **changes))

@@ -15,6 +15,7 @@ like the allocator in the incident: the tests then exercise the worst case.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from bulkhead.lineage.sink import NULL_SINK, LineageSink
@@ -84,11 +85,7 @@ class PageLedger:
         return PageRecord(page, self._owner[page], self._tenant[page], self._generation[page], page in self._dirty)
 
     def owned_by_tenant(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for pages in self._pages_of.values():
-            for p in pages:
-                counts[self._tenant[p]] = counts.get(self._tenant[p], 0) + 1
-        return counts
+        return dict(Counter(self._tenant[p] for pages in self._pages_of.values() for p in pages))
 
     # -- transitions ---------------------------------------------------------
     def allocate(self, request_id: str, tenant: str, count: int) -> list[int]:

@@ -150,25 +150,22 @@ class LineageLog(LineageSink):
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self._emit("close", {})
-        self._flush()
+        self.flush()
         try:
             os.close(self._fd)
         except OSError:
             pass
 
-    def flush(self) -> None:
-        """Tests and tools: write what is queued now (any thread; the writer
-        thread's own flushes are serialised with it)."""
-        self._flush()
-
     # -- the writer thread ----------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
             start = time.thread_time()
-            self._flush()
+            self.flush()
             self.writer_cpu_s += time.thread_time() - start
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued now: the writer thread's tick, close(), and
+        tests and tools from any thread (serialised by _flush_lock)."""
         with self._flush_lock:
             batch = []
             while self._pending:

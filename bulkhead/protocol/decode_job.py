@@ -14,8 +14,6 @@ actor (bulkhead.verify.actors.decode) and the running decode worker
     drain_ack         prefill: no write can still land   MARK_DRAINED, RELEASE_PAGES
     lease_expired     the fence ran out                  RELEASE_PAGES
     finished          the last token                     RELEASE_PAGES (the runtime's engine already has)
-
-`runtime` picks the lifecycle table: the model's, or the runtime's (lifecycle.RUNTIME).
 """
 from __future__ import annotations
 
@@ -32,11 +30,11 @@ WAIT = "wait"
 
 
 @transition("decode", outcomes=("new", "duplicate"))
-def assign(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def assign(phase: Phase | None) -> JobStep:
     """A verified ticket. A second one for a known request is a duplicate."""
     if phase is not None:
         return JobStep(phase, outcome="duplicate")
-    return JobStep(advance(DECODE, None, Event.ASSIGN, runtime=runtime), outcome="new")
+    return JobStep(advance(DECODE, None, Event.ASSIGN), outcome="new")
 
 
 @transition("decode", outcomes=("reserve", "not_waiting"))
@@ -48,14 +46,13 @@ def wants_pages(phase: Phase | None) -> JobStep:
 
 
 @transition("decode", outcomes=("granted", "unwanted"))
-def pages_reserved(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def pages_reserved(phase: Phase | None) -> JobStep:
     """The pool handed over the request's pages. Granted (and told to the
     writer) only while the request still waits for them; otherwise the
     outcome came while the runtime's reservation was in flight, and the
     pages go straight back (no writer was ever told of them)."""
     if phase is Phase.WAITING_PAGES:
-        return JobStep(advance(DECODE, phase, Event.PAGES_GRANTED, runtime=runtime),
-                       (Effect.GRANT_PAGES,), "granted")
+        return JobStep(advance(DECODE, phase, Event.PAGES_GRANTED), (Effect.GRANT_PAGES,), "granted")
     return JobStep(phase, (Effect.RETURN_PAGES,), "unwanted")
 
 
@@ -71,7 +68,7 @@ def manifest_arrived(phase: Phase | None, has_manifest: bool) -> JobStep:
 @transition("decode", outcomes=("moot", "failed", "commit"), model_only={
     "wait": "the runtime checks once, after prefill's writes have returned (TransferDone follows them); "
             "the model's writes land in any order around the manifest"})
-def verdict(phase: Phase | None, check: Callable[[], str], *, runtime: bool = False) -> JobStep:
+def verdict(phase: Phase | None, check: Callable[[], str]) -> JobStep:
     """The checks' result: check() returns "" to commit, WAIT to wait for
     more landings, or why the KV is refused; it runs only while the request
     can still commit (not once it has failed or moved on, say finalized
@@ -84,22 +81,21 @@ def verdict(phase: Phase | None, check: Callable[[], str], *, runtime: bool = Fa
     if problems == WAIT:
         return JobStep(phase, outcome="wait")
     if problems:
-        return JobStep(advance(DECODE, phase, Event.VERIFY_FAILED, runtime=runtime), (Effect.MARK_FAILED,),
-                       "failed", problems)
-    return JobStep(advance(DECODE, phase, Event.MANIFEST_VERIFIED, runtime=runtime), (Effect.COMMIT,), "commit")
+        return JobStep(advance(DECODE, phase, Event.VERIFY_FAILED), (Effect.MARK_FAILED,), "failed", problems)
+    return JobStep(advance(DECODE, phase, Event.MANIFEST_VERIFIED), (Effect.COMMIT,), "commit")
 
 
 @transition("decode", outcomes=("step", "moot"))
-def decode_step(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def decode_step(phase: Phase | None) -> JobStep:
     """The first step on committed KV tells the router (the model's one
     Output); later steps change no phase (the model's read the pages again)."""
     if phase is not Phase.COMMITTED:
         return JobStep(phase, outcome="moot")
-    return JobStep(advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime), (Effect.DECODE_DONE,), "step")
+    return JobStep(advance(DECODE, phase, Event.DECODE_STEP), (Effect.DECODE_DONE,), "step")
 
 
 @transition("decode", outcomes=("repeat", "released", "draining", "abort"))
-def finalize(phase: Phase | None, drained: bool, *, drain_guard: bool = True, runtime: bool = False) -> JobStep:
+def finalize(phase: Phase | None, drained: bool, *, drain_guard: bool = True) -> JobStep:
     """The router's outcome. Pages a writer may still reach wait for the
     drain ack (or the lease); with the ack already in, or with nothing
     held, they are freed now. Guard off (drain_before_reuse), the ack is
@@ -111,45 +107,43 @@ def finalize(phase: Phase | None, drained: bool, *, drain_guard: bool = True, ru
         return JobStep(phase, outcome="repeat")
     if phase in (Phase.COMMITTED, Phase.DECODING):
         return JobStep(phase, (Effect.ABORT_ENGINE,), "abort")
-    after = advance(DECODE, phase, Event.FINALIZE, runtime=runtime)
+    after = advance(DECODE, phase, Event.FINALIZE)
     if after is Phase.DRAINING and (drained or not drain_guard):
-        after = advance(DECODE, after, Event.DRAIN_ACK, runtime=runtime)
+        after = advance(DECODE, after, Event.DRAIN_ACK)
     if after is Phase.DONE:
         return JobStep(after, (Effect.RELEASE_PAGES,), "released")
     return JobStep(after, (Effect.START_LEASE,), "draining")
 
 
 @transition("decode", outcomes=("late", "released", "early"))
-def drain_ack(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def drain_ack(phase: Phase | None) -> JobStep:
     """Prefill's ack: no write of its can still land. Frees a draining
     request's pages; before the outcome it is remembered."""
     if phase in (None, Phase.DONE):
         return JobStep(phase, outcome="late")
     if phase is Phase.DRAINING:
-        return JobStep(advance(DECODE, phase, Event.DRAIN_ACK, runtime=runtime), (Effect.RELEASE_PAGES,),
-                       "released")
+        return JobStep(advance(DECODE, phase, Event.DRAIN_ACK), (Effect.RELEASE_PAGES,), "released")
     return JobStep(phase, (Effect.MARK_DRAINED,), "early")
 
 
 @transition("decode", outcomes=("released", "moot"))
-def lease_expired(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def lease_expired(phase: Phase | None) -> JobStep:
     """The fence: no admitted write outlives the lease, so the pages go. A
     timer that fires after the ack freed them changes nothing (the runtime's
     tick lists expired leases before it takes each job's lock, so an ack can
     come between; the model fires a late timer at a finished record)."""
     if phase is not Phase.DRAINING:
         return JobStep(phase, outcome="moot")
-    return JobStep(advance(DECODE, phase, Event.LEASE_EXPIRED, runtime=runtime), (Effect.RELEASE_PAGES,),
-                   "released")
+    return JobStep(advance(DECODE, phase, Event.LEASE_EXPIRED), (Effect.RELEASE_PAGES,), "released")
 
 
 @transition("decode", outcomes=("finished",))
-def finished(phase: Phase | None, *, runtime: bool = False) -> JobStep:
+def finished(phase: Phase | None) -> JobStep:
     """The last token: the request is over and its pages go, without a
     Finalize (the router sends none after a success) and without waiting
     for prefill's ack (no write is admitted after the commit). The
     runtime's engine frees the pages itself as it emits the last token;
     the model's decode scrubs and frees them here."""
     if phase is Phase.COMMITTED:  # one output can be the first and the last
-        phase = advance(DECODE, phase, Event.DECODE_STEP, runtime=runtime)
-    return JobStep(advance(DECODE, phase, Event.FINISHED, runtime=runtime), (Effect.RELEASE_PAGES,), "finished")
+        phase = advance(DECODE, phase, Event.DECODE_STEP)
+    return JobStep(advance(DECODE, phase, Event.FINISHED), (Effect.RELEASE_PAGES,), "finished")

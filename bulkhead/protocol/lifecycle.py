@@ -3,13 +3,12 @@
     advance(actor, phase, event) -> the next phase, or IllegalTransition
 
 The model checker's actors and the runtime's records (bulkhead.disagg's
-Route, PrefillJob, DecodeJob) change phase only through advance(), so the
-checker explores exactly these rows (tests/disagg/test_lifecycle.py checks
-that a search takes every row). runtime=True adds the RUNTIME rows, each
-saying why the running system differs from the model there; today there are
-none. A from-phase of None ("-") means no record yet: the event creates it.
+Route, PrefillJob, DecodeJob) change phase only through advance(), one table
+for both, so the checker explores exactly the rows the runtime takes
+(tests/disagg/test_lifecycle.py checks that a search takes every row). A
+from-phase of None ("-") means no record yet: the event creates it.
 
-LEGACY and the guard ablations take only PROTOCOL rows: they change what the
+LEGACY and the guard ablations take the same rows: they change what the
 checks decide, not which phases follow which. With drain_before_reuse off,
 decode frees pages at the finalize as though prefill had already acked:
 that unfenced reuse is what the ablation shows is unsafe.
@@ -112,14 +111,6 @@ PROTOCOL = {
     ),
 }
 
-# Where the running system differs from the model (none today). A row with
-# the key of a PROTOCOL row replaces it for the runtime.
-RUNTIME = {
-    ROUTER: (),
-    PREFILL: (),
-    DECODE: (),
-}
-
 
 @dataclass(frozen=True)
 class Row:
@@ -128,64 +119,40 @@ class Row:
     event: Event
     dst: P
     why: str
-    runtime_only: bool = False
-    replaces: P | None = None  # a runtime row's protocol destination, where it differs
 
 
 class IllegalTransition(Exception):
     """A phase change that is not in the table: a bug, or a message the
     protocol never sends (a duplicate the guards should have dropped)."""
 
-    def __init__(self, actor: Actor, phase: P | None, event: Event, runtime: bool):
-        table = "runtime" if runtime else "protocol"
-        super().__init__(f"{actor.value}: no transition from {_name(phase)} on {event.value} in the {table} table")
+    def __init__(self, actor: Actor, phase: P | None, event: Event):
+        super().__init__(f"{actor.value}: no transition from {_name(phase)} on {event.value} in the protocol table")
         self.actor, self.phase, self.event = actor, phase, event
 
 
-def _rows(runtime: bool) -> tuple[Row, ...]:
-    """In table order; a runtime row takes the place of the protocol row it
-    replaces, the others follow their actor's protocol rows."""
-    extra = {(actor, src, event): (dst, why) for actor, table in RUNTIME.items()
-             for src, event, dst, why in table} if runtime else {}
-    out = []
-    for actor, table in PROTOCOL.items():
-        for src, event, dst, why in table:
-            if (actor, src, event) in extra:
-                new, new_why = extra.pop((actor, src, event))
-                out.append(Row(actor, src, event, new, new_why, runtime_only=True, replaces=dst))
-            else:
-                out.append(Row(actor, src, event, dst, why))
-        out += [Row(a, src, event, dst, why, runtime_only=True)
-                for (a, src, event), (dst, why) in extra.items() if a is actor]
-    return tuple(out)
+_ROWS = tuple(Row(actor, *row) for actor, table in PROTOCOL.items() for row in table)
+_TABLE = {(r.actor, r.src, r.event): r.dst for r in _ROWS}
 
 
-_ROWS = {False: _rows(runtime=False), True: _rows(runtime=True)}
-_TABLES = {flag: {(r.actor, r.src, r.event): r.dst for r in table} for flag, table in _ROWS.items()}
-
-
-def advance(actor: Actor, phase: P | None, event: Event, *, runtime: bool = False) -> P:
-    """The phase after `event`; IllegalTransition if the table has no row.
-    runtime=True: the runtime's table (the protocol's with RUNTIME's rows)."""
-    to = _TABLES[runtime].get((actor, phase, event))
+def advance(actor: Actor, phase: P | None, event: Event) -> P:
+    """The phase after `event`; IllegalTransition if the table has no row."""
+    to = _TABLE.get((actor, phase, event))
     if to is None:
-        raise IllegalTransition(actor, phase, event, runtime)
+        raise IllegalTransition(actor, phase, event)
     return to
 
 
-def rows(*, runtime: bool = False) -> tuple[Row, ...]:
-    """Every row of the protocol's table, or of the runtime's."""
-    return _ROWS[runtime]
+def rows() -> tuple[Row, ...]:
+    """Every row of the table, in table order."""
+    return _ROWS
 
 
-def format_table(*, runtime: bool = True) -> str:
-    """The table as docs/verification.md shows it (`*`: the runtime only)."""
+def format_table() -> str:
+    """The table as docs/verification.md shows it."""
     lines = [f"{'actor':8} {'from':17} {'event':18} {'to':17} sends, or why",
              f"{'-' * 7:8} {'-' * 16:17} {'-' * 17:18} {'-' * 16:17} {'-' * 13}"]
-    for row in rows(runtime=runtime):
-        why = row.why + (f" (protocol: {row.replaces.name})" if row.replaces else "")
-        mark = "*" if row.runtime_only else " "
-        lines.append(f"{row.actor.value:8} {_name(row.src):17} {row.event.value:18} {row.dst.name:16}{mark} {why}")
+    for row in _ROWS:
+        lines.append(f"{row.actor.value:8} {_name(row.src):17} {row.event.value:18} {row.dst.name:17} {row.why}")
     return "\n".join(lines)
 
 
@@ -195,13 +162,13 @@ def _name(phase: P | None) -> str:
 
 class Phased:
     """A runtime record (route or job) whose phase changes only through the
-    runtime table. Subclasses are dataclasses with a `phase` field."""
+    table. Subclasses are dataclasses with a `phase` field."""
 
     actor: ClassVar[Actor]
     phase: P | None
 
     def advance(self, event: Event) -> P:
-        self.phase = advance(self.actor, self.phase, event, runtime=True)
+        self.phase = advance(self.actor, self.phase, event)
         return self.phase
 
     def take(self, step):

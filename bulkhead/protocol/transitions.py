@@ -5,10 +5,11 @@ prefill_job.py, decode_job.py call `transition`):
 
 The caller only carries out the effects: the model on its ledger and
 network, the runtime on its engine and link. Each function declares every
-outcome (branch) it may take; one only the runtime (or only the model)
-takes is declared with why. Every call is counted by outcome (`calls`), so
-`bulkhead verify` can say, for each runtime handler, which of its outcomes
-the search explored.
+outcome (branch) it may take; one only the model takes is declared with
+why. The runtime has no outcome of its own: every outcome it may take is
+one the search must explore. Every call is counted by outcome (`calls`),
+so `bulkhead verify` can say, for each runtime handler, which of its
+outcomes the search explored.
 """
 from __future__ import annotations
 
@@ -67,7 +68,6 @@ class JobStep:
 class TransitionInfo:
     name: str                      # "decode.finalize"
     outcomes: tuple[str, ...]      # every branch it may take
-    runtime_only: dict             # outcome -> why the model never takes it
     model_only: dict               # outcome -> why the runtime never takes it
 
 
@@ -75,18 +75,15 @@ REGISTRY: dict[str, TransitionInfo] = {}
 calls: Counter = Counter()  # ("decode.finalize", outcome) -> times taken, in this process
 
 
-def transition(actor: str, outcomes: tuple[str, ...], runtime_only: dict | None = None,
-               model_only: dict | None = None):
+def transition(actor: str, outcomes: tuple[str, ...], model_only: dict | None = None):
     """Register a transition function with every outcome it may return, and
-    count each call by outcome. outcomes: those both take; runtime_only:
-    those only the running system takes, each with why the model has no
-    such step; model_only: those only the model takes, with why."""
-    runtime_only, model_only = runtime_only or {}, model_only or {}
+    count each call by outcome. outcomes: those both take; model_only:
+    those only the model takes, with why."""
+    model_only = model_only or {}
 
     def wrap(fn):
         name = f"{actor}.{fn.__name__}"
-        REGISTRY[name] = TransitionInfo(name, tuple(outcomes) + tuple(runtime_only) + tuple(model_only),
-                                        runtime_only, model_only)
+        REGISTRY[name] = TransitionInfo(name, tuple(outcomes) + tuple(model_only), model_only)
         declared = set(REGISTRY[name].outcomes)
 
         @functools.wraps(fn)

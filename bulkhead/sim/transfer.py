@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
-from bulkhead.disagg.transfer.pages import check_page_lists
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool
 from bulkhead.sim.context import SimContext
@@ -46,7 +45,8 @@ class SimTarget(TransferTarget):
         return True
 
     def descriptor(self) -> dict:
-        return {"backend": "sim", "worker": self.worker, "incarnation": self.incarnation}
+        return {"backend": "sim", "worker": self.worker, "incarnation": self.incarnation,
+                "shape": list(self.pool.data.shape), "dtype": self.pool.layout.dtype}
 
     def land(self, request_id: str, pages: list[int], generations: list[int], payload: torch.Tensor,
              how: str) -> list[int]:
@@ -115,9 +115,6 @@ class SimSource(TransferSource):
 
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
         target = self.plane.resolve(descriptor)
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, target.pool.num_pages)
-        if not dst_pages:
-            return
         payload = src.data[torch.tensor(src_pages, dtype=torch.long)].clone()
         pages, gens = list(dst_pages), list(dst_generations)
         rng, plan = self.ctx.rng, self.ctx.plan

@@ -5,7 +5,7 @@
     bulkhead verify --bound large        larger world (minutes)
     bulkhead verify --stats              one table row per search
     bulkhead verify --coverage           which runtime handlers the search covered, and the
-                                         steps only the runtime takes
+                                         steps only the model takes
     bulkhead verify --simulate --seeds 2000   the running system under the seeded
                                          simulator instead (same as `bulkhead sim`)
 
@@ -39,7 +39,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats", action="store_true", help="print a table of the searches")
     parser.add_argument("--no-liveness", action="store_true", help="skip the liveness check")
     parser.add_argument("--coverage", action="store_true",
-                        help="list the runtime's handlers: which the search covered, and its runtime-only steps")
+                        help="list the runtime's handlers: which the search covered, and the model-only steps")
     parser.add_argument("--simulate", action="store_true",
                         help="run the deterministic simulation of the running system (bulkhead/sim)")
     from bulkhead.sim.cli import add_arguments as add_sim_arguments

@@ -1,12 +1,10 @@
 """How much of the running system a search explored: for each runtime
 handler (bulkhead.verify.handlers), whether the search took every
-outcome of the transition functions it calls, and which steps it takes
-that the model does not have (runtime-only outcomes, each with why).
+outcome of the transition functions it calls.
 
     covered        the search took every outcome the handler's functions
                    share with the model (outcomes only the model takes,
                    each declared with why, are not asked of the runtime)
-    plus runtime   covered, and the handler may also take a runtime-only step
     no state       the handler changes no request's state (a relay, the registry)
     NOT COVERED    some shared outcome was never taken: the search is too
                    small, or the function has a branch the model never reaches
@@ -15,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkhead.protocol import lifecycle
 from bulkhead.protocol.transitions import REGISTRY
 from bulkhead.verify.handlers import HANDLERS, Handler
 
@@ -24,29 +21,20 @@ from bulkhead.verify.handlers import HANDLERS, Handler
 class HandlerCoverage:
     handler: Handler
     missing: tuple[tuple[str, str], ...]        # shared (function, outcome) the search never took
-    runtime_only: tuple[tuple[str, str], ...]   # (function, outcome) the model has no step for
 
     @property
     def status(self) -> str:
         if not self.handler.transitions:
             return "no state"
-        if self.missing:
-            return "NOT COVERED"
-        return "plus runtime" if self.runtime_only else "covered"
+        return "NOT COVERED" if self.missing else "covered"
 
 
 def handler_coverage(explored: set[tuple[str, str]]) -> list[HandlerCoverage]:
     out = []
     for handler in HANDLERS:
-        missing, extra = [], []
-        for name in handler.transitions:
-            info = REGISTRY[name]
-            for outcome in info.outcomes:
-                if outcome in info.runtime_only:
-                    extra.append((name, outcome))
-                elif outcome not in info.model_only and (name, outcome) not in explored:
-                    missing.append((name, outcome))
-        out.append(HandlerCoverage(handler, tuple(missing), tuple(extra)))
+        missing = tuple((name, outcome) for name in handler.transitions for outcome in REGISTRY[name].outcomes
+                        if outcome not in REGISTRY[name].model_only and (name, outcome) not in explored)
+        out.append(HandlerCoverage(handler, missing))
     return out
 
 
@@ -54,10 +42,8 @@ def summary(rows: list[HandlerCoverage]) -> str:
     """One line: how many of the runtime's handlers the searches covered."""
     stateful = [r for r in rows if r.handler.transitions]
     covered = [r for r in stateful if not r.missing]
-    plus = [r for r in covered if r.runtime_only]
     return (f"runtime handlers: {len(covered)} of {len(stateful)} that change a request's state run only "
-            f"transitions this search took every outcome of ({len(plus)} of them may also take a step the "
-            f"model lacks); {len(rows) - len(stateful)} change no request's state")
+            f"transitions this search took every outcome of; {len(rows) - len(stateful)} change no request's state")
 
 
 def format_coverage(rows: list[HandlerCoverage]) -> str:
@@ -68,14 +54,6 @@ def format_coverage(rows: list[HandlerCoverage]) -> str:
         lines.append(f"{h.actor:8} {h.on:24} {r.status:12} {what}")
         for name, outcome in r.missing:
             lines.append(f"{'':46} never taken: {name} -> {outcome}")
-    lines += ["", "Steps only the runtime takes (never explored; each is why the model differs):"]
-    runtime_only = [f"  {name} -> {outcome}: {why}"
-                    for name, info in sorted(REGISTRY.items()) for outcome, why in info.runtime_only.items()]
-    for row in lifecycle.rows(runtime=True):
-        if row.runtime_only:
-            src = "-" if row.src is None else row.src.name
-            runtime_only.append(f"  {row.actor.value} table: {src} -{row.event.value}-> {row.dst.name}: {row.why}")
-    lines += runtime_only or ["  none: the model takes every step the runtime takes"]
     lines += ["", "Steps only the model takes (the runtime cannot reach them):"]
     for name, info in sorted(REGISTRY.items()):
         for outcome, why in info.model_only.items():

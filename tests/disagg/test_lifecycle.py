@@ -52,7 +52,7 @@ def _key(row):
 def test_an_exhaustive_search_takes_every_protocol_row_and_no_other(monkeypatch):
     # Containment holds for every search: a step outside the table raises
     # (so tests/verify and `bulkhead verify` prove it at their bounds).
-    # This adds that no row is dead, and that no runtime-only row is taken.
+    # This adds that no row is dead.
     taken = set()
 
     def recording(actor, phase, event, **kwargs):
@@ -86,39 +86,25 @@ def test_step_functions_set_phases_only_through_the_table():
     (Actor.ROUTER, None, Event.BOOTSTRAP),                     # a room before admission
 ])
 def test_a_step_outside_the_table_raises_naming_actor_phase_and_event(actor, phase, event):
-    for runtime in (False, True):
-        with pytest.raises(IllegalTransition) as raised:
-            advance(actor, phase, event, runtime=runtime)
-        message = str(raised.value)
-        assert actor.value in message and (phase.name if phase else "-") in message and event.value in message
-        assert (raised.value.actor, raised.value.phase, raised.value.event) == (actor, phase, event)
-
-
-def test_runtime_rows_are_refused_by_the_protocol_table():
-    for row in lifecycle.rows(runtime=True):
-        if not row.runtime_only:
-            continue
-        assert advance(row.actor, row.src, row.event, runtime=True) is row.dst
-        if row.replaces is None:
-            with pytest.raises(IllegalTransition):
-                advance(row.actor, row.src, row.event)
-        else:
-            assert advance(row.actor, row.src, row.event) is row.replaces
+    with pytest.raises(IllegalTransition) as raised:
+        advance(actor, phase, event)
+    message = str(raised.value)
+    assert actor.value in message and (phase.name if phase else "-") in message and event.value in message
+    assert (raised.value.actor, raised.value.phase, raised.value.event) == (actor, phase, event)
 
 
 def test_done_is_terminal_and_every_phase_reaches_it():
-    for runtime in (False, True):
-        table = lifecycle.rows(runtime=runtime)
-        assert not [row for row in table if row.src is Phase.DONE]
-        for actor in Actor:
-            edges = [(row.src, row.dst) for row in table if row.actor is actor]
-            reaches_done = {Phase.DONE}
-            while True:
-                more = {src for src, dst in edges if dst in reaches_done} - reaches_done
-                if not more:
-                    break
-                reaches_done |= more
-            assert {src for src, _ in edges} <= reaches_done, actor
+    table = lifecycle.rows()
+    assert not [row for row in table if row.src is Phase.DONE]
+    for actor in Actor:
+        edges = [(row.src, row.dst) for row in table if row.actor is actor]
+        reaches_done = {Phase.DONE}
+        while True:
+            more = {src for src, dst in edges if dst in reaches_done} - reaches_done
+            if not more:
+                break
+            reaches_done |= more
+        assert {src for src, _ in edges} <= reaches_done, actor
 
 
 def test_docs_show_the_table_as_it_is():

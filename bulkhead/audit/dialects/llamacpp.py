@@ -30,7 +30,7 @@ def read_limits(client: EngineClient, url: str) -> list[EngineLimits] | None:
     if not props or not isinstance(props.get("default_generation_settings"), dict):
         return None
     slot_ctx = as_int(props["default_generation_settings"].get("n_ctx"))
-    slots = [s for s in client.try_list("/slots") or () if isinstance(s, dict)]  # None with --no-slots
+    slots = [s for s in client.try_json("/slots", list) or () if isinstance(s, dict)]  # None with --no-slots
     slot_ctx = smallest(s.get("n_ctx") for s in slots) or slot_ctx
     model = first_model(client.try_json("/v1/models")).get("id") or _basename(props.get("model_path"))
     return [EngineLimits(url=url, engine=NAME, role="colocated", model=model, context_length=slot_ctx,

@@ -24,7 +24,6 @@ import socket
 import torch
 
 from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
-from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool, pool_shape
 
@@ -145,14 +144,6 @@ class Source(TransferSource):
             self._registered[ptr] = src.data  # held so the address cannot be reused while registered
 
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
-        if descriptor.get("backend") != "mooncake":
-            raise TransferError(f"descriptor is for backend {descriptor.get('backend')!r}, not mooncake",
-                                drained=True)
-        shape = descriptor["shape"]
-        check_geometry(src.data, shape, descriptor["dtype"])
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, shape[0])
-        if not dst_pages:
-            return
         if self._engine is None:
             self._engine = _new_engine(self.host, self.allow_all_interfaces)
         self._register_pool(src)

@@ -18,9 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget
+from bulkhead.disagg.transfer.base import TransferError, TransferSource, TransferTarget, torch_dtype
 from bulkhead.disagg.transfer.page_copy import copy_pages
-from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists, torch_dtype
 from bulkhead.kv import huge_pages
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import KVPool, pool_shape
@@ -168,10 +167,6 @@ class Source(TransferSource):
 
     def _write(self, descriptor, request_id, src, src_pages, dst_pages, dst_generations) -> None:
         desc = ShmDescriptor.from_dict(descriptor)
-        check_geometry(src.data, desc.shape, desc.dtype)
-        check_page_lists(src_pages, dst_pages, dst_generations, src.num_pages, desc.shape[0])
-        if not dst_pages:
-            return
         self._check_alive(desc)
         dst = self._mapping(desc)
         copy_pages(src.data, src_pages, dst, dst_pages)  # all layers, K and V; not through torch (page_copy)

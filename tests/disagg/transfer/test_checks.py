@@ -5,7 +5,7 @@ import torch
 
 from bulkhead.disagg.transfer import BACKENDS, TransferError, make_source, make_target
 from bulkhead.disagg.transfer.mooncake_backend import byte_ranges, page_runs
-from bulkhead.disagg.transfer.pages import check_geometry, check_page_lists
+from bulkhead.disagg.transfer.base import check_geometry, check_page_lists
 
 
 @pytest.mark.parametrize(
