@@ -1,25 +1,28 @@
 """The LoRA delta alone (csrc/lora_delta.c's lora_layer_delta), in process:
-this tree's build, with bf16 products (where the CPU has them) and with fp32
-ones, against the same file at another git commit, interleaved.
+each arithmetic this CPU has (bulkhead.lora.products: int8 weights, bf16
+products, fp32 products), interleaved.
 
 Four adapters of rank 16 on all seven linears (bench/lora_adapters.py, bf16,
 SmolLM2-135M's shapes), packed as the C decode layers pack them, and the
-delta of every linear of one layer on: a decode step's 16 rows over the
-four adapters, and a prompt pass's 2 x 256 rows under two adapters. Each
-case runs `--calls` times per rep on each library in turn; medians of
---reps, this thread's CPU time with --threads 1 (one OpenMP thread), per
-layer, so x 30 for a pass of SmolLM2. Also the delta's multiply-adds per
-second.
+delta of every linear of one layer on: a decode step's one row, its 16
+rows over the four adapters, and a prompt pass's 2 x 256 rows under two
+adapters. Each case runs `--calls` times per rep in each arithmetic in
+turn; medians of --reps, this thread's CPU time with --threads 1 (one
+OpenMP thread), per layer, so x 30 for a pass of SmolLM2. Also the
+delta's multiply-adds per second, and the bytes of weights it reads.
 
-    .venv/bin/python -m bench.lora_delta --against HEAD [--reps 7] [--threads 1]
+One layer's weights stay in cache across the calls, so the one-row case
+here is the delta's arithmetic and call overhead, not its reads from
+memory, which bench/lora_step.py's decode steps pay (30 layers' weights do
+not stay in cache beside the base model's).
+
+    .venv/bin/python -m bench.lora_delta [--reps 7] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -28,41 +31,25 @@ import torch
 
 from bench.lora_adapters import write_adapter
 from bulkhead.lora.peft_files import BaseShapes, read_adapter, read_weights
-from bulkhead.model import decode_kernel, lora_kernel, lora_layers
+from bulkhead.model import lora_layers
 from bulkhead.model.config import load_model_config
 from bulkhead.model.gguf_import import default_model_dir
 from bulkhead.model.lora_rows import LoraRows
 from bulkhead.model.lora_weights import LoraWeights
 
-CASES = {"decode, 16 rows over 4 adapters": [j % 4 for j in range(16)],
+CASES = {"decode, 1 row on 1 adapter": [0],
+         "decode, 16 rows over 4 adapters": [j % 4 for j in range(16)],
          "prompts, 2 x 256 rows over 2 adapters": [0] * 256 + [1] * 256}
 
 
-def library_at(commit: str, work: Path) -> ctypes.CDLL:
-    """lora_delta.c as it was at `commit`, built with this tree's flags."""
-    rel = lora_kernel.SOURCE.relative_to(Path(__file__).resolve().parent.parent)
-    text = subprocess.run(["git", "show", f"{commit}:{rel}"], capture_output=True, text=True, check=True).stdout
-    source = work / "csrc" / "lora_delta.c"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(text)
-    for header in lora_kernel.SOURCE.parent.glob("*.h"):
-        (source.parent / header.name).write_text(header.read_text())
-    lib = ctypes.CDLL(str(decode_kernel._build(decode_kernel._compiler(), [*decode_kernel.FLAGS, "-fopenmp",
-                                                                            "-ffp-contract=off"], source)))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.lora_layer_delta.restype = i64
-    lib.lora_layer_delta.argtypes = [p, i64, i64, p, i64, i64, p, i64, ctypes.c_int]
-    return lib
-
-
-def adapters(work: Path, config, pairs: bool) -> list[LoraWeights]:
-    """The four adapters, packed for bf16 products (`pairs`) or fp32 ones."""
+def adapters(work: Path, config, products: str) -> list[LoraWeights]:
+    """The four adapters, packed for `products`."""
     shapes, out = BaseShapes.of(config), []
     for i in range(4):
         path = write_adapter(work / f"a{i}", shapes, rank=16, alpha=32, seed=i, scale=0.02, dtype=torch.bfloat16)
         data = read_weights(path)
         weights = LoraWeights.load(read_adapter(path, shapes, data=data), config, data)
-        weights.packed.append(lora_layers.PackedAdapter(weights, pairs=pairs))
+        weights.packed.append(lora_layers.PackedAdapter(weights, products))
         out.append(weights)
     return out
 
@@ -76,7 +63,6 @@ def macs(weights: LoraWeights, rows: list[int]) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--against", default="HEAD", help="git commit whose lora_delta.c to compare with")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -84,34 +70,33 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     config = load_model_config(default_model_dir())
     with tempfile.TemporaryDirectory() as tmp:
-        here = lora_layers.load()
-        libs = {args.against: (library_at(args.against, Path(tmp)), False), "fp32": (here, False)}
-        if here.lora_bf16_dots():
-            libs["bf16"] = (here, True)
-        weights = {pairs: adapters(Path(tmp), config, pairs) for pairs in (False, True)}
+        lib = lora_layers.load()
+        kinds = ["fp32"] + (["bf16"] if lib.lora_bf16_dots() else []) + (["int8"] if lib.lora_int8() else [])
+        weights = {kind: adapters(Path(tmp), config, kind) for kind in kinds}
         widths = {"qkv": (config.hidden_size, config.q_size + 2 * config.kv_size),
                   "o": (config.q_size, config.hidden_size),
                   "gate_up": (config.hidden_size, 2 * config.intermediate_size),
                   "down": (config.intermediate_size, config.hidden_size)}
-        times = {(case, lib): [] for case in CASES for lib in libs}
+        times = {(case, kind): [] for case in CASES for kind in kinds}
         for _ in range(args.reps):
             for case, which in CASES.items():
                 xs = {n: torch.randn(len(which), w[0]) for n, w in widths.items()}
-                for name, (lib, pairs) in libs.items():
-                    deltas = lora_layers.StepDeltas(lib, LoraRows.of([weights[pairs][a] for a in which]))
+                for kind in kinds:
+                    deltas = lora_layers.StepDeltas(lib, LoraRows.of([weights[kind][a] for a in which]))
                     ys = {n: torch.zeros(len(which), w[1]) for n, w in widths.items()}
                     start = time.thread_time()
                     for _ in range(args.calls):
                         for linear in lora_layers.LINEARS:
                             deltas.add(0, linear, xs[linear], ys[linear])
-                    times[(case, name)].append((time.thread_time() - start) / args.calls)
+                    times[(case, kind)].append((time.thread_time() - start) / args.calls)
     print(f"one layer's deltas, {args.threads} thread(s), CPU time, median of {args.reps}:")
     for case, which in CASES.items():
-        base = statistics.median(times[(case, args.against)])
-        for name in libs:
-            t = statistics.median(times[(case, name)])
-            print(f"  {case}: {name:<10} {t * 1000:7.3f} ms  {macs(weights[False][0], which) / t / 1e9:5.1f} GMAC/s"
-                  f"  ({base / t:.2f}x {args.against})")
+        base = statistics.median(times[(case, kinds[0])])
+        for kind in kinds:
+            t = statistics.median(times[(case, kind)])
+            held = weights[kind][0].packed[0].nbytes / len(weights[kind][0].layers)
+            print(f"  {case}: {kind:<5} {t * 1000:7.3f} ms  {macs(weights['fp32'][0], which) / t / 1e9:5.1f} GMAC/s"
+                  f"  ({base / t:.2f}x {kinds[0]}), {held / 1e3:.0f} kB of weights a layer an adapter")
     return 0
 
 

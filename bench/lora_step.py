@@ -6,17 +6,22 @@ C decode layers and through torch glue: the base model, and the same rows
 under adapters of rank 16 on every linear layer (16 rows over four
 adapters). With --prompts, also a step of two 256-token prompts (what a
 16-client burst's steps hold, bench/prompt_step.py), on the base model and
-under two of the adapters. The levels are interleaved, one step of each in
-turn, so that a noisy neighbour slows them alike. Medians of --reps steps,
-milliseconds: wall time, or with --cpu-time this thread's CPU time (with
---threads 1 every kernel runs on this thread).
+under two of the adapters. With --products, the adapter levels once per
+arithmetic named (bulkhead.lora.products: int8, bf16, fp32; each its own
+four adapters, packed that way), so that two arithmetics are compared in
+one run. The levels are interleaved, one step of each in turn, so that a
+noisy neighbour slows them alike. Medians of --reps steps, milliseconds:
+wall time, or with --cpu-time this thread's CPU time (with --threads 1
+every kernel runs on this thread).
 
     .venv/bin/python -m bench.lora_step [--reps 9] [--threads 2] [--cpu-time] [--glue c] [--prompts]
+                                        [--products int8,bf16]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -31,6 +36,7 @@ from bulkhead.engine.runner import ModelRunner
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.pool import scrub_released
+from bulkhead.lora import products as lora_products
 from bulkhead.lora.peft_files import BaseShapes, read_adapter
 from bulkhead.model.config import load_model_config
 from bulkhead.model.gguf_import import default_model_dir
@@ -49,23 +55,33 @@ def runner_for(glue: str) -> ModelRunner:
     return built.engine.runner
 
 
-def load_adapters(runner: ModelRunner, work: str) -> list[str]:
-    """Four adapters of rank 16 on every linear, in bf16 as PEFT writes them; their digests."""
+def load_adapters(runner: ModelRunner, work: str, products: str | None = None, first_seed: int = 0) -> list[str]:
+    """Four adapters of rank 16 on every linear, in bf16 as PEFT writes them, packed for
+    `products` (None: this process's default); their digests."""
     shapes = BaseShapes.of(runner.model.config)
     digests = []
-    for i in range(4):
-        path = write_adapter(Path(work) / f"a{i}", shapes, rank=16, alpha=32, seed=i, scale=0.02,
-                             dtype=torch.bfloat16)
-        digest = read_adapter(path, shapes).digest
-        runner.adapters.acquire(AdapterRef(f"a{i}", str(path), digest))
-        digests.append(digest)
+    before = os.environ.get(lora_products.ENV)
+    try:
+        if products is not None:
+            os.environ[lora_products.ENV] = products
+        for i in range(first_seed, first_seed + 4):
+            path = write_adapter(Path(work) / f"a{i}", shapes, rank=16, alpha=32, seed=i, scale=0.02,
+                                 dtype=torch.bfloat16)
+            digest = read_adapter(path, shapes).digest
+            runner.adapters.acquire(AdapterRef(f"a{i}", str(path), digest))
+            digests.append(digest)
+    finally:
+        if before is None:
+            os.environ.pop(lora_products.ENV, None)
+        else:
+            os.environ[lora_products.ENV] = before
     return digests
 
 
 def timed_steps(runner: ModelRunner, work: str, reps: int, clock=time.perf_counter,
-                prompts: bool = False) -> dict[str, float]:
+                prompts: bool = False, products: tuple[str, ...] = ()) -> dict[str, float]:
     """Median milliseconds per level, the levels interleaved step by step."""
-    digests = load_adapters(runner, work)
+    by_kind = {kind: load_adapters(runner, work, kind, 4 * i) for i, kind in enumerate(products or (None,))}
     pages = {j: tuple(runner.ledger.allocate(f"r{j}", "t", 4)) for j in range(16)}
     gen = torch.Generator().manual_seed(0)
     prompt_ids = [tuple(torch.randint(1000, 30000, (PROMPT_TOKENS,), generator=gen).tolist()) for _ in range(2)]
@@ -92,10 +108,15 @@ def timed_steps(runner: ModelRunner, work: str, reps: int, clock=time.perf_count
                 runner.ledger.release(w.request_id)
             scrub_released(runner.pool, runner.ledger)
 
-    levels = {"1 row": (decode, [None]), "1 row, adapter": (decode, digests[:1]),
-              "16 rows": (decode, [None] * 16), "16 rows, 4 adapters": (decode, [digests[j % 4] for j in range(16)])}
+    levels = {"1 row": (decode, [None]), "16 rows": (decode, [None] * 16)}
     if prompts:
-        levels |= {"2 prompts": (prefill, [None, None]), "2 prompts, 2 adapters": (prefill, digests[:2])}
+        levels["2 prompts"] = (prefill, [None, None])
+    for kind, digests in by_kind.items():
+        at = "" if kind is None else f" ({kind})"
+        levels |= {f"1 row, adapter{at}": (decode, digests[:1]),
+                   f"16 rows, 4 adapters{at}": (decode, [digests[j % 4] for j in range(16)])}
+        if prompts:
+            levels[f"2 prompts, 2 adapters{at}"] = (prefill, digests[:2])
     for fn, adapters in levels.values():
         fn(adapters)  # warm-up (and the adapters' packing for the C decode layers)
     times = {name: [] for name in levels}
@@ -112,17 +133,21 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-time", action="store_true", help="this thread's CPU time instead of wall time")
     p.add_argument("--glue", choices=("c", "torch"), action="append", help="decode glue to run (default both)")
     p.add_argument("--prompts", action="store_true", help="also a step of two 256-token prompts")
+    p.add_argument("--products", default="", help="arithmetics to compare, e.g. int8,bf16 (default: this process's)")
     args = p.parse_args(argv)
+    kinds = tuple(k for k in args.products.split(",") if k)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
         for glue in args.glue or ("c", "torch"):
             runner = runner_for(glue)
             figures = timed_steps(runner, work, args.reps, time.thread_time if args.cpu_time else time.perf_counter,
-                                  args.prompts)
-            ratios = {"1 row": figures["1 row"] / figures["1 row, adapter"],
-                      "16 rows": figures["16 rows"] / figures["16 rows, 4 adapters"]}
-            if args.prompts:
-                ratios["2 prompts"] = figures["2 prompts"] / figures["2 prompts, 2 adapters"]
+                                  args.prompts, kinds)
+            ratios = {}
+            for at in [f" ({k})" for k in kinds] or [""]:
+                ratios[f"1 row{at}"] = figures["1 row"] / figures[f"1 row, adapter{at}"]
+                ratios[f"16 rows{at}"] = figures["16 rows"] / figures[f"16 rows, 4 adapters{at}"]
+                if args.prompts:
+                    ratios[f"2 prompts{at}"] = figures["2 prompts"] / figures[f"2 prompts, 2 adapters{at}"]
             print(f"decode glue {runner.model.decode_glue}: "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in figures.items())
                   + "; base/adapter step time " + ", ".join(f"{v:.2f} at {k}" for k, v in ratios.items()),

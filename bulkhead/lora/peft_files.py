@@ -30,6 +30,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from bulkhead.lora import products
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILE = "adapter_model.bin"
@@ -82,9 +84,10 @@ class AdapterFiles:
 
 def resident_bytes(files: AdapterFiles, base: BaseShapes) -> int:
     """The bytes a worker holds for the adapter once loaded on the default
-    kernels: the bf16 copy the C delta reads (packed_bytes), the only copy
+    kernels: the packed copy the C delta reads, for the products this
+    machine's workers take (bulkhead.lora.products.preferred), the only copy
     held there (a worker on the exact path holds fp32_bytes instead)."""
-    return packed_bytes(files, base)
+    return packed_bytes(files, base, products.preferred())
 
 
 def fp32_bytes(files: AdapterFiles, base: BaseShapes) -> int:
@@ -92,13 +95,18 @@ def fp32_bytes(files: AdapterFiles, base: BaseShapes) -> int:
     return 4 * sum(files.rank * (in_f + out_f) for in_f, out_f in _fused_linears(files, base))
 
 
-def packed_bytes(files: AdapterFiles, base: BaseShapes) -> int:
-    """The bf16 copy the C delta reads (bulkhead.model.lora_layers.PackedAdapter),
-    what a worker holds where the C decode layers run adapter rows (the
-    default kernels): 2 bytes a number, an odd rank or input width padded by
-    one where the CPU takes bf16 products (counted here: the most it holds)."""
+def packed_bytes(files: AdapterFiles, base: BaseShapes, kind: str = "bf16") -> int:
+    """The copy the C delta reads (bulkhead.model.lora_layers.PackedAdapter)
+    for products `kind`, what a worker holds where the C decode layers run
+    adapter rows (the default kernels). bf16 and fp32 products: 2 bytes a
+    number, an odd rank or input width padded by one where the CPU takes
+    bf16 products (counted for both: the most it holds); int8: 1 byte a
+    number, padded the same way, and a 4-byte scale per rank of each module."""
     even = lambda n: n + n % 2  # noqa: E731
-    return 2 * sum(files.rank * even(in_f) + even(files.rank) * out_f for in_f, out_f in _fused_linears(files, base))
+    numbers = sum(files.rank * even(in_f) + even(files.rank) * out_f for in_f, out_f in _fused_linears(files, base))
+    if kind == "int8":
+        return numbers + 4 * files.rank * sum(1 for _ in _fused_linears(files, base))
+    return 2 * numbers
 
 
 def _fused_linears(files: AdapterFiles, base: BaseShapes):

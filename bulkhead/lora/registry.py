@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bulkhead.lora import products
 from bulkhead.lora.peft_files import (MAX_BYTES, MAX_RANK, AdapterFiles, AdapterRefused, BaseShapes, read_adapter,
                                       fp32_bytes, packed_bytes, resident_bytes)
 
@@ -105,8 +106,10 @@ class AdapterRegistry:
             tenants.setdefault(a.tenant, {})[a.name] = {
                 "rank": a.files.rank, "scaling": a.files.scaling, "modules": len(a.files.targets),
                 "digest": a.files.digest[:16], "file_bytes": a.files.nbytes,
-                "resident_bytes": resident_bytes(a.files, self.base),  # packed_bytes: the default kernels' one copy
-                "fp32_bytes": fp32_bytes(a.files, self.base), "packed_bytes": packed_bytes(a.files, self.base)}
+                # the default kernels' one copy, packed for this machine's products (bulkhead.lora.products)
+                "resident_bytes": resident_bytes(a.files, self.base), "products": products.preferred(),
+                "fp32_bytes": fp32_bytes(a.files, self.base),
+                "packed_bytes": packed_bytes(a.files, self.base, products.preferred())}
         return {"tenants": tenants, "refused": list(self.problems),
                 "resident_bytes": sum(e["resident_bytes"] for t in tenants.values() for e in t.values())}
 

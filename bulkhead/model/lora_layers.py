@@ -1,5 +1,5 @@
 """Adapter rows inside the C decode layers: each adapter's deltas packed
-once in bf16 for csrc/lora_delta.c's lora_layer_delta, and a step's rows
+once (int8 or bf16) for csrc/lora_delta.c's lora_layer_delta, and a step's rows
 grouped by adapter for it (bulkhead.model.decode_layers passes both to
 csrc/decode_layers.c, which calls the delta after each base matmul).
 
@@ -8,13 +8,16 @@ for torch glue and add each delta from Python, about twice the base
 model's step (docs/adapters.md, "Cost"). In the C layers a step with
 adapter rows is the base step plus the deltas' own arithmetic.
 
-Why bf16: the delta reads every weight of each adapter in the step once a
-step, 9.8 MB in bf16 for rank 16 on SmolLM2-135M's seven linears (19.5 MB
-in fp32), beside about 100 MB of base weights. A PEFT file stored in bf16
-(the common case) packs exactly; one stored in fp32 is rounded once, to
-nearest even, a relative 2^-9 of each weight of the delta (docs/adapters.md
-gives the logit bound measured). Where the C decode layers run adapter
-rows, prompt passes take the same function over the same packed weights
+Why int8, or bf16: the delta reads every weight of each adapter in the
+step once a step, beside about 100 MB of base weights: for rank 16 on
+SmolLM2-135M's seven linears 4.9 MB in int8 with one fp32 scale per rank,
+9.8 MB in bf16, 19.5 MB in fp32; at one decode row the step pays for those
+bytes, not for the arithmetic. In int8 each weight is within half a step
+of its rank's scale (max |w| / 127) of the exact one; in bf16 a PEFT file
+stored in bf16 (the common case) packs exactly, and one stored in fp32 is
+rounded once, to nearest even, a relative 2^-9 of each weight
+(docs/adapters.md gives the logit bounds measured). Where the C decode
+layers run adapter rows, prompt passes take the same function over the same packed weights
 (bulkhead.model.llama), so a request's prompt and decode steps read one
 copy; the exact path (`--linear-kernel aten`) and a process where this
 library does not build keep the fp32 weights of
@@ -22,11 +25,13 @@ bulkhead.model.lora_weights (bulkhead.model.lora_rows). Where the C layers
 run adapter rows the adapter store packs each adapter as it loads it and
 lets the fp32 tensors go (pack_only): one copy held, not two.
 
-Products: where the CPU has AVX-512 BF16 the delta multiplies in bf16
-(vdpbf16ps: each row's x and u = A x rounded to bf16, sums in fp32), and A
-and B are packed in pairs for it; elsewhere, or with BULKHEAD_LORA_FP32 set,
-in fp32 over the same bf16 weights (csrc/lora_delta.c says what each
-rounds; docs/adapters.md the bounds measured).
+Products (bulkhead.lora.products, one per process): where the CPU has
+AVX-512 VNNI, int8 weights times each row's x and u in int16 (vpdpwssd,
+sums exact in int32); else where it has AVX-512 BF16, bf16 products
+(vdpbf16ps: each row's x and u = A x rounded to bf16, sums in fp32); A and
+B packed in pairs for either; else, or as BULKHEAD_LORA_PRODUCTS says,
+fp32 products over bf16 weights (csrc/lora_delta.c and lora_delta_int8.h
+say what each rounds; docs/adapters.md the bounds measured).
 
 Batch invariance: the C function sums each row alone in a fixed order
 (its file says how); grouping rows by adapter only shares weight reads.
@@ -36,11 +41,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import threading
 
 import torch
 
+from bulkhead.lora import products as lora_products
 from bulkhead.model import lora_kernel
 from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.lora_weights import FusedDelta, LoraWeights
@@ -56,25 +61,34 @@ class _Part(ctypes.Structure):
 
 class _Delta(ctypes.Structure):
     _fields_ = [("a", ctypes.c_void_p), ("rank", ctypes.c_int64), ("in_f", ctypes.c_int64),
-                ("n_parts", ctypes.c_int64), ("parts", _Part * MAX_PARTS)]
+                ("n_parts", ctypes.c_int64), ("parts", _Part * MAX_PARTS), ("scale", ctypes.c_void_p)]
 
 
 class _Step(ctypes.Structure):
     _fields_ = [("n_groups", ctypes.c_int64), ("deltas", ctypes.c_void_p), ("group_start", ctypes.c_void_p),
                 ("rows", ctypes.c_void_p), ("u", ctypes.c_void_p), ("u_stride", ctypes.c_int64),
                 ("xb", ctypes.c_void_p), ("xb_stride", ctypes.c_int64), ("ub", ctypes.c_void_p),
-                ("ub_stride", ctypes.c_int64), ("bf16_dots", ctypes.c_int64)]
+                ("ub_stride", ctypes.c_int64), ("products", ctypes.c_int64), ("scales", ctypes.c_void_p)]
+
+
+SCALES = 1 + MAX_PARTS  # a row's scales in the int8 scratch: its x's, then each module part's u's
 
 
 class PackedAdapter:
-    """One adapter's deltas as the C function reads them: per layer and fused
-    linear, A [R, in] and each module's B transposed [r, out_m], bf16; with
-    `pairs` (bf16 products), A as [ceil(in / 2), R, 2] and each B transposed
-    as [ceil(r / 2), out_m, 2]: the pairs vdpbf16ps multiplies, zero-padded."""
+    """One adapter's deltas as the C function reads them, for `products`
+    (bulkhead.lora.products): per layer and fused linear, A [R, in] and each
+    module's B transposed [r, out_m], bf16 (fp32 products); in pairs (bf16
+    products), A as [ceil(in / 2), R, 2] and each B transposed as
+    [ceil(r / 2), out_m, 2]: the pairs vdpbf16ps multiplies, zero-padded;
+    int8: those pairs in int8, and per rank k of A the fp32 scale
+    sa[k] * sb[k], A's row k in steps of sa[k] = max |A[k]| / 127 and its
+    module's B's column k in steps of sb[k] = max |B[:, k]| / 127."""
 
-    def __init__(self, weights: LoraWeights, pairs: bool = False):
+    def __init__(self, weights: LoraWeights, products: str = "fp32"):
+        if products not in lora_products.PRODUCTS:
+            raise ValueError(f"products must be one of {lora_products.PRODUCTS}, not {products!r}")
         n = len(weights.layers)
-        self.pairs = pairs
+        self.products, self.pairs = products, products != "fp32"
         self.deltas = (_Delta * (n * len(LINEARS)))()  # zeroed: a NULL `a` is no delta
         self._keep = []  # the bf16 tensors the struct points into
         self.max_rank = self.max_in = 0
@@ -85,21 +99,43 @@ class PackedAdapter:
         self.nbytes = sum(t.nbytes for t in self._keep)
 
     def _pack(self, delta) -> _Delta:
-        a = self._hold(_pairs(delta.a.t()) if self.pairs else delta.a)
         rank, in_f = delta.a.shape
-        parts = [_Part(self._hold(self._up(p.b)).data_ptr(), p.ranks[0], p.ranks[1] - p.ranks[0], p.cols[0],
-                       p.cols[1] - p.cols[0]) for p in delta.parts]
         self.max_rank, self.max_in = max(self.max_rank, rank), max(self.max_in, in_f)
-        return _Delta(a.data_ptr(), rank, in_f, len(parts), (_Part * MAX_PARTS)(*parts))
+        if self.products == "int8":
+            return self._pack_int8(delta)
+        a = self._hold(_pairs(delta.a.t()) if self.pairs else delta.a, torch.bfloat16)
+        parts = [_Part(self._hold(_pairs(p.b.t()) if self.pairs else p.b.t(), torch.bfloat16).data_ptr(),
+                       *_span(p)) for p in delta.parts]
+        return _Delta(a.data_ptr(), rank, in_f, len(parts), (_Part * MAX_PARTS)(*parts), None)
 
-    def _up(self, b: torch.Tensor) -> torch.Tensor:
-        """B [out, r] as the up projection reads it: transposed, [r, out], or in pairs of ranks."""
-        return _pairs(b.t()) if self.pairs else b.t()
+    def _pack_int8(self, delta) -> _Delta:
+        qa, scale = _int8_rows(delta.a)  # [R, in], [R]
+        parts = []
+        for p in delta.parts:
+            qbt, sb = _int8_rows(p.b.t())  # B transposed [r, out_m], one scale per rank
+            scale[p.ranks[0]:p.ranks[1]] *= sb
+            parts.append(_Part(self._hold(_pairs(qbt), torch.int8).data_ptr(), *_span(p)))
+        a = self._hold(_pairs(qa.t()), torch.int8)
+        return _Delta(a.data_ptr(), *qa.shape, len(parts), (_Part * MAX_PARTS)(*parts),
+                      self._hold(scale, torch.float32).data_ptr())
 
-    def _hold(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.to(torch.bfloat16).contiguous()
+    def _hold(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        t = t.to(dtype).contiguous()
         self._keep.append(t)
         return t
+
+
+def _span(part) -> tuple[int, int, int, int]:
+    """A ModuleB's (r0, r_len, c0, out), as _Part holds them."""
+    return part.ranks[0], part.ranks[1] - part.ranks[0], part.cols[0], part.cols[1] - part.cols[0]
+
+
+def _int8_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [n, m] fp32 as int8 steps of one scale per row, max |t[i]| / 127:
+    (q [n, m] int8, rounded to nearest even; scale [n] fp32, 0 for a row of 0)."""
+    scale = t.abs().amax(1) / 127
+    q = torch.where(scale[:, None] > 0, t / scale.clamp_min(torch.finfo(torch.float32).tiny)[:, None], 0)
+    return q.round().clamp(-127, 127).to(torch.int8), scale.float()
 
 
 def _pairs(t: torch.Tensor) -> torch.Tensor:
@@ -115,11 +151,11 @@ _pack_lock = threading.Lock()  # two threads packing one adapter would build it 
 
 def packed(weights: LoraWeights) -> PackedAdapter:
     """The adapter's packed form, made on first use and kept with its weights
-    (dropped with them when the adapter store drops the adapter); in pairs
-    where this process takes bf16 products (bf16_dots())."""
+    (dropped with them when the adapter store drops the adapter), for this
+    process's products()."""
     with _pack_lock:
         if not weights.packed:
-            weights.packed.append(PackedAdapter(weights, pairs=bf16_dots()))
+            weights.packed.append(PackedAdapter(weights, products()))
         return weights.packed[0]
 
 
@@ -128,19 +164,19 @@ def pack_only(weights: LoraWeights) -> LoraWeights:
     C decode layers run adapter rows, prompt passes and decode steps alike
     read only the packed copy (bulkhead.model.llama), so a worker holds one
     copy, not two (bulkhead.engine.adapter_store applies this at load)."""
-    adapter = PackedAdapter(weights, pairs=bf16_dots())
+    adapter = PackedAdapter(weights, products())
     layers = tuple({name: FusedDelta(d.a.to("meta"), tuple(dataclasses.replace(p, b=p.b.to("meta")) for p in d.parts))
                     for name, d in fused.items()} for fused in weights.layers)
     return LoraWeights(weights.digest, layers, 0, fp32=False, packed=[adapter])
 
 
-def bf16_dots() -> bool:
-    """Whether the delta multiplies in bf16 (vdpbf16ps; csrc/lora_delta.c
-    says what it rounds): where the library has them and BULKHEAD_LORA_FP32
-    is not set (the fp32 products: 2^-9 nearer the exact path, about twice
-    the time; tests and bench/lora_delta.py compare the two)."""
-    lib = load()
-    return lib is not None and bool(lib.lora_bf16_dots()) and not os.environ.get("BULKHEAD_LORA_FP32")
+def products() -> str:
+    """How this process's delta multiplies (bulkhead.lora.products.preferred),
+    where the library built here has it, else fp32 (tests and
+    bench/lora_delta.py compare the three)."""
+    lib, asked = load(), lora_products.preferred()
+    built = {"int8": lib is not None and lib.lora_int8(), "bf16": lib is not None and lib.lora_bf16_dots()}
+    return asked if built.get(asked, True) else "fp32"
 
 
 def load() -> ctypes.CDLL | None:
@@ -152,6 +188,7 @@ def load() -> ctypes.CDLL | None:
         lib.lora_layer_delta.restype = i64
         lib.lora_layer_delta.argtypes = [p, i64, i64, p, i64, i64, p, i64, ctypes.c_int]
         lib.lora_bf16_dots.restype = ctypes.c_int
+        lib.lora_int8.restype = ctypes.c_int
     return lib
 
 
@@ -178,21 +215,23 @@ class StepDeltas:
         self._adapters = adapters  # alive while the struct points into them
         u_stride = max(a.max_rank for a in adapters)
         self._u = torch.empty(starts[-1] * max(u_stride, 1))  # scratch: each row's A x, [rows, u_stride]
-        pairs = adapters[0].pairs
-        if any(a.pairs != pairs for a in adapters):
-            raise KernelError("adapters packed for bf16 and for fp32 products in one step")
-        # bf16 scratch, rows of even strides above the widest input and rank: each row's x, and its u.
-        # An odd rank's last pair reads one number past its ranks, against a 0 weight: the next
-        # module's u, or past the last one this zeroed scratch (never a NaN pattern: NaN * 0 = NaN).
+        kind = adapters[0].products
+        if any(a.products != kind for a in adapters):
+            raise KernelError(f"adapters packed for {sorted({a.products for a in adapters})} products in one step")
+        # 16-bit scratch (bf16 or int16), rows of even strides above the widest input and rank: each row's
+        # x, and its u. An odd rank's last pair reads one number past its ranks, against a 0 weight: the
+        # next module's u, or past the last one this zeroed scratch (never a NaN pattern: NaN * 0 = NaN).
         xb_stride, ub_stride = (0, 0)
-        if pairs:
+        if adapters[0].pairs:
             xb_stride, ub_stride = _even_above(max(a.max_in for a in adapters)), _even_above(u_stride)
         self._xb = torch.empty(starts[-1] * xb_stride, dtype=torch.int16)
         self._ub = torch.zeros(starts[-1] * ub_stride, dtype=torch.int16)
+        self._scales = torch.empty(starts[-1] * SCALES if kind == "int8" else 0)  # each row's x and u scales
         index = self._index.data_ptr()
         self.step = _Step(len(adapters), ctypes.addressof(self._tables), index, index + 8 * len(starts),
                           self._u.data_ptr(), u_stride, self._xb.data_ptr(), xb_stride, self._ub.data_ptr(),
-                          ub_stride, int(pairs))
+                          ub_stride, lora_products.PRODUCTS.index(kind),
+                          self._scales.data_ptr() if kind == "int8" else None)
         self.fn = ctypes.cast(lib.lora_layer_delta, ctypes.c_void_p).value
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

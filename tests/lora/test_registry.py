@@ -80,10 +80,12 @@ def test_changed_files_are_validated_again(tmp_path):
 
 
 def test_the_resident_bytes_reported_are_what_a_worker_holds(tmp_path, tiny_model_dir):
-    """On the default kernels a worker holds the bf16 copy the C delta reads
-    and only that (bulkhead.model.lora_layers.pack_only); before, the fp32
-    copy was counted though both were held. The fp32 figure is reported too
-    (the exact path's)."""
+    """On the default kernels a worker holds the copy the C delta reads, packed
+    for this machine's products (int8 where the CPU has AVX-512 VNNI: about
+    half of bf16's), and only that (bulkhead.model.lora_layers.pack_only);
+    /server_info reports that figure and which products. The fp32 figure is
+    reported too (the exact path's)."""
+    from bulkhead.lora import products
     from bulkhead.lora.peft_files import BaseShapes, fp32_bytes, packed_bytes, read_adapter, read_weights
     from bulkhead.model.config import load_model_config
     from bulkhead.model.lora_layers import PackedAdapter
@@ -97,11 +99,14 @@ def test_the_resident_bytes_reported_are_what_a_worker_holds(tmp_path, tiny_mode
         files = read_adapter(path, shapes, data=data)
         weights = LoraWeights.load(files, config, data)
         assert fp32_bytes(files, shapes) == weights.nbytes
-        assert packed_bytes(files, shapes) == PackedAdapter(weights, pairs=True).nbytes  # an odd rank's pad too
-        assert packed_bytes(files, shapes) >= PackedAdapter(weights, pairs=False).nbytes
+        for kind in ("bf16", "int8"):  # an odd rank's pad too
+            assert packed_bytes(files, shapes, kind) == PackedAdapter(weights, kind).nbytes, kind
+        assert packed_bytes(files, shapes, "fp32") >= PackedAdapter(weights, "fp32").nbytes
+        assert packed_bytes(files, shapes, "int8") < 0.6 * packed_bytes(files, shapes, "bf16")
     registry = AdapterRegistry(shapes)
     registry.sync({"alpha": {"sql": files.path}})
     info = registry.info()
     sql = info["tenants"]["alpha"]["sql"]
+    assert sql["products"] == products.preferred()
     assert sql["resident_bytes"] == info["resident_bytes"] == sql["packed_bytes"] < sql["fp32_bytes"]
-    assert sql["packed_bytes"] > 0
+    assert sql["packed_bytes"] == packed_bytes(files, shapes, products.preferred()) > 0

@@ -1,8 +1,9 @@
 """csrc/lora_delta.c's lora_layer_delta on its own, over the packed weights
-of bulkhead.model.lora_layers, in both arithmetics: fp32 products (register
-tiles) and bf16 products (vdpbf16ps, where the CPU has them). Each computes
-what it says it rounds, and a row's numbers do not depend on which rows,
-tiles or adapters share its call."""
+of bulkhead.model.lora_layers, in each arithmetic: fp32 products (register
+tiles), bf16 products (vdpbf16ps) and int8 weights with int16 products
+(vpdpwssd), the last two where the CPU has them. Each computes what it
+says it rounds, and a row's numbers do not depend on which rows, tiles or
+adapters share its call."""
 
 import pytest
 import torch
@@ -17,24 +18,25 @@ from bulkhead.model.lora_weights import LoraWeights
 LIB = lora_layers.load()
 pytestmark = pytest.mark.skipif(LIB is None, reason="the C LoRA delta cannot be built here")
 PRODUCTS = ["fp32", pytest.param("bf16", marks=pytest.mark.skipif(
-    LIB is None or not LIB.lora_bf16_dots(), reason="no AVX-512 BF16 here"))]
+    LIB is None or not LIB.lora_bf16_dots(), reason="no AVX-512 BF16 here")),
+    pytest.param("int8", marks=pytest.mark.skipif(LIB is None or not LIB.lora_int8(), reason="no AVX-512 VNNI here"))]
 
 
 @pytest.fixture(scope="module")
 def weights(tiny_model_dir, tmp_path_factory):
-    """(config, {pairs: [adapter of rank 16, adapter of odd rank 3]}), each packed for one arithmetic."""
+    """(config, {products: [adapter of rank 16, adapter of odd rank 3]}), each packed for one arithmetic."""
     config = load_model_config(tiny_model_dir)
     shapes, root = BaseShapes.of(config), tmp_path_factory.mktemp("adapters")
     out = {}
-    for pairs in (False, True):
-        out[pairs] = []
+    for products in ("fp32", "bf16", "int8"):
+        out[products] = []
         for i, rank in enumerate((16, 3)):
             path = write_adapter(root / f"a{i}", shapes, rank=rank, alpha=2 * rank, seed=i, scale=0.2,
                                  dtype=torch.bfloat16)
             data = read_weights(path)
             w = LoraWeights.load(read_adapter(path, shapes, data=data), config, data)
-            w.packed.append(lora_layers.PackedAdapter(w, pairs=pairs))
-            out[pairs].append(w)
+            w.packed.append(lora_layers.PackedAdapter(w, products))
+            out[products].append(w)
     return config, out
 
 
@@ -48,9 +50,32 @@ def _delta(row_adapters, layer, linear, x, y0):
     return y
 
 
-def _reference(adapter, layer, linear, x, pairs):
-    """The delta in float64 from the packed bf16 weights, rounding what the arithmetic rounds."""
+def _int16(t: torch.Tensor) -> torch.Tensor:
+    """t's rows in int16 steps of max |row| / 32767, as lora_delta_int8.h's quantize_i16 rounds them."""
+    amax = t.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 32767 / amax, 0)
+    return (t * inv).round().double() * (amax / 32767).double()
+
+
+def _int8_reference(d, x):
+    """lora_delta_int8.h's sums in float64: u = (A's and B's rank scales) * sx * qa . xq,
+    then each part's u in int16 steps times qb (B's integer steps, per rank scale folded into u)."""
+    qa, sa = lora_layers._int8_rows(d.a)
+    u = _int16(x) @ qa.double().T * sa.double()
+    out = torch.zeros(x.shape[0], max(p.cols[1] for p in d.parts), dtype=torch.float64)
+    for p in d.parts:
+        qbt, sb = lora_layers._int8_rows(p.b.t())
+        scaled = (u[:, p.ranks[0]:p.ranks[1]] * sb.double()).float()
+        out[:, p.cols[0]:p.cols[1]] = _int16(scaled) @ qbt.double()
+    return out
+
+
+def _reference(adapter, layer, linear, x, products):
+    """The delta in float64 from the packed weights, rounding what the arithmetic rounds."""
     d = adapter.layers[layer][linear]
+    if products == "int8":
+        return _int8_reference(d, x)
+    pairs = products == "bf16"
     a = _bf16(d.a)
     xr = _bf16(x) if pairs else x.double()
     u = xr @ a.T
@@ -65,15 +90,38 @@ def _reference(adapter, layer, linear, x, pairs):
 @pytest.mark.parametrize("linear", lora_layers.LINEARS)
 def test_each_arithmetic_computes_the_delta_it_documents(weights, products, linear):
     config, packed = weights
-    pairs = products == "bf16"
     gen = torch.Generator().manual_seed(1)
-    for adapter in packed[pairs]:  # rank 16, and rank 3: an odd rank's last pair padded
+    for adapter in packed[products]:  # rank 16, and rank 3: an odd rank's last pair padded
         d = adapter.layers[1][linear]
         x = torch.randn(9, d.a.shape[1], generator=gen)
         out = max(p.cols[1] for p in d.parts)
         y = _delta([adapter] * 9, 1, linear, x, torch.zeros(9, out))
-        ref = _reference(adapter, 1, linear, x, pairs)
-        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5), (y.double() - ref).abs().max()
+        ref = _reference(adapter, 1, linear, x, products)
+        # int8: u is fp32 in C and float64 here, so its int16 rounding may differ by one step at a tie
+        tol = 1e-5 if products != "int8" else 1e-4 * ref.abs().max().item()
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=tol), (y.double() - ref).abs().max()
+
+
+@pytest.mark.parametrize("linear", lora_layers.LINEARS)
+def test_int8_weights_stay_within_their_bound_of_the_exact_delta(weights, linear):
+    """Half the bytes of bf16 for a bounded error: each weight within half a
+    step (max |row| / 254) of the exact one, x and u within half an int16
+    step; on these random adapters the delta's max error is about 1% of its
+    largest value (bf16 products: about 0.25%). docs/adapters.md, "Bounds"."""
+    if LIB is None or not LIB.lora_int8():
+        pytest.skip("no AVX-512 VNNI here")
+    config, packed = weights
+    gen = torch.Generator().manual_seed(3)
+    for adapter in packed["int8"]:
+        d = adapter.layers[1][linear]
+        x = torch.randn(16, d.a.shape[1], generator=gen)
+        out = max(p.cols[1] for p in d.parts)
+        y = _delta([adapter] * 16, 1, linear, x, torch.zeros(16, out)).double()
+        exact = torch.zeros_like(y)
+        u = x.double() @ d.a.double().T
+        for p in d.parts:
+            exact[:, p.cols[0]:p.cols[1]] = u[:, p.ranks[0]:p.ranks[1]] @ p.b.double().T
+        assert (y - exact).abs().max() <= 0.03 * exact.abs().max(), (y - exact).abs().max() / exact.abs().max()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -82,7 +130,7 @@ def test_a_rows_delta_does_not_depend_on_its_neighbours_tiles_or_threads(weights
     """Row 0 under adapter 0 alone, then in a group of 7 (a whole tile of 4
     and a remainder) beside base rows and the other adapter's rows."""
     config, packed = weights
-    a0, a1 = packed[products == "bf16"]
+    a0, a1 = packed[products]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -16,6 +16,7 @@ from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan
 from bulkhead.kv.layout import KVLayout
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.pool import KVPool
+from bulkhead.lora import products as lora_products
 from bulkhead.lora.peft_files import BaseShapes, read_adapter
 from bulkhead.model import decode_kernel, decode_layers, lora_layers, q4_kernel
 from bulkhead.model.linear_kernel import onednn_usable
@@ -37,14 +38,15 @@ def c_model(smollm2_dir):
     return model
 
 
-@pytest.fixture(params=["bf16", "fp32"])
+@pytest.fixture(params=["int8", "bf16", "fp32"])
 def products(request, monkeypatch):
-    """The delta's arithmetic (bulkhead.model.lora_layers.bf16_dots): bf16
-    products where the CPU has them (the default), else or when asked fp32."""
-    if request.param == "bf16" and not lora_layers.bf16_dots():
-        pytest.skip("no AVX-512 BF16 here")
-    if request.param == "fp32":
-        monkeypatch.setenv("BULKHEAD_LORA_FP32", "1")
+    """The delta's arithmetic (bulkhead.model.lora_layers.products): int8
+    weights where the CPU has AVX-512 VNNI (the default), bf16 products
+    where it has AVX-512 BF16, fp32 products anywhere, as
+    BULKHEAD_LORA_PRODUCTS asks."""
+    monkeypatch.setenv(lora_products.ENV, request.param)
+    if lora_layers.products() != request.param:
+        pytest.skip(f"no {request.param} products on this CPU")
     return request.param
 
 
@@ -116,10 +118,13 @@ def test_an_adapter_row_gets_the_same_numbers_alone_beside_base_rows_and_beside_
 # the glue's two sums differ (the base model's bound in test_decode_layers,
 # measured 5e-5 with fp32 KV). Stored in fp32, the C layers read them
 # rounded to bf16 and the torch glue does not: measured 1.5e-3 at rank 16.
-# bf16 products (the default where the CPU has them) round each row's x and
-# u = A x to bf16 too: measured 1.2e-3 and 1.9e-3 on a decode step, 2.9e-3
-# and 3.9e-3 on a prompt's last row (docs/adapters.md, "Bounds").
-BOUNDS = {("fp32", 0): 2e-4, ("fp32", 2): 1e-2, ("bf16", 0): 1e-2, ("bf16", 2): 1e-2}
+# bf16 products round each row's x and u = A x to bf16 too: measured 1.2e-3
+# and 1.9e-3 on a decode step, 2.9e-3 and 3.9e-3 on a prompt's last row.
+# int8 weights (the default with AVX-512 VNNI) are within half a step of
+# max |w| / 127 per rank: measured 1.3e-2 and 5.7e-3 on a decode step,
+# 1.7e-2 and 1.1e-2 on a prompt's last row (docs/adapters.md, "Bounds").
+BOUNDS = {("fp32", 0): 2e-4, ("fp32", 2): 1e-2, ("bf16", 0): 1e-2, ("bf16", 2): 1e-2, ("int8", 0): 3e-2,
+          ("int8", 2): 3e-2}
 
 
 @pytest.mark.parametrize("adapter", [0, 2])
@@ -162,7 +167,7 @@ def test_the_c_layers_agree_with_the_exact_path_within_the_fast_paths_bound(smol
     ref = kl_mean.pop("exact").log_softmax(-1)
     kl = {k: torch.nn.functional.kl_div(v.log_softmax(-1), ref, log_target=True, reduction="none").sum(-1).mean().item()
           for k, v in kl_mean.items()}
-    assert kl["c"] <= 1e-3, kl  # measured 3.9e-5 (fp32 products) and 4.0e-5 (bf16)
+    assert kl["c"] <= 1e-3, kl  # measured 3.9e-5 (fp32 products), 4.0e-5 (bf16) and 4.2e-5 (int8)
     assert kl["c, delta skipped"] > 1e-3, kl  # measured 1.7e-2: the bound tells a skipped delta
 
 
@@ -199,7 +204,7 @@ def test_a_worker_on_the_c_layers_holds_each_adapter_once_packed(c_model, adapte
     weights = runner.adapters.get(adapters[0].digest)
     assert not weights.fp32 and weights.nbytes == 0
     assert runner.adapters.held[adapters[0].digest] == weights.packed[0].nbytes > 0
-    assert weights.packed[0].pairs == (products == "bf16")
+    assert weights.packed[0].products == products
     assert decode(runner, works).isfinite().all()
     with pytest.raises(decode_kernel.KernelError, match="only packed"):
         LoraRows.of([weights]).add(0, "o", torch.zeros(1, c_model.config.q_size),

@@ -56,10 +56,12 @@ void lora_up(const float *u, int64_t rank_total, const int64_t *rows, int64_t n_
  * binds it), so that a step with adapter rows keeps the C decode layers.
  * The weights are bf16 (half the bytes of fp32: the delta reads each
  * adapter's weights once a step, beside the base model's); every sum is
- * fp32. Three arithmetics, one per build and step (the sections below):
- * bf16 products where the CPU has AVX-512 BF16 and the step asks for them
- * (x and u rounded to bf16), else fp32 products in register tiles
- * (AVX-512), else row by row as here:
+ * fp32. Four arithmetics, one per process and step (the sections below):
+ * int8 weights with int16 products where the CPU has AVX-512 VNNI and the
+ * step asks for them (lora_delta_int8.h: half the bytes again), bf16
+ * products where it has AVX-512 BF16 and the step asks for them (x and u
+ * rounded to bf16), else fp32 products in register tiles (AVX-512), else
+ * row by row as here:
  *
  *     u[r, k]            = sum_i A[k, i] * x[r, i]                (16 lanes, then the lanes in order)
  *     y[r, c0_p + j]    += sum_k u[r, r0_p + k] * Bt_p[k, j]      (k = 0, 1, ... in order)
@@ -77,8 +79,9 @@ void lora_up(const float *u, int64_t rank_total, const int64_t *rows, int64_t n_
 
 typedef struct {
     /* bf16, this module's scaled lora_B transposed: [r_len, out], or where the
-     * step's bf16_dots, [ceil(r_len / 2), out, 2] (each column's ranks in
-     * pairs, an odd rank's last pair padded with 0), as vdpbf16ps reads them */
+     * step's products are bf16, [ceil(r_len / 2), out, 2] (each column's ranks
+     * in pairs, an odd rank's last pair padded with 0), as vdpbf16ps reads
+     * them; where int8, that layout in int8 (vpdpwssd widens them) */
     const uint16_t *bt;
     int64_t r0, r_len;   /* its ranks in u */
     int64_t c0, out;     /* its columns in the fused output */
@@ -86,12 +89,14 @@ typedef struct {
 
 typedef struct {
     /* bf16, the modules' lora_A stacked: [rank, in], or where the step's
-     * bf16_dots, [ceil(in / 2), rank, 2] (each rank's inputs in pairs, an
-     * odd width's last pair padded with 0); NULL: no delta on this linear */
+     * products are bf16, [ceil(in / 2), rank, 2] (each rank's inputs in pairs,
+     * an odd width's last pair padded with 0); where int8, that layout in
+     * int8; NULL: no delta on this linear */
     const uint16_t *a;
     int64_t rank, in;
     int64_t n_parts;
     PackedPart parts[MAX_PARTS];
+    const float *scale;  /* int8 only, [rank]: A's scale of that rank times its module's B's */
 } PackedDelta;
 
 typedef struct {
@@ -101,13 +106,20 @@ typedef struct {
     const int64_t *rows;               /* the step's adapter rows, grouped by adapter */
     float *u;                          /* scratch, [len(rows), u_stride] */
     int64_t u_stride;                  /* at least every delta's rank */
-    uint16_t *xb;                      /* scratch where bf16_dots, [len(rows), xb_stride]: the rows' x in bf16 */
+    uint16_t *xb;                      /* scratch where bf16 or int8, [len(rows), xb_stride]: the rows' x in
+                                          bf16, or in int16 */
     int64_t xb_stride;                 /* even, above every delta's input width */
-    uint16_t *ub;                      /* scratch where bf16_dots, [len(rows), ub_stride], zeroed: u in bf16 */
+    uint16_t *ub;                      /* scratch where bf16 or int8, [len(rows), ub_stride], zeroed: u in bf16,
+                                          or in int16 */
     int64_t ub_stride;                 /* even, above every delta's rank: an odd rank's last pair reads one
                                           number past it (zeroed, or the next module's) against a 0 weight */
-    int64_t bf16_dots;                 /* 1: bf16 products (lora_bf16_dots()), A and B packed in pairs */
+    int64_t products;                  /* PRODUCTS_*: the packing of every delta of the step */
+    float *scales;                     /* scratch where int8, [len(rows), 1 + MAX_PARTS]: x's scale, each part's u's */
 } LoraStep;
+
+/* LoraStep.products: fp32 products over bf16 weights (lora_tiled()), bf16
+ * products (lora_bf16_dots()), int8 weights with int16 products (lora_int8()). */
+enum { PRODUCTS_FP32 = 0, PRODUCTS_BF16 = 1, PRODUCTS_INT8 = 2 };
 
 enum { LORA_BAD_SHAPE = -6 };
 
@@ -371,23 +383,40 @@ static void up_group_bf16(const PackedPart *p, const LoraStep *s, int64_t first,
 #else
 #define BF16_DOTS 0
 #endif
+#if defined(__AVX512VNNI__)
+#define INT8_DOTS 1
+#include "lora_delta_int8.h"
+#else
+#define INT8_DOTS 0
+#endif
 #define TILED 1
 #else
 #define TILED 0
 #define BF16_DOTS 0
+#define INT8_DOTS 0
 #endif
 
 /* Which arithmetic lora_layer_delta runs here: 1 the register tiles (AVX-512 F, BW, VL), 0 row by row. */
 int lora_tiled(void) { return TILED; }
 
-/* 1 where lora_layer_delta can take bf16 products (a LoraStep's bf16_dots), 0 where this CPU has none. */
+/* 1 where lora_layer_delta can take bf16 products (PRODUCTS_BF16), 0 where this CPU has none. */
 int lora_bf16_dots(void) { return BF16_DOTS; }
+
+/* 1 where lora_layer_delta can take int8 weights with int16 products (PRODUCTS_INT8), 0 where this CPU has none. */
+int lora_int8(void) { return INT8_DOTS; }
 
 /* One group's down projection (u = A x) on this thread's share of its tiles. */
 static void down_group(const PackedDelta *d, const LoraStep *s, int64_t first, int64_t n, const float *x,
                        int64_t x_stride) {
+#if INT8_DOTS
+    if (s->products == PRODUCTS_INT8) {
+#pragma omp for schedule(static) nowait
+        for (int64_t r0 = 0; r0 < n; r0 += ROWS) down_rows_i8(d, s, first, r0, n - r0 < ROWS ? n - r0 : ROWS);
+        return;
+    }
+#endif
 #if BF16_DOTS
-    if (s->bf16_dots) {
+    if (s->products == PRODUCTS_BF16) {
 #pragma omp for schedule(static) nowait
         for (int64_t r0 = 0; r0 < n; r0 += ROWS) down_rows_bf16(d, s, first, r0, n - r0 < ROWS ? n - r0 : ROWS);
         return;
@@ -431,8 +460,11 @@ static void up_group_all(const PackedDelta *d, const LoraStep *s, int64_t first,
         while (b >= blocks_of(&d->parts[q])) b -= blocks_of(&d->parts[q++]);
         const PackedPart *p = &d->parts[q];
         const int64_t j0 = b * UP_BLOCK, jn = p->out - j0 < UP_BLOCK ? p->out - j0 : UP_BLOCK;
+#if INT8_DOTS
+        if (s->products == PRODUCTS_INT8) { up_group_i8(p, q, s, first + r0, rn, y, y_stride, j0, jn); continue; }
+#endif
 #if BF16_DOTS
-        if (s->bf16_dots) { up_group_bf16(p, s, first + r0, rn, y, y_stride, j0, jn); continue; }
+        if (s->products == PRODUCTS_BF16) { up_group_bf16(p, s, first + r0, rn, y, y_stride, j0, jn); continue; }
 #endif
         up_group(p, s, first + r0, rn, y, y_stride, j0, jn);
     }
@@ -449,38 +481,59 @@ static void up_group_all(const PackedDelta *d, const LoraStep *s, int64_t first,
 #endif
 }
 
+/* The body of lora_layer_delta, run by each thread of its team (or, orphaned,
+ * by the calling thread alone: its worksharing loops then take every item
+ * and its barrier returns). */
+static void delta_team(const LoraStep *s, int64_t layer, int64_t which, const float *x, int64_t x_stride,
+                       int64_t in_f, float *y, int64_t y_stride) {
+#if INT8_DOTS
+    if (s->products == PRODUCTS_INT8) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < s->group_start[s->n_groups]; r++) quantize_row(s, r, x, x_stride, in_f);
+    }
+#endif
+#if BF16_DOTS
+    if (s->products == PRODUCTS_BF16) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < s->group_start[s->n_groups]; r++) round_row(s, r, x, x_stride, in_f);
+    }
+#endif
+    for (int64_t g = 0; g < s->n_groups; g++) {
+        const PackedDelta *d = &s->deltas[g][layer * LINEARS + which];
+        if (d->a) down_group(d, s, s->group_start[g], s->group_start[g + 1] - s->group_start[g], x, x_stride);
+    }
+#pragma omp barrier
+    for (int64_t g = 0; g < s->n_groups; g++) {
+        const PackedDelta *d = &s->deltas[g][layer * LINEARS + which];
+        if (d->a) up_group_all(d, s, s->group_start[g], s->group_start[g + 1] - s->group_start[g], y, y_stride);
+    }
+}
+
 /* y[rows] += each row's adapter delta on linear `which` of `layer`; x [T, in]
  * rows x_stride apart, y [T, out] rows y_stride apart. Returns 0, or
  * LORA_BAD_SHAPE (nothing written) where a delta's rank exceeds the scratch
- * or its input width is not `in_f`, or bf16 products are asked of a build
- * without them (or of a scratch too narrow). One parallel region a call:
- * (bf16: the rows' x rounded, barrier,) the down projection, barrier, the up. */
+ * or its input width is not `in_f`, or bf16 or int8 products are asked of
+ * a build without them (or of a scratch too narrow, or int8 without its
+ * scales). One parallel region a call (none on one thread): (bf16, int8:
+ * the rows' x rounded, barrier,) the down projection, barrier, the up. */
 int64_t lora_layer_delta(const LoraStep *s, int64_t layer, int64_t which, const float *x, int64_t x_stride,
                          int64_t in_f, float *y, int64_t y_stride, int threads) {
-    if (s->bf16_dots && (!BF16_DOTS || in_f >= s->xb_stride || s->xb_stride % 2 || s->ub_stride % 2))
+    const int64_t pairs = s->products == PRODUCTS_BF16 || s->products == PRODUCTS_INT8;
+    if (s->products < 0 || s->products > PRODUCTS_INT8 || (s->products == PRODUCTS_BF16 && !BF16_DOTS)
+        || (s->products == PRODUCTS_INT8 && (!INT8_DOTS || !s->scales)))
         return LORA_BAD_SHAPE;
+    if (pairs && (in_f >= s->xb_stride || s->xb_stride % 2 || s->ub_stride % 2)) return LORA_BAD_SHAPE;
     for (int64_t g = 0; g < s->n_groups; g++) {
         const PackedDelta *d = &s->deltas[g][layer * LINEARS + which];
         if (d->a && (d->rank > s->u_stride || d->in != in_f || d->n_parts > MAX_PARTS)) return LORA_BAD_SHAPE;
-        if (d->a && s->bf16_dots && (d->rank > 64 || d->rank >= s->ub_stride)) return LORA_BAD_SHAPE;
+        if (d->a && pairs && (d->rank > 64 || d->rank >= s->ub_stride)) return LORA_BAD_SHAPE;
+        if (d->a && s->products == PRODUCTS_INT8 && !d->scale) return LORA_BAD_SHAPE;
+    }
+    if (threads <= 1) {  /* a lone decode row's step runs on one thread: no team to start, 120 calls a step */
+        delta_team(s, layer, which, x, x_stride, in_f, y, y_stride);
+        return 0;
     }
 #pragma omp parallel num_threads(threads)
-    {
-#if BF16_DOTS
-        if (s->bf16_dots) {
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < s->group_start[s->n_groups]; r++) round_row(s, r, x, x_stride, in_f);
-        }
-#endif
-        for (int64_t g = 0; g < s->n_groups; g++) {
-            const PackedDelta *d = &s->deltas[g][layer * LINEARS + which];
-            if (d->a) down_group(d, s, s->group_start[g], s->group_start[g + 1] - s->group_start[g], x, x_stride);
-        }
-#pragma omp barrier
-        for (int64_t g = 0; g < s->n_groups; g++) {
-            const PackedDelta *d = &s->deltas[g][layer * LINEARS + which];
-            if (d->a) up_group_all(d, s, s->group_start[g], s->group_start[g + 1] - s->group_start[g], y, y_stride);
-        }
-    }
+    delta_team(s, layer, which, x, x_stride, in_f, y, y_stride);
     return 0;
 }
