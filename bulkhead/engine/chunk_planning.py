@@ -52,6 +52,20 @@ class ChunkPlanner:
         self._deferred_decode = defer
         return defer
 
+    def first_token_waits(self) -> bool:
+        """Another tenant's work is here, and a waiting prompt short enough to
+        run whole beside a slice is its tenant's one request: the engine runs
+        the next step in the same core-lease turn (Engine._step_in_turn)
+        rather than let the host's other worker step first. A tenant with a
+        queue of its own is a flood, not a waiting first token. Never with
+        whole passes (first come, first served: nobody is let ahead)."""
+        s = self._s
+        live = s.waiting.active
+        if not self.slice_tokens or len(live) < 2:
+            return False
+        whole = max(self.slice_tokens, s.config.whole_pass_tokens)
+        return any(live[r.tenant] == 1 and r.prefill_target - r.num_computed <= whole for r in s.waiting)
+
     def contended(self, tenant: str) -> bool:
         """Another tenant has a request here: a whole pass of tenant's would make it wait."""
         return any(r.tenant != tenant for r in self._s.requests.values())

@@ -181,11 +181,20 @@ class Engine:
 
     def _step_in_turn(self, lease: CoreLease) -> None:
         """One step in this worker's turn with the host's cores (core_lease),
-        taking commands meanwhile: a decode worker's grants and commits too."""
+        taking commands meanwhile: a decode worker's grants and commits too.
+        A short prompt that came during the step and gives an idle tenant its
+        first token (ChunkPlanner.first_token_waits) gets a second step in
+        the same turn: turns alternate, so it would otherwise wait for the
+        other worker's step too (a decode round of another tenant's flood),
+        and its KV hand-off then runs while the decode worker waits for the
+        cores, taking commands. One extra step a turn at most."""
         with lease.turn(meanwhile=lambda: self._take_commands(block=True),
                         wake=lambda: self._commands.put(cmd.Wake()), stopped=self._stop.is_set) as held:
             if held:
                 self.step()
+                self._take_commands(block=False)
+                if self.scheduler.planner.first_token_waits():
+                    self.step()
 
     def _take_commands(self, block: bool) -> None:
         try:

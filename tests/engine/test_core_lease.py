@@ -244,3 +244,31 @@ def test_a_served_engine_takes_commands_while_waiting_for_its_turn(make_engine, 
         built.engine.stop()
         other.close()
     assert_clean(built)
+
+
+def test_another_tenants_first_token_that_came_during_a_step_runs_in_the_same_turn(make_engine, tmp_path):
+    # Turns alternate: a light prompt that came while a prefill worker's step
+    # ran would wait for the decode worker's step (a round of the flood's
+    # rows) before its own; the turn runs it at once instead.
+    built, sink = make_engine(core_lease=str(tmp_path / "lease")), Collector()
+    heavy, light = prompts(2, length=40)
+    submit(built, sink, "heavy", heavy, tenant="heavy", max_tokens=8)
+    built.engine._take_commands(block=False)
+    submit(built, sink, "light", light, tenant="light", max_tokens=2)  # comes during the turn's step
+    built.engine._step_in_turn(built.engine.runner.lease)
+    assert len(sink.tokens("light")) == 1 and built.engine.runner.lease.acquired == 1
+    built.engine.run_until_idle()
+    assert_clean(built)
+
+
+def test_a_tenants_second_request_waits_for_the_next_turn(make_engine, tmp_path):
+    # A tenant with a queue of its own is a flood: its prompts take turns.
+    built, sink = make_engine(core_lease=str(tmp_path / "lease")), Collector()
+    first, second = prompts(2, length=40)
+    submit(built, sink, "first", first, tenant="heavy", max_tokens=8)
+    built.engine._take_commands(block=False)
+    submit(built, sink, "second", second, tenant="heavy", max_tokens=2)
+    built.engine._step_in_turn(built.engine.runner.lease)
+    assert "second" not in sink.outputs and built.engine.stats.steps == 1
+    built.engine.run_until_idle()
+    assert_clean(built)

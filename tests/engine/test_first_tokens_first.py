@@ -57,3 +57,18 @@ def test_a_chunk_that_does_not_end_its_prompt_shares_the_step():
     s.add(ticket("light", prompt_len=40, max_tokens=4, tenant="light"))  # 16-token chunks: no token yet
     plan = run_step(s)
     assert ids(plan.prefills) == ["light"] and not plan.prefills[0].samples and len(plan.decode) == FLOOD
+
+
+def test_a_waiting_first_token_is_another_tenants_one_short_prompt():
+    # What keeps a core-lease turn for one more step (Engine._step_in_turn).
+    s = flood_decoding()
+    assert not s.planner.first_token_waits()  # the flood alone
+    s.add(ticket("heavy-next", prompt_len=6, max_tokens=4, tenant="heavy"))
+    assert not s.planner.first_token_waits()  # the flood's own queue
+    s.add(ticket("long", prompt_len=300, max_tokens=4, tenant="other"))
+    assert not s.planner.first_token_waits()  # too long to run whole beside a slice
+    s.add(ticket("light", prompt_len=6, max_tokens=4, tenant="light"))
+    assert s.planner.first_token_waits()
+    fcfs = flood_decoding(fair=False)
+    fcfs.add(ticket("light", prompt_len=6, max_tokens=4, tenant="light"))
+    assert not fcfs.planner.first_token_waits()  # first come, first served lets nobody ahead
