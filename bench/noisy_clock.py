@@ -162,34 +162,34 @@ def summary(ttfts: list[float]) -> tuple[float, float]:
     return statistics.median(ttfts), percentile(ttfts, 99)
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    variants = args.variants.split(",")
-    if not set(variants) <= set(VARIANTS):
-        parser().error(f"--variants: one of {', '.join(VARIANTS)}")
-    torch.set_num_threads(args.threads)
-    b = Bench(args, random.Random(args.seed))
+def interleaved(b, args, variants: list[str], choose, now) -> tuple[dict, dict, dict, float]:
+    """Each light request under every variant in turn (choose(v) switches to v), first alone, then under
+    the flood: (alone's and flooded's TTFTs per variant, heavy [tokens, CPU seconds] per variant, the
+    flood's ramp on the clock now() reads)."""
     b.light([])  # warm-up: first-call allocations and kernel builds
     alone = {v: [] for v in variants}
     for _ in range(args.light_requests):
         for v in variants:
-            set_variant(b.engine, v)
+            choose(v)
             alone[v].append(b.light([])[0])
-    streams = [b.heavy() for _ in range(args.heavy_streams)]
+    streams = [b.submit("heavy", args.heavy_prompt_tokens, args.heavy_output_tokens) for _ in range(args.heavy_streams)]
     b.run_until(lambda: all(r in b.first for r in streams), streams)
-    ramp = b.clock.now
+    ramp = now()
     flooded = {v: [] for v in variants}
     heavy = {v: [0, 0.0] for v in variants}  # tokens, CPU seconds
     for _ in range(args.light_requests):
         for v in variants:
-            set_variant(b.engine, v)
+            choose(v)
             before = b.heavy_tokens
             ttft, took = b.light(streams)
             flooded[v].append(ttft)
             heavy[v][0] += b.heavy_tokens - before
             heavy[v][1] += took
-    b.engine.check_integrity()
-    print(f"threads {torch.get_num_threads()}, CPU-time clock; flood: {args.heavy_streams} x "
+    return alone, flooded, heavy, ramp
+
+
+def report(args, how: str, variants: list[str], alone: dict, flooded: dict, heavy: dict, ramp: float) -> None:
+    print(f"threads {torch.get_num_threads()}, CPU-time clock{how}; flood: {args.heavy_streams} x "
           f"{args.heavy_prompt_tokens}-token prompts, {args.heavy_output_tokens} out (ramp {ramp:.1f} s); "
           f"light: {args.light_requests} x {args.light_prompt_tokens} tokens per variant, interleaved")
     print(f"{'variant':<20} {'alone med/p99 (s)':>18} {'flooded med/p99 (s)':>20} {'median x':>9} {'p99 x':>6} "
@@ -198,6 +198,18 @@ def main(argv=None) -> int:
         (am, ap), (fm, fp) = summary(alone[v]), summary(flooded[v])
         print(f"{v:<20} {am:8.3f} / {ap:6.3f} {fm:10.3f} / {fp:6.3f} {fm / am:8.2f}x {fp / ap:5.2f}x "
               f"{heavy[v][0] / heavy[v][1]:15.1f}")
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    variants = args.variants.split(",")
+    if not set(variants) <= set(VARIANTS):
+        parser().error(f"--variants: one of {', '.join(VARIANTS)}")
+    torch.set_num_threads(args.threads)
+    b = Bench(args, random.Random(args.seed))
+    measured = interleaved(b, args, variants, lambda v: set_variant(b.engine, v), lambda: b.clock.now)
+    b.engine.check_integrity()
+    report(args, "", variants, *measured)
     return 0
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.noisy_clock import parser, summary  # noqa: E402
+from bench.noisy_clock import interleaved, parser, report  # noqa: E402
 from bulkhead.engine.admission import admit  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
 from bulkhead.engine.request import SamplingParams  # noqa: E402
@@ -143,34 +143,12 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     torch.set_num_threads(args.threads)
     b = Turns(args, random.Random(args.seed))
-    b.light([])  # warm-up
-    alone = {v: [] for v in variants}
-    for _ in range(args.light_requests):
-        for v in variants:
-            b.keep_turn = v == "keep-turn"
-            alone[v].append(b.light([])[0])
-    streams = [b.submit("heavy", args.heavy_prompt_tokens, args.heavy_output_tokens) for _ in range(args.heavy_streams)]
-    b.run_until(lambda: all(r in b.first for r in streams), streams)
-    ramp = b.now
-    flooded = {v: [] for v in variants}
-    heavy = {v: [0, 0.0] for v in variants}
-    for _ in range(args.light_requests):
-        for v in variants:
-            b.keep_turn = v == "keep-turn"
-            before = b.heavy_tokens
-            ttft, took = b.light(streams)
-            flooded[v].append(ttft)
-            heavy[v][0] += b.heavy_tokens - before
-            heavy[v][1] += took
-    print(f"threads {torch.get_num_threads()}, CPU-time clock, prefill and decode engines taking turns; flood: "
-          f"{args.heavy_streams} x {args.heavy_prompt_tokens}-token prompts, {args.heavy_output_tokens} out "
-          f"(ramp {ramp:.1f} s); light: {args.light_requests} x {args.light_prompt_tokens} tokens per variant")
-    print(f"{'variant':<12} {'alone med/p99 (s)':>18} {'flooded med/p99 (s)':>20} {'median x':>9} {'p99 x':>6} "
-          f"{'heavy tok/cpu-s':>15}")
-    for v in variants:
-        (am, ap_), (fm, fp) = summary(alone[v]), summary(flooded[v])
-        print(f"{v:<12} {am:8.3f} / {ap_:6.3f} {fm:10.3f} / {fp:6.3f} {fm / am:8.2f}x {fp / ap_:5.2f}x "
-              f"{heavy[v][0] / heavy[v][1]:15.1f}")
+
+    def choose(v: str) -> None:
+        b.keep_turn = v == "keep-turn"
+
+    report(args, ", prefill and decode engines taking turns", variants,
+           *interleaved(b, args, variants, choose, lambda: b.now))
     return 0
 
 
