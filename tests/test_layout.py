@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bulkhead"
 # never sideways (server and disagg meet only in serving's contract and the
 # launcher). A new package is placed here before it can be imported.
 LAYERS = [
-    {"errors"},                       # the typed errors in the OpenAI error shape
+    {"errors", "cpu"},                # the typed errors in the OpenAI error shape; the CPU's features
     {"lineage", "protocol"},          # the page-lineage log; the transfer protocol's pure core
     {"kv", "lora"},                   # pages, ledger, prefix cache; tenants' LoRA adapters as files (no torch)
     {"serving"},                      # the torch-free contract between the HTTP layer and a backend

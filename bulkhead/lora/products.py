@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 
-from bulkhead.model.kernel_table import cpu_features
+from bulkhead.cpu import cpu_features
 
 log = logging.getLogger(__name__)
 

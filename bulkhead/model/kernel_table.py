@@ -30,8 +30,9 @@ integer inputs (csrc/linear_i16in.h), `fp32` oneDNN fp32.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
+
+from bulkhead.cpu import CPU_FEATURES, cpu_features  # noqa: F401 - the table reads them here
 
 
 class Row(NamedTuple):
@@ -87,18 +88,3 @@ def rows_for(stored: str, features: frozenset[str]) -> list[Row]:
 def row_of(linear: str) -> Row:
     """The first row naming linear kernel `linear` (EXACT for the exact ones)."""
     return next((row for row in TABLE if row.linear == linear), EXACT)
-
-
-CPU_FEATURES = ("avx512_bf16", "avx512_vnni", "avx512f", "avx2")
-
-
-@functools.cache
-def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The features of CPU_FEATURES that /proc/cpuinfo's flags name; none
-    where it cannot be read (another OS): the exact path then."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return frozenset()
-    return frozenset(CPU_FEATURES) & frozenset(flags)
