@@ -89,7 +89,34 @@ class Clock:
         return self.now + inside
 
 
-class Bench:
+class Flood:
+    """The flood and the light tenant over a harness's step(), time() (its
+    virtual clock between steps), idle() and submit(): one engine here
+    (Bench), both workers' engines by turns in bench/noisy_turns.py."""
+
+    def run_until(self, done, streams: list[str], limit: int = 200_000) -> None:
+        """Steps until done(); a heavy stream whose request ended sends its next."""
+        for _ in range(limit):
+            if done():
+                return
+            for i, rid in enumerate(streams):
+                if rid in self.done:
+                    streams[i] = self.submit("heavy", self.args.heavy_prompt_tokens, self.args.heavy_output_tokens)
+            self.step()
+        raise RuntimeError("the engines never got there")
+
+    def light(self, streams: list[str]) -> tuple[float, float]:
+        """One light request arriving a random gap from now, taken when the
+        step in progress ends: (ttft, cpu seconds it took)."""
+        arrival = self.time() + self.rng.uniform(0.0, self.args.max_gap)
+        self.run_until(lambda: self.time() >= arrival or self.idle(), streams)
+        arrival = min(arrival, self.time())  # an idle engine takes it at once
+        rid = self.submit("light", self.args.light_prompt_tokens, self.args.light_output_tokens)
+        self.run_until(lambda: rid in self.done, streams)
+        return self.first[rid] - arrival, self.time() - arrival
+
+
+class Bench(Flood):
     def __init__(self, args, rng: random.Random):
         self.args, self.rng = args, rng
         self.built = build_engine(EngineConfig(model_dir=default_model_dir(), model_id="bench",
@@ -122,29 +149,14 @@ class Bench:
                 self.done.add(rid)
         return sink
 
-    def heavy(self) -> str:
-        a = self.args
-        return self.submit("heavy", a.heavy_prompt_tokens, a.heavy_output_tokens)
+    def step(self) -> None:
+        self.clock.step()
 
-    def run_until(self, done, streams: list[str], limit: int = 200_000) -> None:
-        """Steps until done(); a heavy stream whose request ended sends its next."""
-        for _ in range(limit):
-            if done():
-                return
-            for i, rid in enumerate(streams):
-                if rid in self.done:
-                    streams[i] = self.heavy()
-            self.clock.step()
-        raise RuntimeError("the engine never got there")
+    def time(self) -> float:
+        return self.clock.now
 
-    def light(self, streams: list[str]) -> tuple[float, float]:
-        """One light request arriving a random gap from now: (ttft, cpu seconds it took)."""
-        arrival = self.clock.now + self.rng.uniform(0.0, self.args.max_gap)
-        self.run_until(lambda: self.clock.now >= arrival or not self.engine.has_pending(), streams)
-        arrival = min(arrival, self.clock.now)  # an idle engine takes it at once
-        rid = self.submit("light", self.args.light_prompt_tokens, self.args.light_output_tokens)
-        self.run_until(lambda: rid in self.done, streams)
-        return self.first[rid] - arrival, self.clock.now - arrival
+    def idle(self) -> bool:
+        return not self.engine.has_pending()
 
 
 def set_variant(engine, name: str) -> None:
@@ -162,10 +174,10 @@ def summary(ttfts: list[float]) -> tuple[float, float]:
     return statistics.median(ttfts), percentile(ttfts, 99)
 
 
-def interleaved(b, args, variants: list[str], choose, now) -> tuple[dict, dict, dict, float]:
+def interleaved(b: Flood, args, variants: list[str], choose) -> tuple[dict, dict, dict, float]:
     """Each light request under every variant in turn (choose(v) switches to v), first alone, then under
     the flood: (alone's and flooded's TTFTs per variant, heavy [tokens, CPU seconds] per variant, the
-    flood's ramp on the clock now() reads)."""
+    flood's ramp on b's clock)."""
     b.light([])  # warm-up: first-call allocations and kernel builds
     alone = {v: [] for v in variants}
     for _ in range(args.light_requests):
@@ -174,7 +186,7 @@ def interleaved(b, args, variants: list[str], choose, now) -> tuple[dict, dict, 
             alone[v].append(b.light([])[0])
     streams = [b.submit("heavy", args.heavy_prompt_tokens, args.heavy_output_tokens) for _ in range(args.heavy_streams)]
     b.run_until(lambda: all(r in b.first for r in streams), streams)
-    ramp = now()
+    ramp = b.time()
     flooded = {v: [] for v in variants}
     heavy = {v: [0, 0.0] for v in variants}  # tokens, CPU seconds
     for _ in range(args.light_requests):
@@ -207,7 +219,7 @@ def main(argv=None) -> int:
         parser().error(f"--variants: one of {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
     b = Bench(args, random.Random(args.seed))
-    measured = interleaved(b, args, variants, lambda v: set_variant(b.engine, v), lambda: b.clock.now)
+    measured = interleaved(b, args, variants, lambda v: set_variant(b.engine, v))
     b.engine.check_integrity()
     report(args, "", variants, *measured)
     return 0

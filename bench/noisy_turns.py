@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.noisy_clock import interleaved, parser, report  # noqa: E402
+from bench.noisy_clock import Flood, interleaved, parser, report  # noqa: E402
 from bulkhead.engine.admission import admit  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
 from bulkhead.engine.request import SamplingParams  # noqa: E402
@@ -47,7 +47,7 @@ from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 VARIANTS = ("keep-turn", "alternate")
 
 
-class Turns:
+class Turns(Flood):
     """The two engines, a virtual clock over their steps, the flood and the light tenant."""
 
     def __init__(self, args, rng: random.Random):
@@ -112,28 +112,11 @@ class Turns:
         if engine.scheduler.has_work():
             self._step(engine)
 
-    def run_until(self, done, streams: list[str], limit: int = 200_000) -> None:
-        for _ in range(limit):
-            if done():
-                return
-            for i, rid in enumerate(streams):
-                if rid in self.done:
-                    streams[i] = self.submit("heavy", self.args.heavy_prompt_tokens, self.args.heavy_output_tokens)
-            self.step()
-        raise RuntimeError("the engines never got there")
+    def time(self) -> float:
+        return self.now
 
     def idle(self) -> bool:
         return not (self.pre.engine.has_pending() or self.dec.engine.has_pending())
-
-    def light(self, streams: list[str]) -> tuple[float, float]:
-        """One light request a random gap from now, taken when the prefill
-        engine's step in progress ends: (ttft, CPU seconds it took)."""
-        arrival = self.now + self.rng.uniform(0.0, self.args.max_gap)
-        self.run_until(lambda: self.now >= arrival or self.idle(), streams)
-        arrival = min(arrival, self.now)
-        rid = self.submit("light", self.args.light_prompt_tokens, self.args.light_output_tokens)
-        self.run_until(lambda: rid in self.done, streams)
-        return self.first[rid] - arrival, self.now - arrival
 
 
 def main(argv=None) -> int:
@@ -148,7 +131,7 @@ def main(argv=None) -> int:
         b.keep_turn = v == "keep-turn"
 
     report(args, ", prefill and decode engines taking turns", variants,
-           *interleaved(b, args, variants, choose, lambda: b.now))
+           *interleaved(b, args, variants, choose))
     return 0
 
 
