@@ -58,7 +58,6 @@ struct linear_call {
     const void *x;        /* the rows as the micro-kernel reads them: fp32, bf16 or 16-bit integers */
     const float *sc, *s;  /* 16-bit integer rows: each group's scale and exact sum, [M][K / G] */
     const int32_t *is;    /* ... and the sum of its integers, [M][K / G] */
-    const int16_t *xt;    /* ... and its whole tiles of 16 rows interleaved (linear_i16in.h), or NULL */
     const void *w, *w2;   /* the packed weight and its scales (NULL where a format has none) */
     void *y;              /* [M, N], row stride N */
     int64_t M, N, K;
@@ -137,31 +136,25 @@ int linear_bf16w(const float *x, const uint16_t *wp, float *y, int64_t M, int64_
     return 0;
 }
 
-/* x's rows quantized once (linear_i16in.h), then q and its scales through
- * `tile` in tiles of `rows`; with I16_TILE rows (the 4-bit formats) each whole
- * tile's rows also interleaved for i16_tile16_*. */
+/* x's rows quantized once (linear_i16in.h), then q and its scales through `tile`. */
 static int run_i16in(const float *x, const void *q, const float *scales, float *y, int64_t M, int64_t N, int64_t K,
-                     int nthreads, tile_fn tile, int rows) {
+                     int nthreads, tile_fn tile) {
 #ifdef __AVX512VNNI__
     if (!takes(M, N, K, G)) return -1;
-    int16_t *xi, *xt = NULL;
+    int16_t *xi;
     float *sc, *s;
     int32_t *is;
     if (quantized_rows(x, M, K, nthreads > 0 ? nthreads : 1, &xi, &sc, &s, &is)) return -1;
-    int rc = rows == I16_TILE ? interleave_tiles(xi, M, K, &xt) : 0;
-    if (rc == 0) {
-        struct linear_call c = {.x = xi, .sc = sc, .s = s, .is = is, .xt = xt, .w = q, .w2 = scales, .y = y, .M = M,
-                                .N = N, .K = K};
-        drive(&c, rows, nthreads, tile);
-    }
+    struct linear_call c = {.x = xi, .sc = sc, .s = s, .is = is, .w = q, .w2 = scales, .y = y, .M = M, .N = N,
+                            .K = K};
+    drive(&c, RMAX, nthreads, tile);
     free(xi);
     free(sc);
     free(s);
     free(is);
-    free(xt);
-    return rc;
+    return 0;
 #else
-    (void)x; (void)q; (void)scales; (void)y; (void)M; (void)N; (void)K; (void)nthreads; (void)tile; (void)rows;
+    (void)x; (void)q; (void)scales; (void)y; (void)M; (void)N; (void)K; (void)nthreads; (void)tile;
     return -1;
 #endif
 }
@@ -177,14 +170,14 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
 /* qs, dm as linear_q4 takes them (q4_kernel.pack). */
 int linear_q4_i16in(const float *x, const uint8_t *qs, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
-    return run_i16in(x, qs, dm, y, M, N, K, nthreads, i16_q4_tile, I16_TILE);
+    return run_i16in(x, qs, dm, y, M, N, K, nthreads, i16_q4_tile);
 }
 
 /* qs as linear_q4 takes it, dm fp16 [N / NB][K / G][2][NB]: a Q4_1 file's
  * own fp16 d and m (q4_scales.pack): 0.625 bytes a weight, against 0.75. */
 int linear_q4_1_i16in(const float *x, const uint8_t *qs, const uint16_t *dm, float *y, int64_t M, int64_t N,
                       int64_t K, int nthreads) {
-    return run_i16in(x, qs, (const float *)dm, y, M, N, K, nthreads, i16_q4_1_tile, I16_TILE);
+    return run_i16in(x, qs, (const float *)dm, y, M, N, K, nthreads, i16_q4_1_tile);
 }
 
 /* qs as linear_q4 takes it, d fp16 [N / NB][K / G][NB]: a Q4_0 file's own
@@ -192,19 +185,19 @@ int linear_q4_1_i16in(const float *x, const uint8_t *qs, const uint16_t *dm, flo
  * weight, what the file itself holds. */
 int linear_q4_0_i16in(const float *x, const uint8_t *qs, const uint16_t *d, float *y, int64_t M, int64_t N,
                       int64_t K, int nthreads) {
-    return run_i16in(x, qs, (const float *)d, y, M, N, K, nthreads, i16_q4_0_tile, I16_TILE);
+    return run_i16in(x, qs, (const float *)d, y, M, N, K, nthreads, i16_q4_0_tile);
 }
 
 /* qb [N / NB][K / 2][2][HALF][2] int8, d [N / NB][K / G][NB] (i16in_kernel.pack_q8). */
 int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
-    return run_i16in(x, qb, d, y, M, N, K, nthreads, i16_q8_tile, RMAX);
+    return run_i16in(x, qb, d, y, M, N, K, nthreads, i16_q8_tile);
 }
 
 /* qb as linear_q8_i16in takes it, dm [N / NB][K / G][3][NB] (format_linear.pack_q8a). */
 int linear_q8a_i16in(const float *x, const int8_t *qb, const float *dm, float *y, int64_t M, int64_t N, int64_t K,
                      int nthreads) {
-    return run_i16in(x, qb, dm, y, M, N, K, nthreads, i16_q8a_tile, RMAX);
+    return run_i16in(x, qb, dm, y, M, N, K, nthreads, i16_q8a_tile);
 }
 
 /* One signature for a model whose layers are stored in different formats,

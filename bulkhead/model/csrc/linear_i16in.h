@@ -25,7 +25,7 @@
  *     sum_k x_k w_k  ~=  d_g * (s_g * sum_k i_k q_k) + m_g * S_g,
  * S_g = sum_k x_k, the exact inputs' own sum (fp32, in order; m_g = 0 for
  * Q8_0); for Q4_0's w = d_g (q_k - 8), d_g * (s_g * sum_k i_k (q_k - 8)),
- * the 8 taken off in int32 (Q4_HALF_Q4_0). sum_k i_k q_k is exact in int32: 4-bit, at most 32 * 15 * 32767 <
+ * the 8 taken off in int32 (Q4_GROUP_Q4_0). sum_k i_k q_k is exact in int32: 4-bit, at most 32 * 15 * 32767 <
  * 2^24, so its conversion to fp32 is exact too; 8-bit, at most
  * 32 * 127 * 32767 < 2^31, converted with one rounding (2^-24 of it). The
  * approximation is x_k -> s_g i_k.
@@ -46,7 +46,6 @@
 #ifndef BULKHEAD_LINEAR_I16IN_H
 #define BULKHEAD_LINEAR_I16IN_H
 #define I16MAX 32767.0f
-#define I16_TILE 16 /* rows a tile of the 4-bit entries (i16_tile16_* below) */
 /* Row r's group g: xi [G] its 16-bit integers, *scale s_g, *sum S_g, *isum
  * the integers' own sum (|isum| <= 32 * 32767: linear_q4_0_i16in's centring). */
 static __attribute__((unused)) void quantize_group(const float *x, int16_t *xi, float *scale, float *sum,
@@ -100,7 +99,7 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
  *   F32:  fp32 d and m, [K / G][2][NB] (a Q4_K scale has up to 17 bits);
  *   Q4_1: fp16 d and m, [K / G][2][NB] (a GGUF Q4_1 block's own two halves);
  *   Q4_0: fp16 d, [K / G][NB], signed, the offset -8 d implied (a Q4_0 block's
- *     w = d * (q - 8): Q4_HALF_Q4_0 below).
+ *     w = d * (q - 8): Q4_GROUP_Q4_0 below).
  * Widening an fp16 to fp32 is exact: the Q4_1 layout hands the epilogue the
  * numbers the fp32 one would hold, bit for bit. */
 #define Q4_SCALES_F32(sd, g)                                                                      \
@@ -115,25 +114,23 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
     const uint16_t *dp_ = (const uint16_t *)(sd) + (g) * NB;                                       \
     __m512 d0 = HALVES(dp_), d1 = HALVES(dp_ + 16);
 
-/* One half of a group's sums, t (outputs 0-15 or 16-31, whose d and m are
- * given), into a, `scale` its inputs' s_g:
- *   AFFINE (F32, Q4_1): fma(S_g, m, fma(s_g * T, d, a)), the top of this file's sum;
- *   Q4_0, centred: fma(s_g * (T - 8 isum), d, a): w = d * (q - 8) exactly, the
+/* A group's sums t (outputs 0-15, 16-31) into a0 and a1, `scale` its inputs' s_g:
+ *   AFFINE (F32, Q4_1): fma(S_g, m, fma(s_g * T, d, y)), the top of this file's sum;
+ *   Q4_0, centred: fma(s_g * (T - 8 isum), d, y): w = d * (q - 8) exactly, the
  *     offset taken off in exact integers (|T - 8 isum| <= 32 * 8 * 32767 < 2^23),
- *     not as m * S_g, which nearly cancels s_g * T * d and leaves its rounding
- *     (Q4_0 has no m: the argument is not read). */
-#define Q4_HALF_AFFINE(a, t, d, m, isum, sum)                                                     \
+ *     not as m * S_g, which nearly cancels s_g * T * d and leaves its rounding. */
+#define Q4_GROUP_AFFINE(t, isum, sum)                                                             \
     (void)(isum);                                                                                \
-    a = _mm512_fmadd_ps(_mm512_set1_ps(sum), m, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), scale), d, a));
-#define Q4_HALF_F32(a, t, d, m, isum, sum) Q4_HALF_AFFINE(a, t, d, m, isum, sum)
-#define Q4_HALF_Q4_1(a, t, d, m, isum, sum) Q4_HALF_AFFINE(a, t, d, m, isum, sum)
-#define Q4_HALF_Q4_0(a, t, d, m, isum, sum)                                                       \
+    __m512 sv = _mm512_set1_ps(sum);                                                             \
+    a0 = _mm512_fmadd_ps(sv, m0, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t[0]), scale), d0, a0)); \
+    a1 = _mm512_fmadd_ps(sv, m1, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t[1]), scale), d1, a1));
+#define Q4_GROUP_F32(t, isum, sum) Q4_GROUP_AFFINE(t, isum, sum)
+#define Q4_GROUP_Q4_1(t, isum, sum) Q4_GROUP_AFFINE(t, isum, sum)
+#define Q4_GROUP_Q4_0(t, isum, sum)                                                               \
     (void)(sum);                                                                                 \
-    a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(t, _mm512_set1_epi32(8 * (isum)))), \
-                                      scale), d, a);
-/* Both halves: t[0] into a0, t[1] into a1. */
-#define Q4_GROUP(LAYOUT, t, isum, sum)                                                            \
-    Q4_HALF_##LAYOUT(a0, t[0], d0, m0, isum, sum) Q4_HALF_##LAYOUT(a1, t[1], d1, m1, isum, sum)
+    __m512i off = _mm512_set1_epi32(8 * (isum));                                                 \
+    a0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(t[0], off)), scale), d0, a0); \
+    a1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(t[1], off)), scale), d1, a1);
 
 /* Rows [0, R) against one block: xi [R][K], sc, s and is [R][K / G], qs
  * [K / 4][64] (q4_scales.pack_quads: for inputs 4u..4u+3, 32-bit lane j
@@ -182,7 +179,7 @@ static __attribute__((unused)) void quantize_rows(const float *x, int16_t *xi, f
                                    _mm512_add_epi32(t[r][1][0], t[r][1][1])};                          \
                 __m512 a0 = g ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();                    \
                 __m512 a1 = g ? _mm512_loadu_ps(y + r * ldy + 16) : _mm512_setzero_ps();               \
-                Q4_GROUP(LAYOUT, sums, is[rg], s[rg])                                                  \
+                Q4_GROUP_##LAYOUT(sums, is[rg], s[rg])                                                 \
                 _mm512_storeu_ps(y + r * ldy, a0);                                                     \
                 _mm512_storeu_ps(y + r * ldy + 16, a1);                                                \
             }                                                                                          \
@@ -201,68 +198,6 @@ typedef void (*i16_block_fn)(const int16_t *, const float *, const float *, cons
 DEFINE_I16_LAYOUT(F32)
 DEFINE_I16_LAYOUT(Q4_1)
 DEFINE_I16_LAYOUT(Q4_0)
-
-/* A whole tile of I16_TILE rows against one block, as i16_block_* computes
- * each row (the same numbers: int32 sums exact in any order, the same group
- * epilogue), one half of the block's outputs at a time: 16 sums in
- * registers, each 64-byte run of weights unpacked once for all 16 rows (3
- * operations a half, where two 8-row tiles took 7 each), each row's input
- * pair a broadcast operand of its vpdpwssd. xt: the tile's rows interleaved,
- * [K / 4][16][4] (interleave_tiles), so that every row's pair lies at a
- * constant offset from one pointer (with 16 row pointers GCC spilled them,
- * and the t[R] arrays of i16_block_* to the stack). The outputs are summed
- * in acc, written to y at the end: 16 rows of y lie 4 KiB apart when N is a
- * multiple of 1024 (gate_up's 3,072), one L1 set, and adding into y group
- * by group evicted them. Measured against two i16_block_*_8 tiles, the 30
- * layers' four linears of the bundled model at 16 rows, one thread, in one
- * process: ~0.85x the time (2.5 G vpdpwssd/s against 2.1; one core's peak
- * here is ~3.4, the group epilogue takes most of the rest). */
-#define DPWSSD_BROADCAST(t, w, p) /* t += w . (the 16-bit pair at p in every lane); GCC folds no set1 into it */ \
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(t) : "v"(w), "m"(*(const int32_t(*)[1])(const void *)(p)))
-#define REP16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
-#define TILE_ZERO(r) __m512i t##r = _mm512_setzero_si512();
-#define TILE_DOT(r) DPWSSD_BROADCAST(t##r, w0, xu + 4 * (r)); DPWSSD_BROADCAST(t##r, w1, xu + 4 * (r) + 2);
-#define TILE_KEEP(r) tv[r] = t##r;
-/* Half H of group g (d##H and m##H its scales), W0 and W1 its weights of
- * inputs 4u, 4u + 1 and of 4u + 2, 4u + 3 from the run v. */
-#define TILE_HALF(LAYOUT, H, W0, W1)                                                                      \
-    {                                                                                                     \
-        REP16(TILE_ZERO)                                                                                  \
-        for (int64_t u = g * (G / 4); u < (g + 1) * (G / 4); u++) {                                       \
-            __m512i v = _mm512_loadu_si512((const void *)(qs + u * 64)), w0 = W0, w1 = W1;                \
-            const int16_t *xu = xt + u * 4 * I16_TILE;                                                    \
-            REP16(TILE_DOT)                                                                               \
-        }                                                                                                 \
-        __m512i tv[I16_TILE];                                                                             \
-        REP16(TILE_KEEP)                                                                                  \
-        for (int r = 0; r < I16_TILE; r++) {                                                              \
-            int64_t rg = r * (K / G) + g;                                                                 \
-            __m512 scale = _mm512_set1_ps(sc[rg]);                                                        \
-            __m512 a = g ? _mm512_load_ps(acc[r] + 16 * H) : _mm512_setzero_ps();                         \
-            Q4_HALF_##LAYOUT(a, tv[r], d##H, m##H, is[rg], s[rg])                                         \
-            _mm512_store_ps(acc[r] + 16 * H, a);                                                          \
-        }                                                                                                 \
-    }
-#define DEFINE_I16_TILE16(LAYOUT)                                                                         \
-    static void i16_tile16_##LAYOUT(const int16_t *restrict xt, const float *restrict sc,                 \
-                                    const float *restrict s, const int32_t *restrict is, int64_t K,      \
-                                    const uint8_t *restrict qs, const void *restrict sd, float *restrict y, \
-                                    int64_t ldy) {                                                        \
-        const __m512i low = _mm512_set1_epi16(0x000F);                                                    \
-        float acc[I16_TILE][NB] __attribute__((aligned(64)));                                             \
-        for (int64_t g = 0; g < K / G; g++) {                                                             \
-            Q4_SCALES_##LAYOUT(sd, g)                                                                     \
-            TILE_HALF(LAYOUT, 0, _mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 8), low)) \
-            TILE_HALF(LAYOUT, 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), low), _mm512_srli_epi16(v, 12)) \
-        }                                                                                                 \
-        for (int r = 0; r < I16_TILE; r++) {                                                              \
-            _mm512_storeu_ps(y + r * ldy, _mm512_load_ps(acc[r]));                                        \
-            _mm512_storeu_ps(y + r * ldy + 16, _mm512_load_ps(acc[r] + 16));                              \
-        }                                                                                                 \
-    }
-DEFINE_I16_TILE16(F32)
-DEFINE_I16_TILE16(Q4_1)
-DEFINE_I16_TILE16(Q4_0)
 
 /* Rows [0, R) against one block of 8-bit weights: xi [R][K], sc [R][K / G],
  * qb [K / 2][2][HALF][2] (for input pair p, outputs 0-15's (q[2p], q[2p + 1])
@@ -312,27 +247,17 @@ DEFINE_Q8_BLOCK(8)
 typedef void (*q8_block_fn)(const int16_t *, const float *, int64_t, const int8_t *, const float *, float *, int64_t);
 static const q8_block_fn Q8_BLOCK[RMAX + 1] = {0, q8_block_1, q8_block_2, q8_block_3, q8_block_4, q8_block_5,
                                                q8_block_6, q8_block_7, q8_block_8};
-/* Tiles (b, r) of linear_q4_i16in, linear_q4_1_i16in and linear_q4_0_i16in,
- * up to I16_TILE rows: x the quantized rows (xi, sc, s), w qs as linear_q4
- * takes it, w2 the scales in the entry's layout (`bytes`: a block's scales,
- * per group). A whole tile runs i16_tile16_* on its interleaved rows (c->xt),
- * any other in tiles of up to RMAX rows through i16_block_*. */
+/* Tiles (b, r) of linear_q4_i16in, linear_q4_1_i16in and linear_q4_0_i16in:
+ * x the quantized rows (xi, sc, s), w qs as linear_q4 takes it, w2 the
+ * scales in the entry's layout (`bytes`: a block's scales, per group). */
 #define DEFINE_I16_Q4_TILE(name, LAYOUT, bytes)                                                          \
     static void name(const struct linear_call *c, int64_t b, int64_t r, int rows) {                      \
         int64_t K = c->K, groups = K / G;                                                                 \
-        const uint8_t *qs = (const uint8_t *)c->w + b * (K / 4) * 64;                                     \
-        const uint8_t *sd = (const uint8_t *)c->w2 + b * groups * (bytes);                                \
-        float *y = (float *)c->y + b * NB;                                                                \
-        if (rows == I16_TILE && c->xt) {                                                                  \
-            i16_tile16_##LAYOUT(c->xt + r * K, c->sc + r * groups, c->s + r * groups, c->is + r * groups,  \
-                                K, qs, sd, y + r * c->N, c->N);                                           \
-            return;                                                                                       \
-        }                                                                                                 \
-        for (int64_t end = r + rows; r < end; r += RMAX) {                                                \
-            int n = end - r < RMAX ? (int)(end - r) : RMAX;                                               \
-            I16_BLOCK_##LAYOUT[n]((const int16_t *)c->x + r * K, c->sc + r * groups, c->s + r * groups,    \
-                                  c->is + r * groups, K, qs, sd, y + r * c->N, c->N);                     \
-        }                                                                                                 \
+        I16_BLOCK_##LAYOUT[rows]((const int16_t *)c->x + r * K, c->sc + r * groups, c->s + r * groups,     \
+                                 c->is + r * groups, K,                                                   \
+                                 (const uint8_t *)c->w + b * (K / 4) * 64,                                \
+                                 (const uint8_t *)c->w2 + b * groups * (bytes), (float *)c->y + r * c->N + b * NB, \
+                                 c->N);                                                                   \
     }
 DEFINE_I16_Q4_TILE(i16_q4_tile, F32, 2 * NB * sizeof(float))
 DEFINE_I16_Q4_TILE(i16_q4_1_tile, Q4_1, 2 * NB * sizeof(uint16_t))
@@ -363,23 +288,6 @@ static __attribute__((unused)) int quantized_rows(const float *x, int64_t M, int
         return -1;
     }
     quantize_rows(x, *xi, *sc, *s, *is, M, K, threads);
-    return 0;
-}
-
-/* The whole tiles of I16_TILE rows of xi [M][K], each interleaved for
- * i16_tile16_*: tile t's row r, inputs 4u..4u + 3, at xt[t * 16 K + (u * 16 + r) * 4].
- * Returns 0, or -1 without memory; *xt NULL with fewer rows than a tile. */
-static __attribute__((unused)) int interleave_tiles(const int16_t *xi, int64_t M, int64_t K, int16_t **xt) {
-    int64_t tiles = M / I16_TILE;
-    *xt = NULL;
-    if (tiles == 0) return 0;
-    *xt = malloc(sizeof(int16_t) * (size_t)(tiles * I16_TILE * K));
-    if (!*xt) return -1;
-    for (int64_t t = 0; t < tiles; t++)
-        for (int64_t u = 0; u < K / 4; u++)
-            for (int r = 0; r < I16_TILE; r++)
-                memcpy(*xt + t * I16_TILE * K + (u * I16_TILE + r) * 4, xi + (t * I16_TILE + r) * K + 4 * u,
-                       4 * sizeof(int16_t));
     return 0;
 }
 
