@@ -1,9 +1,8 @@
 """The OpenAI-compatible HTTP API: the server's state and the app that routes to it.
 
 Routes live one group per module: completion_routes.py (the OpenAI API),
-request_routes.py, operator_routes.py, fleet_routes.py, admin_routes.py,
-dashboard.py, probes.py; error_handlers.py answers every error in the
-OpenAI shape.
+inflight.py, operator_routes.py, admin_routes.py, dashboard.py, probes.py;
+error_handlers.py answers every error in the OpenAI shape.
 """
 
 from __future__ import annotations
@@ -23,15 +22,13 @@ from bulkhead.server.completion_routes import add_completion_routes
 from bulkhead.server.dashboard import add_dashboard_routes, dashboard_view
 from bulkhead.server.dashboard_history import FirstTokenTimes
 from bulkhead.server.error_handlers import add_error_handlers
-from bulkhead.server.fleet_routes import add_fleet_routes
-from bulkhead.server.inflight import InFlightRequests
+from bulkhead.server.inflight import InFlightRequests, add_request_routes
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.operator_routes import add_operator_routes
 from bulkhead.server.params import DEFAULT_MAX_TOKENS
 from bulkhead.server.probes import add_probe_routes
-from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter
 from bulkhead.server.tenants import DEFAULT_POLICY
@@ -108,9 +105,7 @@ def create_app(state: ServerState) -> FastAPI:
     # /dashboard: the page is open (it holds no figure); /dashboard/data is an operator's.
     add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only,
                          state.first_tokens)
-    # vllm:* names, for a fleet router
-    add_fleet_routes(app, state.metrics.registry, backend.fleet_figures, operator_only)
-    add_operator_routes(app, state, operator_only)  # /server_info, /metrics
+    add_operator_routes(app, state, operator_only)  # /server_info, /metrics, /metrics/fleet (vllm:* names)
     add_request_routes(app, state.inflight, tenant_of)  # /v1/requests/{id}
     add_completion_routes(app, state, tenant_of)  # /v1/models, /v1/completions, /v1/chat/completions
     return app

@@ -17,8 +17,7 @@ from bulkhead.errors import BulkheadError
 from bulkhead.server.inflight import InFlight, until_cancelled
 from bulkhead.server.params import prompt_only
 from bulkhead.server.responses import envelope, sse, usage
-from bulkhead.server.tool_stream import HeldChoice
-from bulkhead.server.tools import ToolPlan
+from bulkhead.server.tools import HeldChoice, ToolPlan
 
 if TYPE_CHECKING:
     from bulkhead.server.app import ServerState

@@ -23,7 +23,7 @@ family out would make the EPP log "metric family not found" every scrape.
 No family has a tenant label: these are the whole server's load, one number
 each. They are still an operator's figures (the whole server's load moves
 with every tenant's requests), so they sit behind the operator key like the
-rest of /metrics (bulkhead/server/fleet_routes.py).
+rest of /metrics (bulkhead/server/operator_routes.py).
 """
 
 from __future__ import annotations
