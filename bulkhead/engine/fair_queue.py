@@ -15,7 +15,7 @@ cost per batch slot; a tenant alone is served as fast as the engine goes
 The queue also holds the waiting requests, per tenant in arrival order; the
 scheduler owns running ones. Which request goes next is the scheduler's
 PrefillOrder (prefill_order.py): least service first reads finish_tag();
-first come, first served (first_come.py, for measurements) reads arrivals.
+first come, first served (for measurements) reads arrivals.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ them with it; it never asks which order it has. Two orders exist:
                           | permitting) its first waiting   | others go ahead
                           | one; least service first        |
     FirstComeFirstServed  | the oldest half-prefilled       | stops the step's prefill:
-    (bulkhead.engine.     | request, else the oldest        | nobody overtakes the head
-    first_come; measuring | waiting one                     | of the line; passes run
-    what fairness costs)  |                                 | whole
+    (measurement only:    | request, else the oldest        | nobody overtakes the head
+    what fairness costs,  | waiting one                     | of the line; passes run
+    `--fairness fcfs`)    |                                 | whole
 """
 
 from __future__ import annotations
@@ -75,3 +75,25 @@ class LeastServedFirst(PrefillOrder):
 
     def slice_tokens(self, configured: int) -> int:
         return configured
+
+
+class FirstComeFirstServed(PrefillOrder):
+    """Kept so that benchmarks (bench/noisy_neighbour.py) can measure what
+    fair queueing costs and buys; no scheduling function branches on it."""
+
+    def candidates(self, running: list[Request], waiting: FairQueue, planned: set[str], passed_over: set[str],
+                   batch_has_room: bool) -> list[Candidate]:
+        if passed_over:  # the head of the line did not fit: nobody behind it goes first
+            return []
+        started = [r for r in running if r.num_computed < r.prefill_target and r.request_id not in planned]
+        if started:
+            return [(min(started, key=lambda r: r.arrival), True)]
+        if batch_has_room:
+            return [(r, False) for r in waiting if r.request_id not in planned][:1]
+        return []
+
+    def rank(self, req: Request, running: bool, next_tokens: int) -> tuple:
+        return (not running), req.arrival
+
+    def slice_tokens(self, configured: int) -> int:
+        return 0  # a slice lets another tenant ahead of the pass

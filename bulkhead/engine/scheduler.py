@@ -5,7 +5,7 @@ batch, kept or reserved for a KV transfer) and composes one concept per
 module to plan each step:
 
     fair_queue.py      the waiting lines and each tenant's service (VTC)
-    prefill_order.py   which prompt goes next (first_come.py: measurement only)
+    prefill_order.py   which prompt goes next (first come, first served: measurement only)
     chunk_planning.py  a step's decode rows and prefill chunks within its budget
     pass_slices.py     a long pass handed out a slice of layers per step
     decode_rounds.py   a large decode batch handed out a group of rows per step
@@ -24,17 +24,15 @@ from collections.abc import Callable
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.chunk_planning import ChunkPlanner
 from bulkhead.engine.fair_queue import FairQueue
-from bulkhead.engine.first_come import FirstComeFirstServed
 from bulkhead.engine.kv_quota import quotas
 from bulkhead.engine.page_growth import PageGrowth
 from bulkhead.engine.pass_slices import InFlightPass
-from bulkhead.engine.prefill_order import LeastServedFirst, PrefillOrder
+from bulkhead.engine.prefill_order import FirstComeFirstServed, LeastServedFirst, PrefillOrder
 from bulkhead.engine.prefix_pins import PrefixPins
 from bulkhead.engine.request import FinishReason, Request, RequestStatus
 from bulkhead.engine.scheduler_config import SchedulerConfig, TenantShares  # noqa: F401 (likewise)
 from bulkhead.engine.scheduler_integrity import check_scheduler
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan  # noqa: F401 (importers read them here)
-from bulkhead.engine.tenant_stats import tenant_stats
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import PrefixCache
 
@@ -154,10 +152,10 @@ class Scheduler:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
-    def held_by_tenant(self) -> dict[str, int]:
+    def held_by_tenant(self, running: list[Request] | None = None) -> dict[str, int]:
         """Pages the running (preemptible) requests of each tenant own."""
         held: dict[str, int] = {}
-        for r in self.running:
+        for r in self.running if running is None else running:
             held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
         return held
 
@@ -166,9 +164,19 @@ class Scheduler:
         return quotas(self.ledger.num_pages, sorted(self.waiting.active), self.shares.weight, self.shares.kv_share)
 
     def tenant_stats(self) -> dict[str, dict]:
-        """Per-tenant service, queue and pages, for /metrics and /server_info
-        (bulkhead.engine.tenant_stats). Safe from another thread."""
-        return tenant_stats(self)
+        """Per-tenant service, queue and pages, for /metrics and /server_info.
+        Safe to call from another thread: it reads copies, never mutates."""
+        counters, served, running = dict(self.waiting.counters), dict(self.waiting.served), list(self.running)
+        held, active = self.held_by_tenant(running), sorted(self.waiting.active)
+        quota = quotas(self.ledger.num_pages, active, self.shares.weight, self.shares.kv_share) if active else {}
+        out = {}
+        for t in sorted(set(counters) | set(held)):
+            prompt, output = served.get(t, (0, 0))
+            out[t] = {"service": round(counters.get(t, 0.0), 1), "prompt_tokens_served": prompt,
+                      "output_tokens_served": output, "waiting": self.waiting.depth(t),
+                      "running": sum(1 for r in running if r.tenant == t), "kv_pages": held.get(t, 0),
+                      "kv_quota": quota.get(t), "quota_preemptions": self.quota_preemptions.get(t, 0)}
+        return out
 
     def _retire(self, req: Request) -> None:
         """Give back a finished request's pages: full pages of computed prompt

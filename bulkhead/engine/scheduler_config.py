@@ -23,8 +23,8 @@ class SchedulerConfig:
     # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
     prefix_cache: bool = False
     # Fair queueing across tenants (VTC); False = first come, first served,
-    # kept only to measure what fairness costs (first_come.py: the
-    # scheduler picks its PrefillOrder from this once, at construction).
+    # kept only to measure what fairness costs (the scheduler picks its
+    # PrefillOrder, prefill_order.py, from this once, at construction).
     fair: bool = True
     # Virtual-counter cost of a prompt token and of an output token (the
     # VTC paper's 1 and 2: an output token holds the batch for a whole step).

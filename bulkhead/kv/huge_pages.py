@@ -19,6 +19,7 @@ The advice is only advice: where the kernel has no THP, or its mode is
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
@@ -36,22 +37,12 @@ def advise(mapping: mmap.mmap) -> bool:
     return True
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
-    """A zeroed tensor on private anonymous memory whose first byte is on a
-    huge-page boundary, advised for huge pages; the mapping is returned too
-    (keep it while the tensor lives). Every byte is written once here, as
-    torch.zeros would, so the pool's memory is resident from the start."""
-    count = 1
-    for n in shape:
-        count *= n
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advise(mapping)  # before the first touch: the faults then take huge pages
-    start = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
-    offset = -start % HUGE_PAGE
-    data = torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset).view(shape)
-    data.zero_()
-    return data, mapping
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed tensor on an arena (below). Every byte is written once here,
+    as torch.zeros would, so the pool's memory is resident from the start."""
+    count = math.prod(shape)
+    data = arena(count * torch.empty((), dtype=dtype).element_size()).view(dtype).view(shape)
+    return data.zero_()
 
 
 def arena(nbytes: int) -> torch.Tensor:
@@ -61,6 +52,6 @@ def arena(nbytes: int) -> torch.Tensor:
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advise(mapping)  # before the first touch
+    advise(mapping)  # before the first touch: the faults then take huge pages
     start = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
     return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=-start % HUGE_PAGE)

@@ -52,9 +52,8 @@ class KVPool:
         self.scrub_mode = scrub_mode
         shape = pool_shape(layout, num_pages)
         dtype = _TORCH_DTYPES[layout.dtype]
-        self._mapping = None  # the private allocation's memory, kept as long as the pool
         if data is None:
-            data, self._mapping = huge_pages.zeros(shape, dtype)
+            data = huge_pages.zeros(shape, dtype)
         elif tuple(data.shape) != shape or data.dtype != dtype:
             raise ValueError(f"pool storage is {tuple(data.shape)} {data.dtype}, expected {shape} {dtype}")
         else:
