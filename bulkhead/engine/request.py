@@ -86,10 +86,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def max_total_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.params.max_tokens
-
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
@@ -103,9 +99,8 @@ class Request:
     @property
     def decoding(self) -> bool:
         """All tokens but the last sampled one have KV: the next step is a decode step."""
-        return self.status is RequestStatus.RUNNING and self.num_computed == self.num_tokens - 1 and bool(
-            self.output_token_ids
-        )
+        return self.status is RequestStatus.RUNNING and self.num_computed == self.num_tokens - 1 \
+            and bool(self.output_token_ids)
 
     @property
     def finished(self) -> bool:
