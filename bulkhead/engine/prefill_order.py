@@ -65,12 +65,10 @@ class LeastServedFirst(PrefillOrder):
         return out
 
     def rank(self, req: Request, running: bool, next_tokens: int) -> tuple:
-        """The tenant's service after the chunk (a virtual finish tag, as
-        weighted fair queueing does), not before it: a tenant that has just
-        become active is lifted to exactly the floor, level with the busiest
-        tenant, and on the start tag alone the older arrival (the flood's
-        half-done prompt) would win the tie and the short prompt would wait a
-        whole long chunk more."""
+        """The tenant's service after the chunk (a finish tag, as weighted fair
+        queueing), not before: a newly active tenant is lifted exactly level
+        with the busiest, and on start tags the older arrival (the flood's
+        half-done prompt) would win the tie, the short prompt waiting a whole chunk more."""
         return self.queue.finish_tag(req.tenant, next_tokens), req.arrival
 
     def slice_tokens(self, configured: int) -> int:

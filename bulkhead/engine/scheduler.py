@@ -44,23 +44,19 @@ class QueueFull(RuntimeError):
 class Scheduler:
     def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None],
                  cache_secret: bytes = b"", shares: TenantShares | None = None):
-        """reclaim() must scrub every dirty page and mark it scrubbed (the engine
-        owns the pool tensor; the scheduler never touches KV bytes).
-        cache_secret: server-side key that tenant cache salts derive from.
-        shares: tenant weights and KV shares; replace it (a reloaded tenant
-        table) between steps, on the engine thread."""
+        """reclaim() scrubs every dirty page and marks it scrubbed (the scheduler
+        never touches KV bytes). cache_secret: what tenant cache salts derive
+        from. shares: replaced (a reloaded tenant table) between steps."""
         self.config = config
         self.ledger = ledger
         self.reclaim = reclaim
         self.shares = shares or TenantShares()
         self.pins = PrefixPins(PrefixCache(ledger) if config.prefix_cache else None, config.page_size, cache_secret)
         self.cache = self.pins.cache
-        # The two states whose pages live outside the batch, both for a KV
-        # transfer, both covered by check_integrity(): a prefill hand-over's
-        # finished request, kept until its pages are sent (release_reserved),
-        # and decode's WAITING_FOR_REMOTE_KV reservation, request id ->
-        # tenant, until the verified KV starts decoding (add_prefilled) or
-        # the request ends (release_reserved).
+        # Pages outside the batch, for a KV transfer: a prefill hand-over's
+        # finished request, kept until its pages are sent, and decode's
+        # WAITING_FOR_REMOTE_KV reservation (request id -> tenant) until the
+        # verified KV starts decoding (add_prefilled); both end in release_reserved.
         self.kept: dict[str, Request] = {}
         self.awaiting_remote_kv: dict[str, str] = {}
         self.requests: dict[str, Request] = {}
@@ -80,8 +76,7 @@ class Scheduler:
         return self.growth.num_preemptions
 
     @property
-    def quota_preemptions(self) -> dict[str, int]:
-        """Requests of a tenant preempted to give its pages to another tenant."""
+    def quota_preemptions(self) -> dict[str, int]:  # a tenant's requests preempted for another tenant
         return self.growth.quota_preemptions
 
     # -- intake --------------------------------------------------------------
@@ -179,8 +174,7 @@ class Scheduler:
         return out
 
     def _retire(self, req: Request) -> None:
-        """Give back a finished request's pages: full pages of computed prompt
-        go to its tenant's prefix cache, the rest are released to be scrubbed."""
+        """Full pages of computed prompt go to its tenant's prefix cache, the rest to be scrubbed."""
         rid = req.request_id
         self.pins.retire(req, self.ledger.pages_of(rid))
         if self.ledger.pages_of(rid):
@@ -239,9 +233,8 @@ class Scheduler:
         return advanced
 
     def finish(self, request_id: str, reason: FinishReason, keep_pages: bool = False) -> Request | None:
-        """End a request in any state; its pages (if any) go back to be scrubbed,
-        unless keep_pages: then they stay owned by the request id (a prefill
-        worker holds them until their KV has been transferred)."""
+        """End a request in any state; its pages go back to be scrubbed, unless
+        keep_pages (a prefill worker holds them until their KV is transferred)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -260,7 +253,5 @@ class Scheduler:
         req.finish_reason = reason
         return req
 
-    def check_integrity(self) -> None:
-        """The queues, the batch, the pass in flight, the pins, the ledger
-        and the per-tenant counts agree (scheduler_integrity.py)."""
+    def check_integrity(self) -> None:  # scheduler_integrity.py says what it checks
         check_scheduler(self)

@@ -1,20 +1,13 @@
 """Memory for the KV pool and the laid-out weights, advised for transparent
 huge pages.
 
-Why: decode attention reads a request's KV pages scattered over a pool of
-hundreds of MiB; on 4 KiB pages each new page costs a TLB miss and a page
-walk. In process, decode attention over a pool on 2 MiB pages took
-0.91-0.93x the time it took on 4 KiB pages (SmolLM2, one request). A decode
-step streams every weight once, and the hardware prefetchers stop at each
-4 KiB page: with the weights on 2 MiB pages (`arena`, which the machine
-cache reads them into) a one-row SmolLM2 Q4_0 step took ~0.9x the time
-(docs/performance.md). Many hosts (this project's machine among them) run
-THP as "madvise": only memory advised with MADV_HUGEPAGE gets huge pages,
-and a torch allocation is not.
-
-The advice is only advice: where the kernel has no THP, or its mode is
-"never" (for a shared mapping: shmem_enabled "never"), the memory stays on
-4 KiB pages and nothing else changes.
+Why: decode attention reads KV pages scattered over a pool of hundreds of
+MiB, and a decode step streams every weight once; on 4 KiB pages each new
+page costs a TLB miss and the prefetchers stop at each page boundary. On
+2 MiB pages, decode attention took 0.91-0.93x the time and a one-row
+SmolLM2 Q4_0 step ~0.9x (docs/performance.md). Many hosts run THP as
+"madvise", where a torch allocation gets none. The advice is only advice:
+without THP the memory stays on 4 KiB pages and nothing else changes.
 """
 
 from __future__ import annotations

@@ -31,10 +31,8 @@ class GenerationRun:
     def __init__(self, state: ServerState, rid, tenant, endpoint, tickets, chat, prompt_tokens, body,
                  entry: InFlight, tools: ToolPlan | None = None):
         self.state, self.rid, self.tenant, self.endpoint = state, rid, tenant, endpoint
-        self.tickets, self.chat, self.prompt_tokens, self.body = tickets, chat, prompt_tokens, body
-        self.entry = entry
+        self.tickets, self.chat, self.prompt_tokens, self.body, self.entry = tickets, chat, prompt_tokens, body, entry
         self.tools = tools  # an answer may be tool calls: parsed once whole, then sent
-        self.kind = "chat.completion" if chat else "text_completion"
         # What the response names as its model: the adapter the request named, else the base model.
         self.model = tickets[0].adapter.name if tickets[0].adapter is not None else state.model_id
         self.started = time.monotonic()
@@ -47,9 +45,6 @@ class GenerationRun:
         self.prompt_only = prompt_only(body)  # echo with max_tokens 0: the one sampled token is dropped
 
     def _outputs(self):
-        """The backend's outputs for every choice; with prompt_only, each
-        without its sampled token (a finished one ends for "length", as a
-        completion of max_tokens 0 would)."""
         outputs = until_cancelled(self.state.backend.generate(self.tickets), self.entry.cancelled)
         return without_completion(outputs) if self.prompt_only else outputs
 
@@ -116,26 +111,21 @@ class GenerationRun:
             raise
         choices = []
         for i in range(n):
-            if self.echo:
-                c = {"index": i, "finish_reason": reasons[i],
-                     "logprobs": self._echoed_logprobs(i, prompt_lps[i], lps[i])}
-                texts[i] = self.echo_texts[i] + texts[i]
-            else:
-                c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
-            if self.chat:
+            logprobs = self._echoed_logprobs(i, prompt_lps[i], lps[i]) if self.echo else self._logprobs(lps[i])
+            c = {"index": i, "finish_reason": reasons[i], "logprobs": logprobs}
+            content, calls = self.tools.parse(texts[i]) if self.tools is not None else (texts[i], [])
+            if calls:
+                c["message"] = {"role": "assistant", "content": content,
+                                "tool_calls": [call.to_dict() for call in calls]}
+                c["finish_reason"] = "tool_calls"
+            elif self.chat:
                 c["message"] = {"role": "assistant", "content": texts[i]}
-                if self.tools is not None:
-                    content, calls = self.tools.parse(texts[i])
-                    if calls:
-                        c["message"] = {"role": "assistant", "content": content,
-                                        "tool_calls": [call.to_dict() for call in calls]}
-                        c["finish_reason"] = "tool_calls"
             else:
-                c["text"] = texts[i]
+                c["text"] = self.echo_texts[i] + texts[i]
             choices.append(c)
         self._done(200, sum(counts))
-        return envelope(self.kind, self.entry.request_id, self.model, choices,
-                        usage(self.prompt_tokens, sum(counts)))
+        return envelope("chat.completion" if self.chat else "text_completion", self.entry.request_id, self.model,
+                        choices, usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -194,8 +184,8 @@ class GenerationRun:
 
 async def without_completion(outputs):
     """Echo with max_tokens 0: each output without the token the engine
-    sampled. Closing this closes `outputs` at once, whose cleanup aborts the
-    engine's requests (as leaving it directly would)."""
+    sampled (a finished one ends for "length", as max_tokens 0 would).
+    Closing this closes `outputs` at once, whose cleanup aborts the engine's requests."""
     try:
         async for i, out in outputs:
             yield i, replace(out, token_ids=(), text="", logprobs=(), completion_tokens=0,

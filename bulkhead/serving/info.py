@@ -1,11 +1,8 @@
 """The `/server_info` body of one engine: every live limit and setting.
 
-Reported by the colocated backend (server.local_backend) and by every
-disaggregated worker (disagg.worker_common), whose router compares the
-pairing keys across workers. It reads a built engine (engine.builder's
-BuiltEngine, typed here by the Protocol below: serving sits below the
-engine and the model and imports neither), so only processes that hold an
-engine call it.
+Reported by the colocated backend and by every disaggregated worker, whose
+router compares the pairing keys across workers. It reads a built engine
+(typed by the Protocol below: serving imports no engine and no model).
 """
 
 from __future__ import annotations
@@ -19,12 +16,12 @@ from bulkhead.serving.memory import rss_bytes
 
 
 class BuiltEngine(Protocol):
-    """What this body reads of bulkhead.engine.builder.BuiltEngine."""
+    """What this body reads of bulkhead.engine.builder.BuiltEngine (which says what each is)."""
     engine: Any  # engine.engine.Engine: its ledger, pool, scheduler.config, stats and lineage
     limits: Any  # engine.admission.Limits
     config: Any  # engine.engine_config.EngineConfig
-    clamped: bool
     layout: Any  # kv.layout.KVLayout
+    clamped: bool
     decode_row_multiple: int
     linear_kernel: str
     lm_head_kernel: str
@@ -32,9 +29,9 @@ class BuiltEngine(Protocol):
     decode_glue: str
     prefill_attention: str
     prefill_glue: str
-    matmul_precision: str  # the linear kernel's and the lm_head's, as model.kernel_names words them
-    sampling_defaults: dict  # the model's generation_config.json temperature/top_p/top_k
-    weights_info: dict  # each tensor group's stored format and the kernel that runs it (model.weight_format)
+    matmul_precision: str
+    sampling_defaults: dict
+    weights_info: dict
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
@@ -88,8 +85,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "linear_kernel": built.linear_kernel,
         "matmul_precision": built.matmul_precision,
         "lm_head_kernel": built.lm_head_kernel,
-        # Each tensor group's stored format and the kernel that runs it (bulkhead.model.weight_format.describe).
-        "weights": built.weights_info,
+        "weights": built.weights_info,  # each tensor group's stored format and the kernel that runs it
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
         "prefill_attention": built.prefill_attention,
