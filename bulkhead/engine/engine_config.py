@@ -35,25 +35,14 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
-    # "auto": the kernel table's pick for the weights' format and this CPU
-    # (bulkhead.model.kernel_table); "exact": oneDNN fp32 where this torch
-    # build runs it, else F.linear (bulkhead.model.linear_kernel).
+    # The kernels: "auto" is the named module's pick for the weights' format
+    # and this CPU (the linear layers': bulkhead.model.kernel_table's; their
+    # "exact": oneDNN fp32 where this torch runs it, else F.linear).
     linear_kernel: str = "auto"
-    # "auto": the C kernel that reads decode KV in place where it compiles
-    # here, else torch (bulkhead.model.decode_kernel).
-    decode_attention: str = "auto"
-    # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-i16in) or bf16 and decode attention c, else
-    # torch ops (bulkhead.model.decode_layers).
-    decode_glue: str = "auto"
-    # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-i16in, bf16), else fp32 SDPA
-    # (bulkhead.model.prefill_attention).
-    prefill_attention: str = "auto"
-    # "auto": a prompt pass's norms, rotary and SiLU in C where it builds
-    # here and the linear kernel is a reduced-precision one, else torch ops
-    # (bulkhead.model.prefill_glue).
-    prefill_glue: str = "auto"
+    decode_attention: str = "auto"  # bulkhead.model.decode_kernel
+    decode_glue: str = "auto"  # bulkhead.model.decode_layers
+    prefill_attention: str = "auto"  # bulkhead.model.prefill_attention
+    prefill_glue: str = "auto"  # bulkhead.model.prefill_glue
     prefix_cache: bool = False
     # The scheduler's (SchedulerConfig says why each): tokens per step, fair
     # queueing (False: first come, first served, measurement only), KV

@@ -180,10 +180,6 @@ class Scheduler:
         if self.ledger.pages_of(rid):
             self.ledger.release(rid)
 
-    def release_kept(self, request_id: str) -> None:
-        req = self.kept.pop(request_id)
-        self._retire(req)
-
     def reserve_for_remote_kv(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
         """Decode: pages a remote writer will fill for a request not yet
         scheduled (WAITING_FOR_REMOTE_KV). OutOfPages when the pool is short."""
@@ -197,7 +193,7 @@ class Scheduler:
         """Give back (to be scrubbed) what a hand-over kept or a remote-KV
         reservation holds; False when the request holds neither."""
         if request_id in self.kept:
-            self.release_kept(request_id)  # prompt pages may feed the prefix cache
+            self._retire(self.kept.pop(request_id))  # prompt pages may feed the prefix cache
             return True
         if self.awaiting_remote_kv.pop(request_id, None) is not None:
             self.ledger.release(request_id)

@@ -72,9 +72,6 @@ class PageLedger:
     def num_owned(self) -> int:
         return self.num_pages - len(self._free) - len(self._dirty)
 
-    def owners(self) -> set[str]:
-        return set(self._pages_of)
-
     def pages_of(self, request_id: str) -> list[int]:
         return list(self._pages_of.get(request_id, ()))
 

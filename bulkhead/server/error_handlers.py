@@ -1,10 +1,8 @@
-"""Every error the HTTP app answers, in the OpenAI error shape.
-
-    BulkheadError            its own status, type, code and headers
-    a body that fails the    400 naming the field (params.schema_error)
-      request schema
-    a body that is not UTF-8 400 invalid_utf8, naming the byte
-    any other HTTP error     its status: not_found (404) or http_error
+"""Every error the HTTP app answers, in the OpenAI error shape: a
+BulkheadError with its own status, type, code and headers; a body failing
+the schema as a 400 naming the field (params.schema_error); a body that is
+not UTF-8 as a 400 invalid_utf8 naming the byte; any other HTTP error with
+its status (not_found or http_error).
 """
 
 from __future__ import annotations
