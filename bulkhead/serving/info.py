@@ -1,13 +1,12 @@
 """The `/server_info` body of one engine: every live limit and setting.
 
 Reported by the colocated backend and by every disaggregated worker, whose
-router compares the pairing keys across workers. It reads a built engine
-(typed by the Protocol below: serving imports no engine and no model).
+router compares the pairing keys across workers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from bulkhead import __version__
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
@@ -15,23 +14,9 @@ from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.serving.memory import rss_bytes
 
 
-class BuiltEngine(Protocol):
-    """What this body reads of bulkhead.engine.builder.BuiltEngine (which says what each is)."""
-    engine: Any  # engine.engine.Engine: its ledger, pool, scheduler.config, stats and lineage
-    limits: Any  # engine.admission.Limits
-    config: Any  # engine.engine_config.EngineConfig
-    layout: Any  # kv.layout.KVLayout
-    clamped: bool
-    decode_row_multiple: int
-    linear_kernel: str
-    lm_head_kernel: str
-    decode_attention: str
-    decode_glue: str
-    prefill_attention: str
-    prefill_glue: str
-    matmul_precision: str
-    sampling_defaults: dict
-    weights_info: dict
+# engine.builder.BuiltEngine, by name only (serving imports no engine): what
+# engine_info and pool_bytes read of it is all they read.
+BuiltEngine = Any
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
