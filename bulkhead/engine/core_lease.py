@@ -73,11 +73,9 @@ class CoreLease:
     @contextlib.contextmanager
     def turn(self, meanwhile: Callable[[], None], wake: Callable[[], None],
              stopped: Callable[[], bool]) -> Iterator[bool]:
-        """Hold the lease for one step. Where another worker holds it or
-        waits for it, a thread of the lease's own waits; this thread calls
-        meanwhile() (which should block until wake() is called or something
-        else arrives) until the turn is held. Yields False, holding nothing,
-        if stopped() came first."""
+        """Hold the lease for one step. While the lease's own thread waits for
+        it, this one calls meanwhile() (which blocks until wake() or other
+        work arrives). Yields False, holding nothing, if stopped() came first."""
         held = self._try_take() or self._wait_off_thread(meanwhile, wake, stopped)
         try:
             yield held

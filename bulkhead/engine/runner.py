@@ -73,18 +73,14 @@ class ModelRunner:
         self.config = config
         self.page_size = pool.layout.page_size
         self._layers = pool.layer_views()
-        # The last run's chunks that asked for every row's logits (prompt
-        # logprobs, PrefillWork.all_logits): (request id, first position,
-        # logits [len(chunk), V]); row j predicts the token at start + j + 1.
+        # The last run's chunks with every row's logits (PrefillWork.all_logits):
+        # (request id, first position, logits [len(chunk), V]); row j predicts position start + j + 1.
         self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
-        # The last run's greedy pick for each row it returned, where its one
-        # pass was a decode pass whose tail ran in C (LlamaModel.forward's
-        # tail), else None: the sampler takes them instead of its own argmax.
+        # The last run's greedy pick per row where its one pass was a decode
+        # pass whose tail ran in C, else None: the sampler takes them as its argmax.
         self.greedy_picks: list[int] | None = None
-        # Passes the scheduler hands out a slice of layers at a time
-        # (bulkhead.engine.pass_slices), by request id: the batch and the
-        # rows after the last slice run. Dropped when the pass ends or its
-        # request does (drop_pass).
+        # Sliced passes (pass_slices.py) by request id: the batch and the rows
+        # after the last slice ran; dropped when the pass or its request ends.
         self._paused: dict[str, tuple[PagedBatch, PassState]] = {}
 
     def drop_pass(self, request_id: str) -> None:

@@ -60,10 +60,7 @@ def _check_pass_in_flight(s: Scheduler) -> None:
 
 
 def _check_quota_accounting(s: Scheduler) -> None:
-    """The per-tenant counts quotas are decided on: every owned page is
-    counted once, for the tenant of the request (or cache entry) holding
-    it; the fair queue counts exactly the live requests; quotas never
-    promise more than the pool."""
+    """The module docstring's `tenants`: the counts quotas are decided on."""
     s.waiting.check_integrity(dict(Counter(r.tenant for r in s.requests.values())))
     counted = Counter(s.held_by_tenant())
     counted.update(r.tenant for r in s.kept.values() for _ in s.ledger.pages_of(r.request_id))

@@ -104,10 +104,7 @@ class InFlightRequests:
 
 async def until_cancelled(updates: AsyncIterator, cancelled: asyncio.Event) -> AsyncIterator:
     """Yield from `updates` until it ends; raise RequestCancelled once `cancelled` is set.
-
-    Leaving early in any way closes `updates`, whose own cleanup aborts the
-    engine's requests, so their pages go back to the pool scrubbed.
-    """
+    Leaving early in any way closes `updates`, whose cleanup aborts the engine's requests."""
     waiter = asyncio.ensure_future(cancelled.wait())
     step = None
     try:

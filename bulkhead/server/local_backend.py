@@ -31,11 +31,8 @@ class LocalBackend(Backend):
         return self.built.limits
 
     async def generate(self, tickets):
-        """Submit tickets together; yield (ticket index, update) until all finish.
-
-        Leaving the iterator early (client gone, error, cancellation) aborts
-        every unfinished ticket, so its pages go back to the pool scrubbed.
-        """
+        """Submit tickets together; yield (ticket index, update) until all
+        finish. Leaving early aborts every unfinished ticket (its pages scrubbed)."""
         engine = self.built.engine
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
