@@ -128,17 +128,17 @@ class GenerationRun:
                         choices, usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        model = self.model
-        counts = [0] * len(self.tickets)
-        offsets = [0] * len(self.tickets)
+        def chunk(choices: list[dict], usage_: dict | None = None) -> str:
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            return sse(envelope(kind, self.entry.request_id, self.model, choices, usage_))
+
+        counts, offsets = [0] * len(self.tickets), [0] * len(self.tickets)
         echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk
         held = [HeldChoice() for _ in self.tickets]  # with tools: each answer, until it is whole
         if self.chat:
             for i in range(len(self.tickets)):
-                yield sse(envelope(kind, self.entry.request_id, model, [
-                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None}]))
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
         try:
             async for i, out in self._outputs():
                 if out.error is not None:
@@ -148,8 +148,8 @@ class GenerationRun:
                 self._observe(out)
                 counts[i] = out.completion_tokens
                 if self.tools is not None:  # chat only, so never with echo (a completions field)
-                    for chunk in held[i].take(out, i, self.tools, self._logprobs):
-                        yield sse(envelope(kind, self.entry.request_id, model, [chunk]))
+                    for choice in held[i].take(out, i, self.tools, self._logprobs):
+                        yield chunk([choice])
                     continue
                 if not out.text and not out.finished and not out.logprobs and echoed[i]:
                     continue
@@ -167,7 +167,7 @@ class GenerationRun:
                     choice["delta"] = {"content": text} if text else {}
                 else:
                     choice["text"] = text
-                yield sse(envelope(kind, self.entry.request_id, model, [choice]))
+                yield chunk([choice])
         except asyncio.CancelledError:
             self._done(499, sum(counts))
             raise
@@ -177,7 +177,7 @@ class GenerationRun:
             return
         opts = self.body.stream_options
         if opts is not None and opts.include_usage:
-            yield sse(envelope(kind, self.entry.request_id, model, [], usage(self.prompt_tokens, sum(counts))))
+            yield chunk([], usage(self.prompt_tokens, sum(counts)))
         self._done(200, sum(counts))
         yield sse("[DONE]")
 

@@ -17,17 +17,14 @@ may each have one called `sql`, and neither sees the other's. It may not be
 the base model's name (a request naming that gets the base model).
 
 Two kinds of mistake, because a reload must never keep a removed key alive:
-
-- KeyFileUnreadable: the file is not TOML, or has no [keys] table at all.
-  Nothing in it can be trusted to be what the operator meant (an editor that
-  truncates the file before writing it must not revoke everyone), so a
-  reload keeps the last good keys and says loudly that revocations in the
-  file are not in force. Revoking every key takes an explicit, empty [keys].
-- Anything else (a bad entry, a key that is both a tenant's and an
-  operator's, a mistake in the tenant table) is a problem the parse records
-  and gets past *closed*: a bad entry authorises nothing, and the tenant
-  table is refused whole (policies None) while [keys] and [operators] still
-  apply. Start-up refuses every problem; a reload applies what it can.
+KeyFileUnreadable (not TOML, or no [keys] table: nothing in it can be
+trusted, and an editor that truncates the file must not revoke everyone),
+after which a reload keeps the last good keys and says loudly that
+revocations in the file are not in force; and anything else (a bad entry, a
+key both a tenant's and an operator's, a mistake in the tenant table), which
+the parse records and gets past *closed*: a bad entry authorises nothing, a
+tenant table with a mistake is refused whole while [keys] and [operators]
+apply. Start-up refuses every problem; a reload applies what it can.
 """
 
 from __future__ import annotations

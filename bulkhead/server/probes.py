@@ -48,5 +48,5 @@ def add_probe_routes(app: FastAPI, backend: Backend, stopping: Callable[[], bool
     async def ready():
         reasons = ([SHUTTING_DOWN] if stopping() else []) + backend.not_ready()
         if reasons:
-            raise NotReady(reasons)  # error_handlers.py answers it in the OpenAI shape
+            raise NotReady(reasons)  # app.add_error_handlers answers it in the OpenAI shape
         return {"status": "ready"}
