@@ -105,9 +105,8 @@ class BuiltEngine:
 
     @functools.cached_property
     def weights_info(self) -> dict:
-        """Each tensor group's stored format and the kernel that runs it
-        (/server_info's `weights`), read once: a worker reports it every
-        heartbeat. Empty for a stand-in model with no directory (the simulator's)."""
+        """/server_info's `weights`, read once (a worker reports it every
+        heartbeat); empty for a stand-in model with no directory (the simulator's)."""
         if not (Path(self.config.model_dir) / "config.json").exists():
             return {}
         return describe_weights(self.config.model_dir, self.linear_kernel, self.lm_head_kernel)
@@ -234,10 +233,9 @@ def resolve_kv_dtype(cfg: EngineConfig) -> str:
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:
-    """How decode batches can be padded and stay batch-invariant on this CPU
-    (0 = use fixed tiles of cfg.decode_tile rows): measured once per machine,
-    kernel, thread count and batch size, then read from the cache
-    (bulkhead.model.machine_cache; a few seconds a start otherwise)."""
+    """The row multiple decode batches are padded to and stay batch-invariant
+    on this CPU (0: tiles of cfg.decode_tile), measured once per machine,
+    kernel, threads and batch size, then read from bulkhead.model.machine_cache."""
     if not cfg.decode_tile or not cfg.measure_decode_rows:
         return 0
     w = model.weights

@@ -26,14 +26,12 @@ class SamplingParams:
     # vLLM's: a token seen in the prompt or the output has its logit divided
     # by this when positive, multiplied when negative; 1 = off.
     repetition_penalty: float = 1.0
-    # echo with logprobs: each prompt token's logprob plus its top k. None =
-    # off, and prefill then computes logits for the sampling row only; on,
-    # every prompt row's logits, and the prefix cache is bypassed (a cached
-    # page has KV but no logits).
+    # echo with logprobs: each prompt token's logprob plus its top k. On,
+    # prefill computes every prompt row's logits (off: the sampling row's
+    # only) and bypasses the prefix cache (a cached page has no logits).
     prompt_logprobs: int | None = None
-    # Structured output: llguidance's grammar text (bulkhead/model/guidance.py),
-    # or None. Text, not a matcher, so it travels in the signed ticket and the
-    # decode worker rebuilds the same constraint (engine/grammar_mask.py).
+    # Structured output: llguidance's grammar as text, not a matcher, so it travels
+    # in the signed ticket and a decode worker rebuilds it (engine/grammar_mask.py).
     grammar: str | None = None
 
     @property

@@ -121,10 +121,9 @@ class PageLedger:
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
-        # Reversed onto the way back to the free stack, so the next request
-        # gets this block in its old order: the freshest KV lands exactly
-        # where the next prompt goes (the incident's worst case), as the
-        # model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
+        # Reversed, so the next request gets this block in its old order: the
+        # freshest KV lands where the next prompt goes (the incident's worst
+        # case), as the model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
         self._dirty.extend(reversed(pages))
 
     def donate(self, request_id: str, page: int, new_owner: str) -> None:

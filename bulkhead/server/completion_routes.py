@@ -2,13 +2,10 @@
 
 A request is validated, every choice admitted (a typed Rejection refuses the
 whole request), the tenant's rate limits checked, and only then submitted:
-a request is answered in full or refused in full, and a refused one holds
-no page. generation_run.py streams or collects the answer.
-
-A request's `model` names the base model or one of its tenant's own LoRA
-adapters. Another tenant's adapter gets exactly the 404 of a name that
-exists nowhere, and /v1/models lists only the caller's own: no answer tells
-a tenant what another tenant has loaded.
+answered in full or refused in full, a refused one holding no page.
+generation_run.py streams or collects the answer. `model` names the base
+model or one of the tenant's own LoRA adapters; another tenant's gets the
+404 of a name that exists nowhere, so no answer says what another has loaded.
 """
 
 from __future__ import annotations
