@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from bulkhead.errors import InvalidRequest
 from bulkhead.protocol.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -78,7 +79,5 @@ class Backend(ABC):
 
 
 def _no_workers():
-    from bulkhead.errors import InvalidRequest
-
     return InvalidRequest("this server runs colocated: it has no workers to list, drain or resume",
                           code="no_workers")
