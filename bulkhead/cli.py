@@ -13,8 +13,7 @@ def _convert(args: argparse.Namespace) -> int:
     from bulkhead.model.gguf_import import bundled_gguf_path, convert_gguf
 
     logging.basicConfig(level="INFO")
-    out = convert_gguf(args.gguf or bundled_gguf_path(), args.out)
-    print(out)
+    print(convert_gguf(args.gguf or bundled_gguf_path(), args.out))
     return 0
 
 
@@ -54,13 +53,12 @@ def main(argv: list[str] | None = None, seams=None) -> int:
     parser = build_parser(serve_arguments=command in (None, "serve"))
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from bulkhead.seams import PRODUCTION
         from bulkhead.launch.serve import serve
+        from bulkhead.seams import PRODUCTION
         from bulkhead.server.serve_flags import check_precision_flags
 
         if (problem := check_precision_flags(args)) is not None:
             parser.error(problem)  # a usage error: exit status 2, before any model loads
-
         return serve(args, seams or PRODUCTION)
     if args.command == "convert":
         return _convert(args)

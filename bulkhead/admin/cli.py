@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         body = {}
     if response.status_code >= 400:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
+        error = body.get("error", {}) if isinstance(body, dict) else {}  # a proxy's page: no OpenAI shape
         print(f"bulkhead admin: {response.status_code} {error.get('code', '')}: {error.get('message', response.text)}",
               file=sys.stderr)
         return REFUSED

@@ -1,12 +1,11 @@
 """The LoRA adapters an engine holds in memory, by digest, while requests use them.
 
-A request admitted under an adapter carries its AdapterRef (name, path,
-digest). The engine acquires the weights when the request enters and
-releases them when it ends: the directory is validated again here (the
-worker trusts the signed ticket's path, not the files at it) and the bytes
-loaded must hash to the ticket's digest, else the request is refused with
-AdapterUnavailable. Weights no request holds stay cached, the least recently
-used dropped first once more than `keep` are idle.
+The engine acquires a request's weights (its AdapterRef: name, path,
+digest) when it enters and releases them when it ends. The directory is
+validated again here (the worker trusts the signed ticket's path, not the
+files at it) and the bytes must hash to the ticket's digest, else the
+request is refused with AdapterUnavailable. Weights no request holds stay
+cached, least recently used dropped first once more than `keep` are idle.
 """
 
 from __future__ import annotations
@@ -28,10 +27,9 @@ log = logging.getLogger(__name__)
 class AdapterStore:
     def __init__(self, config: ModelConfig | None, keep: int = 8,
                  pack: Callable[[LoraWeights], LoraWeights] | None = None):
-        """config: the base model's (None: a model that serves no adapter).
-        pack: applied to each adapter's weights as loaded: the model's
-        adapter_packing (bulkhead.model.lora_layers.pack_only where it runs
-        adapter rows in C, so that one copy is held); None keeps them fp32."""
+        """config: the base model's (None: it serves no adapter). pack: the
+        model's adapter_packing, applied as loaded so that one copy is held
+        (bulkhead.model.lora_layers.pack_only); None keeps them fp32."""
         self.config, self.keep, self.pack = config, keep, pack
         self._weights: OrderedDict[str, LoraWeights] = OrderedDict()  # digest -> weights, idle ones oldest first
         self._users: dict[str, int] = {}  # digest -> requests holding it

@@ -70,49 +70,24 @@ class Rejection:
     error: InvalidRequest
 
 
-def admit(
-    request_id: str,
-    tenant: str,
-    prompt_token_ids: list[int] | tuple[int, ...],
-    params: SamplingParams,
-    limits: Limits,
-    cache_salt: str | None = None,
-) -> Admitted | Rejection:
-    n = len(prompt_token_ids)
-    limit = limits.effective_context
-
-    def reject(error: InvalidRequest) -> Rejection:
-        return Rejection(request_id, tenant, error)
-
-    if n == 0:
-        return reject(InvalidRequest("the prompt is empty", param="prompt", code="empty_prompt"))
-    if n > limits.max_input_tokens:
-        return reject(
-            ContextLengthExceeded(
-                f"This model's maximum context length is {limit} tokens and at least one must be "
-                f"generated, so a prompt may hold {limits.max_input_tokens}; the prompt has {n} tokens.",
-                param="prompt",
-                limit=limits.max_input_tokens,
-                value=n,
-            )
-        )
-    if n + params.max_tokens > limit:
-        return reject(
-            ContextLengthExceeded(
-                f"This model's maximum context length is {limit} tokens; you requested "
-                f"{n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} for the "
-                f"completion). Reduce the prompt or max_tokens.",
-                param="max_tokens",
-                limit=limit,
-                value=n + params.max_tokens,
-            )
-        )
+def admit(request_id: str, tenant: str, prompt_token_ids: list[int] | tuple[int, ...], params: SamplingParams,
+          limits: Limits, cache_salt: str | None = None) -> Admitted | Rejection:
+    n, limit, most = len(prompt_token_ids), limits.effective_context, limits.max_input_tokens
     bad = [t for t in prompt_token_ids if not 0 <= t < limits.vocab_size]
-    if bad:
-        return reject(
-            InvalidRequest(
-                f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
-                param="prompt", code="invalid_token_id", limit=limits.vocab_size - 1, value=bad[0],
-            )
-        )
-    return Admitted(request_id, tenant, tuple(prompt_token_ids), params, limits.context_length, cache_salt)
+    if n == 0:
+        error = InvalidRequest("the prompt is empty", param="prompt", code="empty_prompt")
+    elif n > most:
+        error = ContextLengthExceeded(
+            f"This model's maximum context length is {limit} tokens and at least one must be generated, so a "
+            f"prompt may hold {most}; the prompt has {n} tokens.", param="prompt", limit=most, value=n)
+    elif n + params.max_tokens > limit:
+        error = ContextLengthExceeded(
+            f"This model's maximum context length is {limit} tokens; you requested {n + params.max_tokens} tokens "
+            f"({n} in the prompt, {params.max_tokens} for the completion). Reduce the prompt or max_tokens.",
+            param="max_tokens", limit=limit, value=n + params.max_tokens)
+    elif bad:
+        error = InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
+                               param="prompt", code="invalid_token_id", limit=limits.vocab_size - 1, value=bad[0])
+    else:
+        return Admitted(request_id, tenant, tuple(prompt_token_ids), params, limits.context_length, cache_salt)
+    return Rejection(request_id, tenant, error)

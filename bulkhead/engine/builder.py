@@ -40,25 +40,18 @@ from bulkhead.serving.memory import release_freed_heap
 log = logging.getLogger(__name__)
 
 
-# Prefill row counts are rounded up to this with the oneDNN kernels, which
-# cache a compiled kernel per row count (RunnerConfig.prefill_row_bucket);
-# aten's and the C prompt kernel's (q4-bf16in, q4-i16in, bf16) take any count unpadded.
+# Prefill row counts are rounded up to this with the oneDNN kernels
+# (RunnerConfig.prefill_row_bucket); aten's and the C prompt kernels take any count.
 PREFILL_ROW_BUCKET = 32
 UNBUCKETED_KERNELS = ("aten", *linear_kernel.BF16_INPUT_PROMPTS)
-
-
 # Decode kernels whose every output is one thread's fixed sum whatever the
 # team's size (the C linear driver hands out whole output blocks, the C
-# decode layers a (request, KV head) per thread). With the C decode layers
-# and a row-by-row lm_head, a decode pass of one row may run on one thread
-# (RunnerConfig.single_thread_decode_rows) and its numbers are those it
-# gets beside others on every thread: tests/engine/test_runner.py, bit for bit.
+# decode layers a (request, KV head) per thread): with the C decode layers
+# and a row-by-row lm_head, a lone decode row may run on one thread and get
+# the numbers it gets beside others (tests/engine/test_runner.py, bit for bit).
 THREAD_COUNT_INVARIANT_DECODE = ("q4-i16in", "bf16")
-
-
-# A lone row on one thread pays off where one core's memory bandwidth keeps
-# up with the weights a token reads (SmolLM2-135M: ~106M layer parameters);
-# a ~1B model's token streams ~0.5 GB even at 4 bits and wants every core.
+# One thread pays off where one core's bandwidth keeps up with the weights a
+# token reads (SmolLM2-135M: ~106M layer parameters); a ~1B model wants every core.
 SINGLE_THREAD_MAX_LAYER_PARAMS = 300_000_000
 
 
@@ -75,12 +68,11 @@ def single_thread_decode_rows(kernel: str, head: str, decode_glue: str, params: 
 
 
 def prompts_share_passes(kernel: str, head: str, prefill_glue_choice: str) -> bool:
-    """A step's prompt chunks may share one pass (RunnerConfig.batch_prompts):
-    every kernel a prompt row meets computes each row alone by construction
-    (the bf16-input prompt kernel, the C prompt glue, attention per
-    sequence, a row-by-row lm_head), so stacking rows changes none of them;
-    the embedding lookup and the final RMSNorm are torch's row ops, shown
-    bit for bit on SmolLM2 (tests/engine/test_runner.py)."""
+    """A step's prompt chunks may share one pass (RunnerConfig.batch_prompts)
+    where every kernel a prompt row meets computes each row alone (the
+    bf16-input prompt kernel, the C prompt glue, attention per sequence, a
+    row-by-row lm_head; embedding and final RMSNorm are torch's row ops,
+    shown bit for bit in tests/engine/test_runner.py)."""
     return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in linear_kernel.ROW_BY_ROW_HEADS \
         and prefill_glue_choice == "c"
 
@@ -93,14 +85,14 @@ class BuiltEngine:
     config: EngineConfig
     clamped: bool
     layout: KVLayout
-    model_config: object  # bulkhead.model.config.ModelConfig
     decode_row_multiple: int = 0  # measured at start-up; 0 = tiles of config.decode_tile
-    linear_kernel: str = "aten"  # what "auto" resolved to
-    decode_attention: str = "torch"  # what "auto" resolved to
-    lm_head_kernel: str = "fp32"  # bulkhead.model.linear_kernel.choose_head's answer
-    decode_glue: str = "torch"  # what "auto" resolved to (LlamaModel.decode_glue)
-    prefill_attention: str = "torch"  # what "auto" resolved to
-    prefill_glue: str = "torch"  # what "auto" resolved to
+    # What each "auto" resolved to (the lm_head's: bulkhead.model.linear_kernel.choose_head).
+    linear_kernel: str = "aten"
+    decode_attention: str = "torch"
+    lm_head_kernel: str = "fp32"
+    decode_glue: str = "torch"
+    prefill_attention: str = "torch"
+    prefill_glue: str = "torch"
 
     # Read here, so /server_info's body (bulkhead.serving.info, which imports no model) needs none.
     @property
@@ -113,9 +105,8 @@ class BuiltEngine:
 
     @functools.cached_property
     def weights_info(self) -> dict:
-        """Each tensor group's stored format and the kernel that runs it
-        (/server_info's `weights`), read once: a worker reports it every
-        heartbeat. Empty for a stand-in model with no directory (the simulator's)."""
+        """/server_info's `weights`, read once (a worker reports it every
+        heartbeat); empty for a stand-in model with no directory (the simulator's)."""
         if not (Path(self.config.model_dir) / "config.json").exists():
             return {}
         return describe_weights(self.config.model_dir, self.linear_kernel, self.lm_head_kernel)
@@ -125,8 +116,7 @@ PoolFactory = Callable[[KVLayout, int, str], KVPool]
 
 
 @dataclass(frozen=True)
-class _Model:
-    """The model as loaded, and what each "auto" resolved to."""
+class _Model:  # the model as loaded, and what each "auto" resolved to
     config: ModelConfig
     model: LlamaModel
     kernel: str
@@ -139,15 +129,12 @@ class _Model:
 def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, prefill_only: bool = False,
                  seams: EngineParts = OWN_PARTS, lineage: LineageSink = NULL_SINK,
                  decode_only: bool = False) -> BuiltEngine:
-    """pool_factory(layout, num_pages, scrub_mode) builds the pool over storage a
-    transfer backend shares with the prefill worker (decode role). prefill_only
-    (a prefill worker) lays the weights out for prompts only, decode_only (a
-    decode worker, whose prompts are recomputes) for the decode kernels only
-    (linear_kernel.prepare_one). seams:
-    the scrub, scheduler and engine a test harness may wrap (EngineParts;
-    bulkhead/seams.py's record is one). lineage: where the ledger, the
-    scrub, the prefix cache and the engine record what touches tenant KV
-    (bulkhead.lineage; default: nowhere)."""
+    """pool_factory(layout, num_pages, scrub_mode): a pool over storage a
+    transfer backend shares (decode role). prefill_only / decode_only: lay
+    the weights out for prompts / decode kernels only (a decode worker's
+    prompts are recomputes). seams: the scrub, scheduler and engine a
+    harness may wrap. lineage: where the ledger, scrub, prefix cache and
+    engine record what touches tenant KV (default: nowhere)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     m = _load_model(cfg, "prompts" if prefill_only else "decode" if decode_only else "both")
@@ -184,7 +171,7 @@ def build_engine(cfg: EngineConfig, pool_factory: PoolFactory | None = None, pre
     if not cfg.guards:
         log.warning(GUARDS_OFF_WARNING)
     release_freed_heap()  # the fp32 weights and the layout's temporaries (bulkhead.serving.memory)
-    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, mc, row_multiple, m.kernel,
+    return BuiltEngine(engine, tokenizer, limits, cfg, decision.clamped, layout, row_multiple, m.kernel,
                        m.attention, m.head, m.model.decode_glue, m.prompt_attention, m.model.prefill_glue)
 
 
@@ -233,12 +220,10 @@ def _make_scheduler(cfg: EngineConfig, mc: ModelConfig, pool: KVPool, ledger: Pa
     )
 
 
-# The KV cache's default element type. bf16 halves the bytes decode attention
-# reads (the larger part of a 16-request step after the matmuls) and doubles
-# the tokens a KV budget holds; attention still computes in fp32 on the
-# widened values. Measured against the exact fp32 model (bench/quality.py,
-# docs/performance.md): 384/384 top-1, mean KL 4.1e-5 nats with the default
-# kernels, the README's answer unchanged. `--kv-dtype float32` is exact.
+# The KV cache's default element type: bf16 halves the bytes decode attention
+# reads and doubles the tokens a KV budget holds; attention computes in fp32
+# on the widened values. Against the exact fp32 model (bench/quality.py,
+# docs/performance.md): 384/384 top-1, mean KL 4.1e-5 nats. `--kv-dtype float32` is exact.
 KV_DTYPE_AUTO = "bfloat16"
 
 
@@ -248,10 +233,9 @@ def resolve_kv_dtype(cfg: EngineConfig) -> str:
 
 
 def _decode_row_multiple(model, cfg: EngineConfig) -> int:
-    """How decode batches can be padded and stay batch-invariant on this CPU
-    (0 = use fixed tiles of cfg.decode_tile rows): measured once per machine,
-    kernel, thread count and batch size, then read from the cache
-    (bulkhead.model.machine_cache; a few seconds a start otherwise)."""
+    """The row multiple decode batches are padded to and stay batch-invariant
+    on this CPU (0: tiles of cfg.decode_tile), measured once per machine,
+    kernel, threads and batch size, then read from bulkhead.model.machine_cache."""
     if not cfg.decode_tile or not cfg.measure_decode_rows:
         return 0
     w = model.weights

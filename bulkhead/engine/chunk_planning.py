@@ -1,22 +1,21 @@
 """Chunk planning: what one step computes. Pure Python.
 
-A step carries one decode row for every request ready to decode and prefill
-chunks of waiting or half-prefilled requests, up to a token budget (chunked
-prefill as in vLLM): a short new prompt is prefilled within a step or two
-instead of after every prompt ahead of it. Which prompt goes next is the
-scheduler's PrefillOrder (prefill_order.py). A request's chunks always
-start at multiples of `prefill_chunk` from where its prefill started,
-whoever shares the step, so its numbers do not depend on its batch-mates.
-A long chunk's pass may be handed out a slice of layers per step
-(pass_slices.py); while one is in flight, a step stays about one slice long.
+A step carries a decode row for every request ready to decode (in rounds:
+decode_rounds.py) and prefill chunks up to a token budget (chunked prefill,
+as vLLM's), so a short new prompt is prefilled within a step or two, not
+after every prompt ahead of it; the scheduler's PrefillOrder says which
+goes next. A request's chunks start at multiples of `prefill_chunk` from
+where its prefill started, whoever shares the step, so its numbers do not
+depend on its batch-mates. A long chunk's pass may run a slice of layers
+per step (pass_slices.py); while one is in flight, a step stays about one
+slice long.
 
 First tokens first: a step whose prompt chunk gives a tenant its next token
-(a short prompt's first) beside another tenant's decode rows runs its
-prompt chunks alone, and the decode rows run in the next step. The engine
-emits what a step sampled when the step's passes end, so otherwise the
-short prompt's first token would wait for a pass over every decode row of
-the flood too. Never two steps in a row: a stream of short prompts cannot
-starve the decode rows (they wait one step at most).
+beside another tenant's decode rows runs its prompt chunks alone, the
+decode rows next step (the engine emits a step's samples when its passes
+end, so the short prompt's first token would otherwise wait for the
+flood's decode pass too). Never two steps in a row, so a stream of short
+prompts cannot starve the decode rows.
 """
 
 from __future__ import annotations
@@ -43,10 +42,7 @@ class ChunkPlanner:
         self.rounds = DecodeRounds(scheduler.config.decode_step_tokens if self.slice_tokens else 0)
 
     def first_tokens_first(self, prefills: list[PrefillWork], decode: list[DecodeWork]) -> bool:
-        """The step runs its prompt chunks alone, its decode rows next step
-        (the module docstring): a whole chunk samples a token for a tenant
-        while another tenant's decode rows would share the step, and the
-        last step did not leave its decode rows already."""
+        """The step runs its prompt chunks alone, its decode rows next step (the module docstring)."""
         samplers = {w.tenant for w in prefills if w.samples and w.layers is None}
         defer = not self._deferred_decode and any(samplers - {w.tenant} for w in decode)
         self._deferred_decode = defer
@@ -54,10 +50,9 @@ class ChunkPlanner:
 
     def first_token_waits(self) -> bool:
         """Another tenant's work is here, and a waiting prompt short enough to
-        run whole beside a slice is its tenant's one request: the engine runs
-        the next step in the same core-lease turn (Engine._step_in_turn)
-        rather than let the host's other worker step first. A tenant with a
-        queue of its own is a flood, not a waiting first token. Never with
+        run whole beside a slice is its tenant's one request (a tenant with a
+        queue is a flood, not a waiting first token): the engine runs the next
+        step in the same core-lease turn (Engine._step_in_turn). Never with
         whole passes (first come, first served: nobody is let ahead)."""
         s = self._s
         live = s.waiting.active
@@ -71,8 +66,7 @@ class ChunkPlanner:
         return any(r.tenant != tenant for r in self._s.requests.values())
 
     def plan_decode(self, preempted: list[str]) -> list[DecodeWork]:
-        """A row for every decoding request due this round (decode_rounds.py),
-        oldest first (growth may preempt newer ones)."""
+        """A row for every decoding request due this round, oldest first (growth may preempt newer ones)."""
         s = self._s
         work = []
         for req in self.rounds.group(sorted((r for r in s.running if r.decoding), key=lambda r: r.arrival)):
@@ -106,13 +100,11 @@ class ChunkPlanner:
                 budget -= len(work.token_ids)
 
     def _limit(self, req: Request, works: list[PrefillWork], budget: int) -> int | None:
-        """The most tokens req's chunk may compute beside works (None: no limit).
-        The step's first chunk has none when no pass is in flight. While one
-        is, the chunks that join it run whole in about a slice's time, so a
-        step stays about one slice long; but the first to join, when another
-        tenant's, may run up to whole_pass_tokens: that tenant's prompt (its
-        first token, ahead of the slice) would otherwise wait for the whole
-        pass behind a chunk a little longer than a slice."""
+        """The most tokens req's chunk may compute beside works (None: no limit,
+        the step's first chunk when no pass is in flight). Beside a pass in
+        flight, chunks run whole in about a slice's time; but the first to
+        join, when another tenant's, may run up to whole_pass_tokens, or its
+        prompt would wait out the whole pass for being a little over a slice."""
         s = self._s
         if s.in_flight is None:
             return None if not works else budget
@@ -168,8 +160,7 @@ class ChunkPlanner:
     def _sliced(self, work: PrefillWork) -> PrefillWork:
         """work, or its pass's first slice: when it is longer than a slice and
         another tenant waits, or longer than whole_pass_tokens whoever waits
-        (a prompt that arrives while it runs then waits one slice, not the
-        pass, though nobody waited when it was planned)."""
+        (a prompt arriving mid-pass then waits one slice, not the pass)."""
         s, cfg = self._s, self._s.config
         per = layers_per_slice(cfg.num_layers, len(work.token_ids), self.slice_tokens)
         long = len(work.token_ids) > cfg.whole_pass_tokens

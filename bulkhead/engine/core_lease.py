@@ -1,40 +1,32 @@
 """A core lease: workers on one host take turns with every core.
 
-`--role local` runs a prefill and a decode worker on the host's cores. Split
-between them (each worker its share of the cores, `--core-sharing split`),
-a prompt gets one core of two even when nothing is decoding, and a decode
-step one core even when no prompt waits. Sharing every core at once (each
-worker all the threads, no lease) is worse still: when a prompt's pass and a
-decode step overlap, each one's OpenMP threads wait at every barrier for a
-thread the other process has taken off its core.
-
-With the lease each worker runs all the cores' threads and holds the lease
-for each engine step (`turn`; ModelRunner.run holds it too, for engines
-driven without a turn): a step has every core to itself, as in one
-colocated process, and the workers' steps alternate. Only one local worker
-computes at a time, however many there are. What a worker does between its
-steps (sending KV, its message threads) runs beside the other's step.
+`--role local` runs a prefill and a decode worker on one host's cores.
+Split between them (`--core-sharing split`), a prompt gets one core of two
+even when nothing decodes. Each with every core and no lease is worse: when
+a prompt's pass and a decode step overlap, each one's OpenMP threads wait
+at every barrier for a thread the other process took off its core. With the
+lease each worker runs every core's threads and holds the lease for each
+engine step (`turn`; ModelRunner.run too, for engines driven without one),
+so a step has every core to itself and the workers' steps alternate.
 Figures: docs/performance.md.
 
 The lease is an flock(2) on a file the launcher names: the kernel releases
-it when its holder's process dies, so a crashed worker never leaves the
-other waiting. flock's lock belongs to the open file, so each worker opens
-the path itself (an inherited descriptor would share one lock between the
-two). It is reentrant within its process: a step's model passes
-(ModelRunner.run) take it inside the step's turn, which already holds it.
+it when its holder dies, so a crashed worker never leaves the other
+waiting. flock's lock belongs to the open file, so each worker opens the
+path itself. It is reentrant within its process (a step's passes take it
+inside the step's turn).
 
 Turns alternate: flock wakes waiters in no order, and a worker that always
 has work would take the lock back before the woken waiter ran. So a waiter
-first says so (a shared lock on a second file, `<path>.want`), a worker
-takes a free lease at once only while nobody says so, and a worker asking
-again waits behind whoever already waits (an exclusive lock on the want
-file is granted once every waiter has the lease).
+first says so (a shared lock on `<path>.want`), a worker takes a free lease
+at once only while nobody says so, and a worker asking again waits behind
+whoever already waits (an exclusive lock on the want file is granted once
+every waiter has the lease).
 
-A served engine does not wait for its turn blocked: a thread of the lease's
-own waits on the files, and meanwhile the engine thread takes its commands
-(`turn(meanwhile=...)`). A decode worker's page grants and commits run on
-its engine thread, so a blocked wait held every prompt's hand-over until
-the prefill worker's step ended.
+A served engine does not wait for its turn blocked: a thread of the
+lease's own waits on the files while the engine thread takes its commands
+(`turn(meanwhile=...)`), so a decode worker's page grants and commits do
+not wait out the prefill worker's step.
 """
 
 from __future__ import annotations
@@ -81,11 +73,9 @@ class CoreLease:
     @contextlib.contextmanager
     def turn(self, meanwhile: Callable[[], None], wake: Callable[[], None],
              stopped: Callable[[], bool]) -> Iterator[bool]:
-        """Hold the lease for one step. Where another worker holds it or
-        waits for it, a thread of the lease's own waits; this thread calls
-        meanwhile() (which should block until wake() is called or something
-        else arrives) until the turn is held. Yields False, holding nothing,
-        if stopped() came first."""
+        """Hold the lease for one step. While the lease's own thread waits for
+        it, this one calls meanwhile() (which blocks until wake() or other
+        work arrives). Yields False, holding nothing, if stopped() came first."""
         held = self._try_take() or self._wait_off_thread(meanwhile, wake, stopped)
         try:
             yield held

@@ -1,21 +1,17 @@
 """Decode rows in rounds, a step's rows within its latency budget. Pure Python.
 
-A prompt that arrives while a step runs waits for that step to end, and the
-scheduler cannot know it is coming: so no step should be much longer than
-a latency budget, whoever waits when it is planned. A long prompt pass is
-cut into slices of layers for this (pass_slices.py); a large decode batch
-over long contexts is the other long step (24 rows of 1,700 positions cost
-about as much as 128 prompt tokens), so its rows run in rounds: a round's
-rows are split into as few equal groups, one group per step, as keep each
-group within SchedulerConfig.decode_step_tokens (in tokens of a whole
-prompt pass), and every decoding request gets one row a round.
-A batch within the budget is one group: one step a round, as before.
+A prompt that arrives while a step runs waits for that step to end, so no
+step should be much longer than a latency budget, whoever waits when it is
+planned. A long prompt pass is cut into slices of layers (pass_slices.py);
+a large decode batch over long contexts is the other long step, so its
+rows run in rounds: each round's rows split into as few equal groups, one
+a step, as keep each group within SchedulerConfig.decode_step_tokens.
 
 Cost model (one thread, the bundled SmolLM2, bench/noisy_clock.py's load):
 a decode row costs about 2 prompt tokens plus one per 512 positions it
-reads (its attention), so 24 rows of 1,700 positions are ~120 tokens, two
-groups of 12 under a 64-token budget. Splitting adds one step's fixed
-cost (a few ms against ~80 ms) per extra group.
+reads, so 24 rows of 1,700 positions are ~120 tokens: two groups of 12
+under a 64-token budget. Each extra group adds one step's fixed cost (a few
+ms against ~80 ms).
 
 Invariant: rows run least recently run first, so with G groups a decoding
 request waits at most G - 1 steps that carry decode rows for its next row.
@@ -39,9 +35,8 @@ class DecodeRounds:
         self._steps = 0
 
     def group(self, ready: list[Request]) -> list[Request]:
-        """The rows of this step: of ready (every decoding request, in
-        planning order), one group's worth, least recently run first (a
-        request that has not run yet first of all), in planning order."""
+        """One group's worth of ready (every decoding request, in planning
+        order), least recently run first (one never run before all), in planning order."""
         live = {r.request_id for r in ready}
         self._last = {rid: step for rid, step in self._last.items() if rid in live}  # the ended leave
         size = self.group_size(ready)

@@ -35,63 +35,43 @@ class EngineConfig:
     measure_decode_rows: bool = True
     safe_mode: bool = True
     threads: int | None = None
-    # "auto": the kernel table's pick for the weights' format and this CPU
-    # (bulkhead.model.kernel_table); "exact": oneDNN fp32 where this torch
-    # build runs it, else F.linear (bulkhead.model.linear_kernel).
+    # The kernels: "auto" is the named module's pick for the weights' format
+    # and this CPU (the linear layers': bulkhead.model.kernel_table's; their
+    # "exact": oneDNN fp32 where this torch runs it, else F.linear).
     linear_kernel: str = "auto"
-    # "auto": the C kernel that reads decode KV in place where it compiles
-    # here, else torch (bulkhead.model.decode_kernel).
-    decode_attention: str = "auto"
-    # "auto": a decode step's layers in one C call where the linear kernel is
-    # a q4 one (q4, q4-bf16in, q4-i16in) or bf16 and decode attention c, else
-    # torch ops (bulkhead.model.decode_layers).
-    decode_glue: str = "auto"
-    # "auto": prompts' attention on bf16 dot products where their linear
-    # layers round inputs to bf16 (q4-bf16in, q4-i16in, bf16), else fp32 SDPA
-    # (bulkhead.model.prefill_attention).
-    prefill_attention: str = "auto"
-    # "auto": a prompt pass's norms, rotary and SiLU in C where it builds
-    # here and the linear kernel is a reduced-precision one, else torch ops
-    # (bulkhead.model.prefill_glue).
-    prefill_glue: str = "auto"
+    decode_attention: str = "auto"  # bulkhead.model.decode_kernel
+    decode_glue: str = "auto"  # bulkhead.model.decode_layers
+    prefill_attention: str = "auto"  # bulkhead.model.prefill_attention
+    prefill_glue: str = "auto"  # bulkhead.model.prefill_glue
     prefix_cache: bool = False
-    # Tokens per step (decode rows + prefill chunks); 0 = one chunk beside a
-    # full decode batch (SchedulerConfig.step_tokens).
+    # The scheduler's (SchedulerConfig says why each): tokens per step, fair
+    # queueing (False: first come, first served, measurement only), KV
+    # quotas, and the slice of layers a long pass runs per step (0: whole).
     step_tokens: int = 0
-    # Fair queueing across tenants (VTC); False = first come, first served.
     fair: bool = True
-    # Per-tenant KV quotas decide preemption under page pressure.
     kv_quotas: bool = True
+    slice_tokens: int = 128
     # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
     # guards — scrub on free, transfer digests, the runner's per-step ownership
     # and finite-logit checks — so their cost can be measured. Never False
     # with more than one tenant (serve refuses it with API keys).
     guards: bool = True
-    # The KV cache's element type: "auto" (KV_DTYPE_AUTO below: bfloat16), "float32",
-    # "bfloat16" or "float16". Prefill and decode workers must agree (the
-    # router's pairing gate compares kv_dtype).
+    # The KV cache's element type: "auto" (bfloat16, builder.KV_DTYPE_AUTO),
+    # "float32", "bfloat16" or "float16". Prefill and decode workers must
+    # agree (the router's pairing gate compares kv_dtype).
     kv_dtype: str = "auto"
     # A lock file this engine's steps hold, where workers on one host take
     # turns with all its cores (bulkhead.engine.core_lease; `--role local`
     # names one). None = steps never wait.
     core_lease: str | None = None
-    # While another tenant has work, a prompt pass longer than this many
-    # tokens runs a slice of layers per step, each about this many tokens'
-    # worth (bulkhead.engine.pass_slices); 0 = whole passes (measurement only).
-    slice_tokens: int = 128
 
     def __post_init__(self):
         if self.kv_dtype != "auto" and self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"kv_dtype must be auto or one of {sorted(DTYPE_BYTES)}, not {self.kv_dtype!r}")
-        if self.linear_kernel not in kernel_names.KERNELS:
-            raise ValueError(f"linear_kernel must be one of {kernel_names.KERNELS}, not {self.linear_kernel!r}")
-        if self.decode_attention not in kernel_names.DECODE_ATTENTION:
-            raise ValueError(f"decode_attention must be one of {kernel_names.DECODE_ATTENTION}, "
-                             f"not {self.decode_attention!r}")
-        if self.decode_glue not in kernel_names.DECODE_GLUE:
-            raise ValueError(f"decode_glue must be one of {kernel_names.DECODE_GLUE}, not {self.decode_glue!r}")
-        if self.prefill_attention not in kernel_names.PREFILL_ATTENTION:
-            raise ValueError(f"prefill_attention must be one of {kernel_names.PREFILL_ATTENTION}, "
-                             f"not {self.prefill_attention!r}")
-        if self.prefill_glue not in kernel_names.PREFILL_GLUE:
-            raise ValueError(f"prefill_glue must be one of {kernel_names.PREFILL_GLUE}, not {self.prefill_glue!r}")
+        for name, choices in (("linear_kernel", kernel_names.KERNELS),
+                              ("decode_attention", kernel_names.DECODE_ATTENTION),
+                              ("decode_glue", kernel_names.DECODE_GLUE),
+                              ("prefill_attention", kernel_names.PREFILL_ATTENTION),
+                              ("prefill_glue", kernel_names.PREFILL_GLUE)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, not {getattr(self, name)!r}")

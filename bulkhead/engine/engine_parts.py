@@ -1,10 +1,7 @@
 """The parts of an engine a harness may substitute, and the engine's own.
-
-`build_engine` takes these as factories rather than importing the seams
-record (bulkhead/seams.py, which sits above the engine): `Seams` extends
-this class with the workers' and the server's seams, so a harness passes
-one record and the builder reads only its three fields. Torch-free: the
-HTTP process imports it through the seams record.
+`build_engine` takes them as factories; `Seams` (bulkhead/seams.py, above
+the engine) extends this record with the workers' and the server's seams.
+Torch-free: the HTTP process imports it through the seams record.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Fair service across tenants: virtual token counters (VTC). Pure Python.
 
 Sheng et al., "Fairness in Serving Large Language Models" (OSDI 2024). Each
-tenant has a counter of the service it has received: prompt tokens as they
-are prefilled and output tokens as they are sampled, each at its cost and
-divided by the tenant's weight. Whenever the scheduler picks what to prefill
-next it asks for the tenant with the least counter among those with work
-waiting. A tenant that becomes active (its first live request) is lifted to
-the least counter of the tenants already active, so idle time is not banked:
-it gets its share from now on, not a catch-up burst. Between two tenants
-that stay backlogged the counters then differ by at most about one request's
-cost per batch slot; a tenant alone is served as fast as the engine goes
-(work-conserving: nothing is ever held back for an absent tenant).
-
-The queue also holds the waiting requests, per tenant in arrival order; the
-scheduler owns running ones. Which request goes next is the scheduler's
-PrefillOrder (prefill_order.py): least service first reads finish_tag();
-first come, first served (first_come.py, for measurements) reads arrivals.
+tenant's counter is the service it received: prompt tokens as prefilled and
+output tokens as sampled, each at its cost, divided by its weight. The
+scheduler's PrefillOrder (prefill_order.py) serves the least counter among
+tenants with work. A tenant that becomes active is lifted to the least
+counter of the active tenants, so idle time is not banked (no catch-up
+burst). Two backlogged tenants' counters then differ by about one
+request's cost per batch slot at most; a tenant alone is served as fast as
+the engine goes (work-conserving). The queue also holds the waiting
+requests, per tenant in arrival order; the scheduler owns running ones.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The token mask of grammar-guided requests, one llguidance matcher each.
 
 A matcher is built the first time its request is sampled and kept in step
-with the request's own output tokens, whoever sampled them: on a decode
-worker it is rebuilt from the ticket's grammar and advanced over the first
-token prefill sampled, so the mask state survives the handoff without
-crossing it. A preempted request keeps its output, so its matcher holds.
-Each row's mask depends only on its own request: batch invariance holds.
+with the request's own output tokens, whoever sampled them: a decode worker
+rebuilds it from the ticket's grammar and advances it over prefill's first
+token, so the mask state survives the handoff without crossing it. Each
+row's mask depends only on its own request: batch invariance holds.
 """
 
 from __future__ import annotations

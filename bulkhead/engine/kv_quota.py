@@ -47,12 +47,9 @@ def quotas(num_pages: int, active: list[str], weight_of: Callable[[str], float],
 
 def victim_tenant(held: dict[str, int], quota: dict[str, int], requester: str, need: int,
                   may_take_own: bool) -> str | None:
-    """The tenant to preempt a request of, so that `requester` gets `need`
-    more pages; None when nobody may be preempted for it.
-
-    held: pages each tenant's running requests hold now; quota: from quotas().
-    may_take_own: False for a waiting request, which may only reclaim pages
-    while its tenant stays within quota, and never from its own tenant."""
+    """The tenant to preempt a request of so that `requester` gets `need`
+    more pages, or None. held: pages each tenant's running requests hold;
+    may_take_own: False for a waiting request (the table's second row)."""
     mine = held.get(requester, 0) + need - quota.get(requester, 0)  # > 0: over quota once served
     if not may_take_own and mine > 0:
         return None

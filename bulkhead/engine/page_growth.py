@@ -1,17 +1,12 @@
 """Growth and preemption: pages for a request's next positions. Pure Python.
 
-A request grows before every chunk and every decode row. When the ledger is
-out of pages the scheduler makes room, cheapest first:
-
-    1. scrub the released (dirty) pages: reclaim()
-    2. evict unpinned prefix-cache pages
-    3. preempt a running request, as the caller's Preempt policy allows
-       (kv_quota.py's table): its pages are released and scrubbed, its pins
-       dropped, and it goes back to the front of its tenant's line to be
-       recomputed later
-
-A request whose pass is in flight is never preempted (pass_slices.py): its
-paused rows are computed over the pages it holds.
+A request grows before every chunk and decode row. Out of pages, the
+scheduler makes room cheapest first: scrub the released pages (reclaim()),
+evict unpinned prefix-cache pages, then preempt a running request as the
+caller's Preempt policy allows (kv_quota.py's table): its pages released
+and scrubbed, its pins dropped, it goes back to the front of its tenant's
+line to be recomputed. A request whose pass is in flight is never
+preempted (pass_slices.py).
 """
 
 from __future__ import annotations

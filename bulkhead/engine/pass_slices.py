@@ -1,18 +1,13 @@
 """Layer slices: how a long prefill pass shares the cores with other tenants.
 
-A 512-token chunk of SmolLM2 is one pass of a few hundred milliseconds (more
-on a prefill worker's share of the cores). Run whole, it makes another
-tenant's short prompt, and every decoding request's next token, wait it out.
-So the scheduler hands such a pass out a slice of layers at a time, one
-slice per engine step: a chunk longer than a slice while another tenant has
-work, and a chunk longer than whole_pass_tokens always (another tenant's
-prompt may arrive while it runs: it then waits one slice, not the pass).
-While another tenant has work, each step runs one slice of the paused pass
-beside everyone's decode rows and other tenants' short prompts; while nobody
-does, the slices run back to back. The model runs a slice and returns. The pass's state between slices
-(its hidden rows after layer k) is the runner's to keep; nothing re-enters
-the engine, and the pass computes exactly the numbers it would have run
-whole (the same ops, layer after layer), so batch invariance holds.
+A 512-token chunk of SmolLM2 is a pass of a few hundred milliseconds; run
+whole, it makes another tenant's short prompt, and every decoding request's
+next token, wait it out. So the scheduler hands such a pass out a slice of
+layers per engine step (chunk_planning.py says when), beside everyone's
+decode rows and other tenants' short prompts. The runner keeps the pass's
+hidden rows between slices; nothing re-enters the engine, and the pass
+computes exactly the numbers it would have run whole (the same ops, layer
+after layer), so batch invariance holds.
 
 Safety, all enforced by the scheduler (Scheduler.check_integrity checks it):
 - at most one pass is in flight, and its request is never preempted and never

@@ -10,9 +10,9 @@ them with it; it never asks which order it has. Two orders exist:
                           | permitting) its first waiting   | others go ahead
                           | one; least service first        |
     FirstComeFirstServed  | the oldest half-prefilled       | stops the step's prefill:
-    (bulkhead.engine.     | request, else the oldest        | nobody overtakes the head
-    first_come; measuring | waiting one                     | of the line; passes run
-    what fairness costs)  |                                 | whole
+    (measurement only:    | request, else the oldest        | nobody overtakes the head
+    what fairness costs,  | waiting one                     | of the line; passes run
+    `--fairness fcfs`)    |                                 | whole
 """
 
 from __future__ import annotations
@@ -65,13 +65,33 @@ class LeastServedFirst(PrefillOrder):
         return out
 
     def rank(self, req: Request, running: bool, next_tokens: int) -> tuple:
-        """The tenant's service after the chunk (a virtual finish tag, as
-        weighted fair queueing does), not before it: a tenant that has just
-        become active is lifted to exactly the floor, level with the busiest
-        tenant, and on the start tag alone the older arrival (the flood's
-        half-done prompt) would win the tie and the short prompt would wait a
-        whole long chunk more."""
+        """The tenant's service after the chunk (a finish tag, as weighted fair
+        queueing), not before: a newly active tenant is lifted exactly level
+        with the busiest, and on start tags the older arrival (the flood's
+        half-done prompt) would win the tie, the short prompt waiting a whole chunk more."""
         return self.queue.finish_tag(req.tenant, next_tokens), req.arrival
 
     def slice_tokens(self, configured: int) -> int:
         return configured
+
+
+class FirstComeFirstServed(PrefillOrder):
+    """Kept so that benchmarks (bench/noisy_neighbour.py) can measure what
+    fair queueing costs and buys; no scheduling function branches on it."""
+
+    def candidates(self, running: list[Request], waiting: FairQueue, planned: set[str], passed_over: set[str],
+                   batch_has_room: bool) -> list[Candidate]:
+        if passed_over:  # the head of the line did not fit: nobody behind it goes first
+            return []
+        started = [r for r in running if r.num_computed < r.prefill_target and r.request_id not in planned]
+        if started:
+            return [(min(started, key=lambda r: r.arrival), True)]
+        if batch_has_room:
+            return [(r, False) for r in waiting if r.request_id not in planned][:1]
+        return []
+
+    def rank(self, req: Request, running: bool, next_tokens: int) -> tuple:
+        return (not running), req.arrival
+
+    def slice_tokens(self, configured: int) -> int:
+        return 0  # a slice lets another tenant ahead of the pass

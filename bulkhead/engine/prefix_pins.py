@@ -1,11 +1,10 @@
 """The scheduler's side of the prefix cache: which cached pages a request reads. Pure Python.
 
 A request's first chunk looks its prompt's whole pages up in its tenant's
-cache (bulkhead.kv.prefix_cache; keys salted per tenant) and pins the pages
-it finds: `req.shared_pages`, read before its own pages. Pins are dropped
-when it is preempted or passed over (it starts again from position 0) and
-when it ends, when its own computed prompt pages join the cache. Without a
-cache (prefix_cache off) every method is a no-op over empty lists.
+cache (bulkhead.kv.prefix_cache) and pins what it finds (`req.shared_pages`,
+read before its own pages). Pins drop when it is preempted or passed over
+(it starts again from 0) and when it ends, when its computed prompt pages
+join the cache. Without a cache every method is a no-op.
 
 Invariant (check_integrity): each cached page's pin count equals the number
 of running or kept requests that read it.

@@ -26,14 +26,12 @@ class SamplingParams:
     # vLLM's: a token seen in the prompt or the output has its logit divided
     # by this when positive, multiplied when negative; 1 = off.
     repetition_penalty: float = 1.0
-    # echo with logprobs: each prompt token's logprob plus its top k. None =
-    # off, and prefill then computes logits for the sampling row only; on,
-    # every prompt row's logits, and the prefix cache is bypassed (a cached
-    # page has KV but no logits).
+    # echo with logprobs: each prompt token's logprob plus its top k. On,
+    # prefill computes every prompt row's logits (off: the sampling row's
+    # only) and bypasses the prefix cache (a cached page has no logits).
     prompt_logprobs: int | None = None
-    # Structured output: llguidance's grammar text (bulkhead/model/guidance.py),
-    # or None. Text, not a matcher, so it travels in the signed ticket and the
-    # decode worker rebuilds the same constraint (engine/grammar_mask.py).
+    # Structured output: llguidance's grammar as text, not a matcher, so it travels
+    # in the signed ticket and a decode worker rebuilds it (engine/grammar_mask.py).
     grammar: str | None = None
 
     @property
@@ -86,10 +84,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def max_total_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.params.max_tokens
-
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
@@ -103,9 +97,8 @@ class Request:
     @property
     def decoding(self) -> bool:
         """All tokens but the last sampled one have KV: the next step is a decode step."""
-        return self.status is RequestStatus.RUNNING and self.num_computed == self.num_tokens - 1 and bool(
-            self.output_token_ids
-        )
+        return self.status is RequestStatus.RUNNING and self.num_computed == self.num_tokens - 1 \
+            and bool(self.output_token_ids)
 
     @property
     def finished(self) -> bool:

@@ -27,46 +27,34 @@ class NonFiniteLogits(RuntimeError):
 @dataclass(frozen=True)
 class RunnerConfig:
     # Decode rows are padded to a multiple of this and pushed through the
-    # linear layers one tile at a time: a row's result then does not depend on
-    # its batch-mates (CPU GEMM kernels pick different reduction orders for
-    # different row counts). 0 turns batch invariance off.
+    # linear layers one tile at a time, so a row's result does not depend on
+    # its batch-mates (CPU GEMM kernels pick reduction orders by row count).
+    # 0 turns batch invariance off.
     decode_tile: int = 16
-    # When > 0 (measured at start-up, see bulkhead.model.row_invariance):
-    # decode rows are padded to a multiple of this instead, and each linear
-    # layer runs as one matmul over all of them; just as batch-invariant on a
-    # CPU where it was measured, and it reads the weights once per step.
+    # When > 0 (measured at start-up, bulkhead.model.row_invariance): pad
+    # decode rows to a multiple of this instead and run each linear layer as
+    # one matmul: as batch-invariant where measured, and the weights are read
+    # once per step.
     decode_row_multiple: int = 0
-    # When > 0, prefill rows are padded to a multiple of this. oneDNN builds
-    # and caches a kernel per row count, so prompts of every length would
-    # grow the process by ~2 MB per new length (measured: +440 MB over 240
-    # prompts of random length, flat with this); with buckets of 32 a
-    # 512-token chunk has 16 row counts. The padding is at most 31 rows.
+    # When > 0, pad prefill rows to a multiple of this: oneDNN caches a
+    # kernel per row count, ~2 MB each (measured: +440 MB over 240 prompts of
+    # random length, flat with buckets of 32). At most 31 rows of padding.
     prefill_row_bucket: int = 0
-    # When True, a step's prefill chunks share one pass, their rows stacked
-    # (chunks asking for every row's logits keep a pass each). Only where
-    # every kernel a prompt row meets computes each row alone, by
-    # construction (the builder decides: the bf16-input prompt kernel, the C
-    # prompt glue, attention per sequence, a row-by-row lm_head), so a row's
-    # numbers still do not depend on which chunks share its step; oneDNN's
-    # GEMM picks its order by row count, so the exact kernels keep a pass a
-    # chunk. Why: two 256-token chunks in one pass read the weights once, and
-    # pay the pass's fixed costs once.
+    # A step's prefill chunks share one pass, their rows stacked (chunks
+    # asking for every row's logits keep their own): two 256-token chunks
+    # read the weights once. Only where every kernel a prompt row meets
+    # computes each row alone (the builder decides), so batch invariance holds.
     batch_prompts: bool = False
-    # Check on every step that each page in a plan is owned by the request
-    # that will read it (invariant 5), and that logits are finite. Costs
-    # microseconds per step.
+    # Check each step that every page of the plan is its reader's (invariant
+    # 5) and that logits are finite; microseconds a step.
     safe_mode: bool = True
-    # Steps that only decode, at most this many rows, run on one thread (the
-    # pass and its sampling); 0: every step on torch's threads. One
-    # request's decode step is bound by reading every weight once, and one
-    # thread's step (6.7 ms of CPU on Q4_0) was shorter than the served time
-    # per token with two (10.0 ms): on a 2-core machine the control plane's
-    # threads (links, router, HTTP) wake for every token, and each wake-up
-    # took a core from one of the pass's OpenMP threads while the other
-    # waited at the next barrier. One thread leaves them the other core.
-    # Only where every kernel of a decode pass computes each output with the
-    # same sums whatever the thread count (the builder decides), so a row's
-    # numbers do not depend on whether it ran alone.
+    # Steps that only decode, at most this many rows, run on one thread (pass
+    # and sampling); 0: torch's threads always. One row's step is bound by
+    # reading the weights once, and on 2 cores the control plane's threads
+    # (links, router, HTTP) wake for every token and take a core from one of
+    # the pass's OpenMP threads while the other waits at the next barrier
+    # (Q4_0: 6.7 ms of CPU on one thread against 10.0 ms a token on two).
+    # Only where every decode kernel sums alike whatever the thread count.
     single_thread_decode_rows: int = 0
 
 
@@ -85,18 +73,14 @@ class ModelRunner:
         self.config = config
         self.page_size = pool.layout.page_size
         self._layers = pool.layer_views()
-        # The last run's chunks that asked for every row's logits (prompt
-        # logprobs, PrefillWork.all_logits): (request id, first position,
-        # logits [len(chunk), V]); row j predicts the token at start + j + 1.
+        # The last run's chunks with every row's logits (PrefillWork.all_logits):
+        # (request id, first position, logits [len(chunk), V]); row j predicts position start + j + 1.
         self.prompt_rows: list[tuple[str, int, torch.Tensor]] = []
-        # The last run's greedy pick for each row it returned, where its one
-        # pass was a decode pass whose tail ran in C (LlamaModel.forward's
-        # tail), else None: the sampler takes them instead of its own argmax.
+        # The last run's greedy pick per row where its one pass was a decode
+        # pass whose tail ran in C, else None: the sampler takes them as its argmax.
         self.greedy_picks: list[int] | None = None
-        # Passes the scheduler hands out a slice of layers at a time
-        # (bulkhead.engine.pass_slices), by request id: the batch and the
-        # rows after the last slice run. Dropped when the pass ends or its
-        # request does (drop_pass).
+        # Sliced passes (pass_slices.py) by request id: the batch and the rows
+        # after the last slice ran; dropped when the pass or its request ends.
         self._paused: dict[str, tuple[PagedBatch, PassState]] = {}
 
     def drop_pass(self, request_id: str) -> None:

@@ -5,7 +5,7 @@ batch, kept or reserved for a KV transfer) and composes one concept per
 module to plan each step:
 
     fair_queue.py      the waiting lines and each tenant's service (VTC)
-    prefill_order.py   which prompt goes next (first_come.py: measurement only)
+    prefill_order.py   which prompt goes next (first come, first served: measurement only)
     chunk_planning.py  a step's decode rows and prefill chunks within its budget
     pass_slices.py     a long pass handed out a slice of layers per step
     decode_rounds.py   a large decode batch handed out a group of rows per step
@@ -24,17 +24,15 @@ from collections.abc import Callable
 from bulkhead.engine.admission import Admitted
 from bulkhead.engine.chunk_planning import ChunkPlanner
 from bulkhead.engine.fair_queue import FairQueue
-from bulkhead.engine.first_come import FirstComeFirstServed
 from bulkhead.engine.kv_quota import quotas
 from bulkhead.engine.page_growth import PageGrowth
 from bulkhead.engine.pass_slices import InFlightPass
-from bulkhead.engine.prefill_order import LeastServedFirst, PrefillOrder
+from bulkhead.engine.prefill_order import FirstComeFirstServed, LeastServedFirst, PrefillOrder
 from bulkhead.engine.prefix_pins import PrefixPins
 from bulkhead.engine.request import FinishReason, Request, RequestStatus
 from bulkhead.engine.scheduler_config import SchedulerConfig, TenantShares  # noqa: F401 (likewise)
 from bulkhead.engine.scheduler_integrity import check_scheduler
 from bulkhead.engine.step_plan import DecodeWork, PrefillWork, StepPlan  # noqa: F401 (importers read them here)
-from bulkhead.engine.tenant_stats import tenant_stats
 from bulkhead.kv.ledger import PageLedger
 from bulkhead.kv.prefix_cache import PrefixCache
 
@@ -46,23 +44,19 @@ class QueueFull(RuntimeError):
 class Scheduler:
     def __init__(self, config: SchedulerConfig, ledger: PageLedger, reclaim: Callable[[], None],
                  cache_secret: bytes = b"", shares: TenantShares | None = None):
-        """reclaim() must scrub every dirty page and mark it scrubbed (the engine
-        owns the pool tensor; the scheduler never touches KV bytes).
-        cache_secret: server-side key that tenant cache salts derive from.
-        shares: tenant weights and KV shares; replace it (a reloaded tenant
-        table) between steps, on the engine thread."""
+        """reclaim() scrubs every dirty page and marks it scrubbed (the scheduler
+        never touches KV bytes). cache_secret: what tenant cache salts derive
+        from. shares: replaced (a reloaded tenant table) between steps."""
         self.config = config
         self.ledger = ledger
         self.reclaim = reclaim
         self.shares = shares or TenantShares()
         self.pins = PrefixPins(PrefixCache(ledger) if config.prefix_cache else None, config.page_size, cache_secret)
         self.cache = self.pins.cache
-        # The two states whose pages live outside the batch, both for a KV
-        # transfer, both covered by check_integrity(): a prefill hand-over's
-        # finished request, kept until its pages are sent (release_reserved),
-        # and decode's WAITING_FOR_REMOTE_KV reservation, request id ->
-        # tenant, until the verified KV starts decoding (add_prefilled) or
-        # the request ends (release_reserved).
+        # Pages outside the batch, for a KV transfer: a prefill hand-over's
+        # finished request, kept until its pages are sent, and decode's
+        # WAITING_FOR_REMOTE_KV reservation (request id -> tenant) until the
+        # verified KV starts decoding (add_prefilled); both end in release_reserved.
         self.kept: dict[str, Request] = {}
         self.awaiting_remote_kv: dict[str, str] = {}
         self.requests: dict[str, Request] = {}
@@ -82,8 +76,7 @@ class Scheduler:
         return self.growth.num_preemptions
 
     @property
-    def quota_preemptions(self) -> dict[str, int]:
-        """Requests of a tenant preempted to give its pages to another tenant."""
+    def quota_preemptions(self) -> dict[str, int]:  # a tenant's requests preempted for another tenant
         return self.growth.quota_preemptions
 
     # -- intake --------------------------------------------------------------
@@ -154,10 +147,10 @@ class Scheduler:
             return None
         return StepPlan(tuple(prefills), tuple(decode), tuple(preempted))
 
-    def held_by_tenant(self) -> dict[str, int]:
+    def held_by_tenant(self, running: list[Request] | None = None) -> dict[str, int]:
         """Pages the running (preemptible) requests of each tenant own."""
         held: dict[str, int] = {}
-        for r in self.running:
+        for r in self.running if running is None else running:
             held[r.tenant] = held.get(r.tenant, 0) + len(self.ledger.pages_of(r.request_id))
         return held
 
@@ -166,21 +159,26 @@ class Scheduler:
         return quotas(self.ledger.num_pages, sorted(self.waiting.active), self.shares.weight, self.shares.kv_share)
 
     def tenant_stats(self) -> dict[str, dict]:
-        """Per-tenant service, queue and pages, for /metrics and /server_info
-        (bulkhead.engine.tenant_stats). Safe from another thread."""
-        return tenant_stats(self)
+        """Per-tenant service, queue and pages, for /metrics and /server_info.
+        Safe to call from another thread: it reads copies, never mutates."""
+        counters, served, running = dict(self.waiting.counters), dict(self.waiting.served), list(self.running)
+        held, active = self.held_by_tenant(running), sorted(self.waiting.active)
+        quota = quotas(self.ledger.num_pages, active, self.shares.weight, self.shares.kv_share) if active else {}
+        out = {}
+        for t in sorted(set(counters) | set(held)):
+            prompt, output = served.get(t, (0, 0))
+            out[t] = {"service": round(counters.get(t, 0.0), 1), "prompt_tokens_served": prompt,
+                      "output_tokens_served": output, "waiting": self.waiting.depth(t),
+                      "running": sum(1 for r in running if r.tenant == t), "kv_pages": held.get(t, 0),
+                      "kv_quota": quota.get(t), "quota_preemptions": self.quota_preemptions.get(t, 0)}
+        return out
 
     def _retire(self, req: Request) -> None:
-        """Give back a finished request's pages: full pages of computed prompt
-        go to its tenant's prefix cache, the rest are released to be scrubbed."""
+        """Full pages of computed prompt go to its tenant's prefix cache, the rest to be scrubbed."""
         rid = req.request_id
         self.pins.retire(req, self.ledger.pages_of(rid))
         if self.ledger.pages_of(rid):
             self.ledger.release(rid)
-
-    def release_kept(self, request_id: str) -> None:
-        req = self.kept.pop(request_id)
-        self._retire(req)
 
     def reserve_for_remote_kv(self, request_id: str, tenant: str, num_pages: int) -> list[int]:
         """Decode: pages a remote writer will fill for a request not yet
@@ -195,7 +193,7 @@ class Scheduler:
         """Give back (to be scrubbed) what a hand-over kept or a remote-KV
         reservation holds; False when the request holds neither."""
         if request_id in self.kept:
-            self.release_kept(request_id)  # prompt pages may feed the prefix cache
+            self._retire(self.kept.pop(request_id))  # prompt pages may feed the prefix cache
             return True
         if self.awaiting_remote_kv.pop(request_id, None) is not None:
             self.ledger.release(request_id)
@@ -231,9 +229,8 @@ class Scheduler:
         return advanced
 
     def finish(self, request_id: str, reason: FinishReason, keep_pages: bool = False) -> Request | None:
-        """End a request in any state; its pages (if any) go back to be scrubbed,
-        unless keep_pages: then they stay owned by the request id (a prefill
-        worker holds them until their KV has been transferred)."""
+        """End a request in any state; its pages go back to be scrubbed, unless
+        keep_pages (a prefill worker holds them until their KV is transferred)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -252,7 +249,5 @@ class Scheduler:
         req.finish_reason = reason
         return req
 
-    def check_integrity(self) -> None:
-        """The queues, the batch, the pass in flight, the pins, the ledger
-        and the per-tenant counts agree (scheduler_integrity.py)."""
+    def check_integrity(self) -> None:  # scheduler_integrity.py says what it checks
         check_scheduler(self)

@@ -23,8 +23,8 @@ class SchedulerConfig:
     # Reuse whole pages of a tenant's earlier prompts (tenant-scoped keys).
     prefix_cache: bool = False
     # Fair queueing across tenants (VTC); False = first come, first served,
-    # kept only to measure what fairness costs (first_come.py: the
-    # scheduler picks its PrefillOrder from this once, at construction).
+    # kept only to measure what fairness costs (the scheduler picks its
+    # PrefillOrder, prefill_order.py, from this once, at construction).
     fair: bool = True
     # Virtual-counter cost of a prompt token and of an output token (the
     # VTC paper's 1 and 2: an output token holds the batch for a whole step).
@@ -33,23 +33,19 @@ class SchedulerConfig:
     # Per-tenant KV quotas when tenants compete for pages (kv_quota.py);
     # False = the newest request is preempted, whoever's it is.
     kv_quotas: bool = True
-    # The model's layers: the unit a long pass is sliced in (pass_slices.py).
-    num_layers: int = 1
+    num_layers: int = 1  # the unit a long pass is sliced in (pass_slices.py)
     # While another tenant has work, a chunk longer than this runs as slices
-    # of layers, each costing about this many tokens of a whole pass: the
-    # longest another tenant's prompt or next token waits behind it (128
-    # tokens of SmolLM2 is about 70 ms on two cores). 0 = whole passes
-    # and decode batches always (first come, first served: nobody is let ahead).
+    # of layers each costing about this many tokens of a whole pass: the
+    # longest another tenant's prompt or next token waits (128 tokens of
+    # SmolLM2: ~70 ms on two cores). 0 = whole passes and decode batches.
     slice_tokens: int = 128
     # A decode batch costing more than this many tokens of a pass runs in
-    # groups of rows, one a step, whoever waits (decode_rounds.py): a prompt
-    # that arrives mid-step waits one group. 64: under an 80-token prompt's
-    # own pass (issue 14's light tenant), so its wait stays under 2x alone.
+    # groups of rows, one a step (decode_rounds.py). 64: under an 80-token
+    # prompt's own pass (issue 14's light tenant), so its wait stays under 2x alone.
     decode_step_tokens: int = 64
-    # A chunk over this runs in slices even while its tenant is alone: a
-    # prompt that arrives mid-pass waits one slice, not the pass. Chunks up
-    # to it run whole when nobody else waits, so two 256-token prompts still
-    # share one pass (RunnerConfig.batch_prompts).
+    # A chunk over this runs in slices even while its tenant is alone (a
+    # prompt arriving mid-pass waits one slice); up to it, chunks run whole
+    # when nobody else waits, so two 256-token prompts share one pass.
     whole_pass_tokens: int = 256
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from bulkhead.engine.request import RequestStatus
@@ -59,24 +60,12 @@ def _check_pass_in_flight(s: Scheduler) -> None:
 
 
 def _check_quota_accounting(s: Scheduler) -> None:
-    """The per-tenant counts quotas are decided on: every owned page is
-    counted once, for the tenant of the request (or cache entry) holding
-    it; the fair queue counts exactly the live requests; quotas never
-    promise more than the pool."""
-    live: dict[str, int] = {}
-    for r in s.requests.values():
-        live[r.tenant] = live.get(r.tenant, 0) + 1
-    s.waiting.check_integrity(live)
-    counted = s.held_by_tenant()
-    for r in s.kept.values():
-        counted[r.tenant] = counted.get(r.tenant, 0) + len(s.ledger.pages_of(r.request_id))
-    for rid in s.awaiting_remote_kv:
-        for p in s.ledger.pages_of(rid):
-            t = s.ledger.record(p).tenant
-            counted[t] = counted.get(t, 0) + 1
-    for p in s.ledger.pages_of(CACHE_OWNER):
-        t = s.ledger.record(p).tenant
-        counted[t] = counted.get(t, 0) + 1
+    """The module docstring's `tenants`: the counts quotas are decided on."""
+    s.waiting.check_integrity(dict(Counter(r.tenant for r in s.requests.values())))
+    counted = Counter(s.held_by_tenant())
+    counted.update(r.tenant for r in s.kept.values() for _ in s.ledger.pages_of(r.request_id))
+    counted.update(s.ledger.record(p).tenant for owner in (*s.awaiting_remote_kv, CACHE_OWNER)
+                   for p in s.ledger.pages_of(owner))
     counted = {t: n for t, n in counted.items() if n}
     if counted != s.ledger.owned_by_tenant():
         raise AssertionError(f"pages counted per tenant {counted} != ledger {s.ledger.owned_by_tenant()}")

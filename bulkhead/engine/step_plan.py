@@ -40,9 +40,7 @@ class DecodeWork:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What one engine step computes: only ids and ints, for the model runner.
-
-    prefills: one pass per chunk (a single PrefillWork or None is accepted
+    """prefills: one pass per chunk (a single PrefillWork or None is accepted
     and made a tuple, for callers that plan one chunk by hand)."""
 
     prefills: tuple[PrefillWork, ...]

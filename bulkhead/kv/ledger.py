@@ -72,9 +72,6 @@ class PageLedger:
     def num_owned(self) -> int:
         return self.num_pages - len(self._free) - len(self._dirty)
 
-    def owners(self) -> set[str]:
-        return set(self._pages_of)
-
     def pages_of(self, request_id: str) -> list[int]:
         return list(self._pages_of.get(request_id, ()))
 
@@ -124,10 +121,9 @@ class PageLedger:
         for p in pages:
             self._owner[p] = None
             self._tenant[p] = None
-        # Reversed onto the way back to the free stack, so the next request
-        # gets this block in its old order: the freshest KV lands exactly
-        # where the next prompt goes (the incident's worst case), as the
-        # model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
+        # Reversed, so the next request gets this block in its old order: the
+        # freshest KV lands where the next prompt goes (the incident's worst
+        # case), as the model checker's ledger does (tests/verify/test_ledger_model_agrees.py).
         self._dirty.extend(reversed(pages))
 
     def donate(self, request_id: str, page: int, new_owner: str) -> None:

@@ -20,31 +20,24 @@ def pool_shape(layout: KVLayout, num_pages: int) -> tuple[int, ...]:
 class KVPool:
     """data: [num_pages, num_layers, 2 (k, v), page_size, kv_heads, head_dim].
 
-    Page-major: one page, every layer's K and V, is one contiguous range of
-    memory (737 KB for SmolLM2 fp32 at 16 positions). A transfer, a digest
-    or a scrub then touches one range per page, not one per (layer, K/V)
-    plane: Mooncake moved scattered pages at 0.31-0.44x its raw speed when a
-    page was 60 ranges (bench/transfer.py). The model reads a layer through
-    strided views (layer_views), whose pages are each contiguous.
+    Page-major: one page, every layer's K and V, is one contiguous range
+    (737 KB for SmolLM2 fp32 at 16 positions), so a transfer, digest or scrub
+    touches one range a page: Mooncake moved pages of 60 ranges at 0.31-0.44x
+    its raw speed (bench/transfer.py). Inside a page V is position-major and
+    K head-dim-major ([kv_heads, head_dim, page_size]), so decode attention
+    reads a page's K as rows of consecutive positions: the C kernel computes
+    16 scores per vector instruction (bulkhead/model/csrc). Outside the model
+    a page is opaque bytes.
 
-    Inside a page, V is stored position-major as that shape says, and K
-    head-dim-major: [kv_heads, head_dim, page_size] (layer_views gives both
-    their real shapes). Decode attention then reads a page's K as rows of
-    consecutive positions, which is what lets the C kernel compute 16 scores
-    per vector instruction (bulkhead/model/csrc). Everything outside the
-    model (transfers, digests, scrubbing) treats a page as opaque bytes.
-
-    Freed pages are scrubbed before the ledger may hand them out again:
-    "zero" in production; "poison" fills them with NaN so that any read of KV
-    this request did not write shows up as NaN logits in tests.
+    Freed pages are scrubbed before the ledger hands them out again: "zero"
+    in production; "poison" (NaN) makes a read of KV nobody wrote for the
+    request show up as NaN logits in tests.
     """
 
     def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero", data: torch.Tensor | None = None):
-        """data: storage to use instead of a private allocation (e.g. a shared
-        memory mapping a transfer backend exposes to the prefill worker); it
-        must have exactly the pool's shape and dtype and is scrubbed here.
-        A private allocation is advised for transparent huge pages
-        (bulkhead.kv.huge_pages); given storage is its owner's to advise."""
+        """data: storage instead of a private allocation (a transfer backend's
+        shared mapping) of exactly the pool's shape and dtype, zeroed here and
+        its owner's to advise; a private allocation gets huge pages (huge_pages.py)."""
         if scrub_mode not in SCRUB_MODES:
             raise ValueError(f"scrub mode {scrub_mode!r} is not one of {SCRUB_MODES}")
         self.layout = layout
@@ -52,9 +45,8 @@ class KVPool:
         self.scrub_mode = scrub_mode
         shape = pool_shape(layout, num_pages)
         dtype = _TORCH_DTYPES[layout.dtype]
-        self._mapping = None  # the private allocation's memory, kept as long as the pool
         if data is None:
-            data, self._mapping = huge_pages.zeros(shape, dtype)
+            data = huge_pages.zeros(shape, dtype)
         elif tuple(data.shape) != shape or data.dtype != dtype:
             raise ValueError(f"pool storage is {tuple(data.shape)} {data.dtype}, expected {shape} {dtype}")
         else:

@@ -79,12 +79,10 @@ def stop_workers(workers: list[subprocess.Popen]) -> None:
 
 def wait_for_workers(backend: DisaggBackend, workers: list[subprocess.Popen], timeout: float = 900.0,
                      progress_every: float = 30.0) -> bool:
-    """Local mode: start serving only once every worker registered; a worker
-    that exits (a failed capacity gate, say) stops the launch.
-
-    A worker's first start of a model lays its weights out (a ~1B checkpoint
-    on a loaded 2-core machine took 245 s), so the wait is long and says
-    every progress_every seconds who it still waits for."""
+    """Local mode: serve only once every worker registered; a worker that
+    exits (a failed capacity gate, say) stops the launch. A first start lays
+    the weights out (a ~1B checkpoint: 245 s on a loaded 2-core machine), so
+    the wait is long and says every progress_every seconds who it waits for."""
     start = time.monotonic()
     next_progress = start + progress_every
     while time.monotonic() < start + timeout:

@@ -4,20 +4,38 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
 
-from bulkhead.launch.adapters import tenant_adapters
 from bulkhead.launch.engine_flags import engine_config
 from bulkhead.launch.refusals import check_lineage_flags, load_keys, log_keys
 from bulkhead.lineage.writer import LineageLogError
+from bulkhead.lora.peft_files import BaseShapes
+from bulkhead.lora.registry import AdapterRegistry
+from bulkhead.model.config import load_model_config
 from bulkhead.model.gguf_import import DEFAULT_MODEL_ID, resolve_model
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.app import ServerState, create_app
-from bulkhead.server.http_server import BoundServer
+from bulkhead.server.auth import KeyStore
 
 log = logging.getLogger("bulkhead")
+
+
+class BoundServer(uvicorn.Server):
+    """Says where it serves (on_bound) only once uvicorn has bound every
+    socket, and not at all when binding failed: "serving on ..." before the
+    bind would announce a server that a busy port stops one line later."""
+
+    def __init__(self, config: uvicorn.Config, on_bound: Callable[[], None]):
+        super().__init__(config)
+        self.on_bound = on_bound
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # set by uvicorn once every socket is listening
+            self.on_bound()
 
 
 def serve(args: argparse.Namespace, seams: Seams = PRODUCTION) -> int:
@@ -81,3 +99,14 @@ def _serve_worker(args: argparse.Namespace, model_dir: Path, model_id: str, seam
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
     return serve_worker(config, seams)
+
+
+def tenant_adapters(keys: KeyStore | None, model_dir: Path) -> AdapterRegistry | None:
+    """The tenants' LoRA adapters, a registry following keys.toml; None
+    without keys: adapters belong to tenants, and there are none."""
+    if keys is None:
+        return None
+    registry = AdapterRegistry(BaseShapes.of(load_model_config(model_dir))).follow(keys)
+    if loaded := registry.loaded():
+        log.info("LoRA adapters: %d (%s)", len(loaded), ", ".join(sorted(f"{a.tenant}/{a.name}" for a in loaded)))
+    return registry

@@ -1,14 +1,12 @@
-"""The operator API for workers: list them, drain one, resume one.
+"""The operator API for workers (`bulkhead admin` is its command-line client):
 
     GET  /admin/workers                 every worker: name, role, state, routes in flight
-    POST /admin/workers/{name}/drain    body {"force": false}: assign it nothing more;
-                                        what it holds finishes; it reports drained
+    POST /admin/workers/{name}/drain    body {"force": false}: assign it nothing more
     POST /admin/workers/{name}/resume   assign to it again
 
-With keys on, an operator key only (a tenant's key gets a 403). Errors are
-typed: an unknown worker is a 404 (worker_not_found), draining the last
-worker of a role without force a 409 (last_worker_of_role), a colocated
-server a 400 (no_workers). `bulkhead admin` is the command-line client.
+With keys on, an operator key only. An unknown worker is a 404
+(worker_not_found), draining the last worker of a role without force a 409
+(last_worker_of_role), a colocated server a 400 (no_workers).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The OpenAI-compatible HTTP API: the server's state and the app that routes to it.
 
 Routes live one group per module: completion_routes.py (the OpenAI API),
-request_routes.py, operator_routes.py, fleet_routes.py, admin_routes.py,
-dashboard.py, probes.py; error_handlers.py answers every error in the
-OpenAI shape.
+inflight.py, operator_routes.py, admin_routes.py, dashboard.py, probes.py;
+add_error_handlers answers every error in the OpenAI shape.
 """
 
 from __future__ import annotations
@@ -12,8 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bulkhead import __version__
+from bulkhead.errors import BulkheadError, InvalidRequest
 from bulkhead.seams import PRODUCTION, Seams
 from bulkhead.server.admin_routes import add_admin_routes
 from bulkhead.server.auth import DEFAULT_TENANT, KeyStore
@@ -22,16 +25,13 @@ from bulkhead.server.body_limit import BodyLimit
 from bulkhead.server.completion_routes import add_completion_routes
 from bulkhead.server.dashboard import add_dashboard_routes, dashboard_view
 from bulkhead.server.dashboard_history import FirstTokenTimes
-from bulkhead.server.error_handlers import add_error_handlers
-from bulkhead.server.fleet_routes import add_fleet_routes
-from bulkhead.server.inflight import InFlightRequests
+from bulkhead.server.inflight import InFlightRequests, add_request_routes
 from bulkhead.server.limiter import TenantLimiter
 from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.server.metrics import KeyStoreCollector, Metrics
 from bulkhead.server.operator_routes import add_operator_routes
-from bulkhead.server.params import DEFAULT_MAX_TOKENS
+from bulkhead.server.params import DEFAULT_MAX_TOKENS, schema_error
 from bulkhead.server.probes import add_probe_routes
-from bulkhead.server.request_routes import add_request_routes
 from bulkhead.server.response_counter import ResponseCounter
 from bulkhead.server.responses import LogprobFormatter
 from bulkhead.server.tenants import DEFAULT_POLICY
@@ -108,9 +108,32 @@ def create_app(state: ServerState) -> FastAPI:
     # /dashboard: the page is open (it holds no figure); /dashboard/data is an operator's.
     add_dashboard_routes(app, lambda: dashboard_view(backend.info(), state.tenants_info()), operator_only,
                          state.first_tokens)
-    # vllm:* names, for a fleet router
-    add_fleet_routes(app, state.metrics.registry, backend.fleet_figures, operator_only)
-    add_operator_routes(app, state, operator_only)  # /server_info, /metrics
+    add_operator_routes(app, state, operator_only)  # /server_info, /metrics, /metrics/fleet (vllm:* names)
     add_request_routes(app, state.inflight, tenant_of)  # /v1/requests/{id}
     add_completion_routes(app, state, tenant_of)  # /v1/models, /v1/completions, /v1/chat/completions
     return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """A BulkheadError with its own status, type, code and headers; a body
+    failing the schema as a 400 naming the field; a body that is not UTF-8
+    as a 400 naming the byte; any other HTTP error with its status."""
+    def answer(err: BulkheadError, status: int | None = None) -> JSONResponse:
+        return JSONResponse(err.to_dict(), status_code=status or err.status, headers=getattr(err, "headers", None))
+
+    @app.exception_handler(BulkheadError)
+    async def _typed(_: Request, e: BulkheadError):
+        return answer(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError):
+        return answer(schema_error(e.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException):
+        if isinstance(e.__cause__, UnicodeDecodeError):  # FastAPI could not decode the body to parse it
+            return answer(InvalidRequest(f"the body is not valid UTF-8: {e.__cause__.reason} at byte "
+                                         f"{e.__cause__.start}", code="invalid_utf8"))
+        err = BulkheadError(str(e.detail), code="not_found" if e.status_code == 404 else "http_error")
+        err.type = "invalid_request_error" if e.status_code < 500 else "server_error"
+        return answer(err, e.status_code)

@@ -1,17 +1,13 @@
 """Who is asking: API keys name tenants, operator keys open the operator endpoints.
 
-Keys come from keys.toml (bulkhead.server.keys_file: `[keys]` key = tenant,
-`[operators]` key = name, `[tenants.NAME]` limits) and from the environment
+Keys come from keys.toml (bulkhead.server.keys_file, which says how a
+mistake in it fails closed) and from the environment
 (BULKHEAD_API_KEYS="key1=tenant1,key2=tenant2", BULKHEAD_OPERATOR_KEYS="key=name").
 The file is re-read when it changes, so removing a key revokes it without a
-restart, whatever else the file holds. A file with a mistake is refused at
-start-up. On a reload the mistakes fail closed (bulkhead.server.keys_file):
-a bad entry authorises nothing and a tenant table with a mistake is refused
-while [keys] and [operators] still apply (the last good table stays). Only
-a file that cannot be read as a key file at all (not TOML, no [keys], no
-file) keeps the last good keys, and then `stale` is set: the log, /metrics
-(bulkhead_keys_stale) and /server_info say that revocations written in it
-are not in force. Errors are logged once, never raised to a request.
+restart. While it cannot be read as a key file at all, the last good keys
+serve and `stale` is set: the log, /metrics (bulkhead_keys_stale) and
+/server_info say that revocations written in it are not in force. Errors
+are logged once, never raised to a request.
 """
 
 from __future__ import annotations

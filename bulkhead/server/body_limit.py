@@ -1,9 +1,7 @@
-"""Refuse request bodies over a size limit without holding them in memory.
-
-A declared Content-Length over the limit is answered 413 before a byte of
-the body is read. A body without one (chunked) is counted as it arrives and
-cut off at the limit: whatever the app would have answered to the truncated
-body is replaced by the 413. Either way the server holds at most the limit.
+"""Refuse request bodies over a size limit without holding them in memory:
+a declared Content-Length over it is a 413 before a byte is read; a chunked
+body is counted as it arrives and cut off at the limit, the 413 replacing
+whatever the app would have answered to the truncated body.
 """
 
 from __future__ import annotations

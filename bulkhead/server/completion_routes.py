@@ -2,8 +2,10 @@
 
 A request is validated, every choice admitted (a typed Rejection refuses the
 whole request), the tenant's rate limits checked, and only then submitted:
-a request is answered in full or refused in full, and a refused one holds
-no page. generation_run.py streams or collects the answer.
+answered in full or refused in full, a refused one holding no page.
+generation_run.py streams or collects the answer. `model` names the base
+model or one of the tenant's own LoRA adapters; another tenant's gets the
+404 of a name that exists nowhere, so no answer says what another has loaded.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from bulkhead.engine.admission import AdapterRef, Admitted, Rejection
-from bulkhead.errors import InvalidRequest, RateLimited
+from bulkhead.errors import InvalidRequest, NotFound, RateLimited
+from bulkhead.lora.registry import AdapterRegistry
 from bulkhead.model.tokenizer import ChatTemplateError
 from bulkhead.server.generation_run import GenerationRun
 from bulkhead.server.inflight import InFlight, client_request_id
-from bulkhead.server.model_names import model_list, resolve_model
 from bulkhead.server.params import chat_messages, completion_prompts, sampling_params, validate_common
 from bulkhead.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from bulkhead.server.structured import GrammarCompiler, request_grammar
@@ -139,3 +141,25 @@ def _check_rate(state: ServerState, rid: str, tenant: str, endpoint: str, ticket
         state.metrics.requests.labels(tenant, endpoint, str(e.status)).inc()
         log.info("%s tenant=%s throttled: %s", rid, tenant, e.param)
         raise
+
+
+def resolve_model(requested: str | None, tenant: str, base_model_id: str,
+                  adapters: AdapterRegistry | None) -> AdapterRef | None:
+    """None for the base model (or no `model`); the tenant's adapter's ref; else NotFound."""
+    if requested is None or requested == base_model_id:
+        return None
+    adapter = adapters.resolve(tenant, requested) if adapters is not None else None
+    if adapter is None:
+        raise NotFound(f"model {requested!r} does not exist; this server serves {base_model_id!r}"
+                       + (" and your adapters listed by GET /v1/models" if adapters is not None else ""),
+                       param="model", code="model_not_found")
+    return AdapterRef(adapter.name, str(adapter.files.path), adapter.files.digest)
+
+
+def model_list(tenant: str, base_model_id: str, context_length: int, adapters: AdapterRegistry | None) -> dict:
+    """GET /v1/models for `tenant`: the base model, then its own adapters (as vLLM lists LoRA modules)."""
+    base = {"id": base_model_id, "object": "model", "created": 0, "owned_by": "bulkhead",
+            "root": base_model_id, "parent": None, "max_model_len": context_length}
+    own = adapters.names(tenant) if adapters is not None else []
+    return {"object": "list", "data": [base] + [
+        {**base, "id": name, "root": name, "parent": base_model_id} for name in own]}

@@ -1,22 +1,18 @@
-"""`/dashboard`: a live picture of the pool for operators.
+"""`/dashboard`: a live picture of the pool for operators (docs/dashboard.md).
 
     GET /dashboard        the page (HTML, CSS and JS in one file, nothing
-                          from the internet); open to anyone, because it
-                          holds no figure: it is the same bytes for everyone
-    GET /dashboard/data   the figures it polls every second: an operator's
-                          (keys on: no key 401, a tenant's key 403; keys
-                          off, loopback only, open like /server_info), with
-                          the plots' points after ?since= (dashboard_history)
+                          from the internet); open: it holds no figure
+    GET /dashboard/data   the figures it polls every second, with the plots'
+                          points after ?since=: an operator's, like /server_info
 
 Why the split: a browser cannot send an Authorization header when it loads
 a page, and a key in the URL lands in access logs and browser history. So
 the page asks for the operator key once, keeps it in sessionStorage (this
-tab only, gone when it closes) and sends it as a Bearer header on each
-fetch. With keys off it never asks.
+tab only) and sends it as a Bearer header on each fetch.
 
-The figures are /server_info's, reshaped by `dashboard_view`, which is pure
-(dicts in, dict out) so both deployments share it: a colocated engine is
-one pool; a router reports each worker's pool from its last heartbeat.
+`dashboard_view` reshapes /server_info's figures; it is pure (dicts in,
+dict out) so both deployments share it: a colocated engine is one pool, a
+router reports each worker's pool from its last heartbeat.
 """
 
 from __future__ import annotations
@@ -108,9 +104,8 @@ def add_dashboard_routes(app: FastAPI, figures: Callable[[], dict],
 
 
 def _sample_while_serving(app: FastAPI, history: DashboardHistory) -> None:
-    """Run the sampler from the server's start to its shutdown, around
-    whatever lifespan the app already has (so the plots have points from
-    the start, before any page is open)."""
+    """Run the sampler from the server's start (before any page is open) to
+    its shutdown, around whatever lifespan the app already has."""
     inner = app.router.lifespan_context
 
     @asynccontextmanager

@@ -1,18 +1,14 @@
-"""/dashboard's plots: the last minutes, sampled on the server.
+"""/dashboard's plots: the last ten minutes, sampled on the server, so that a
+page opened later still draws them. The sampler runs on the event loop, the
+thread that answers /dashboard/data: a point reads exactly what a poll would,
+with no lock of its own.
 
-A ring buffer of points, one every PERIOD_S, SPAN_S long, so that a page
-opened later still draws the last ten minutes. The sampler runs on the
-event loop, the thread that answers /dashboard/data: a point reads exactly
-what a poll would (dashboard_view's figures), with no lock of its own.
-
-A point holds what the plots draw, already as rates where the figures are
-running totals (output tokens and throttled requests per second, from the
-totals' change since the previous point; a total that went down, a worker
-that restarted, counts as no change), and the median and p99 time to
-first token of the requests whose first token came in the last
-TTFT_WINDOW_S (raw times: the Prometheus histogram's buckets are too coarse
-for a p99 of a few dozen requests). Memory is bounded: SPAN_S / PERIOD_S
-points, and at most MAX_TTFT_SAMPLES times.
+A point holds what the plots draw: rates where the figures are running
+totals (a total that went down, a worker that restarted, counts as no
+change), and the median and p99 time to first token over the last
+TTFT_WINDOW_S from raw times (the Prometheus histogram's buckets are too
+coarse for a p99 of a few dozen requests). Memory is bounded: SPAN_S /
+PERIOD_S points, and at most MAX_TTFT_SAMPLES times.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ POOL_STATES = ("owned", "cached", "dirty", "free")
 
 
 class FirstTokenTimes:
-    """Times to first token of the last window_s seconds. Request handlers
-    add, the sampler reads; both on the event loop."""
+    """Times to first token of the last window_s seconds (added and read on the event loop)."""
 
     def __init__(self, window_s: float = TTFT_WINDOW_S, clock: Callable[[], float] = time.monotonic):
         self.window_s = window_s

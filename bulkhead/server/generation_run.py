@@ -17,8 +17,7 @@ from bulkhead.errors import BulkheadError
 from bulkhead.server.inflight import InFlight, until_cancelled
 from bulkhead.server.params import prompt_only
 from bulkhead.server.responses import envelope, sse, usage
-from bulkhead.server.tool_stream import HeldChoice
-from bulkhead.server.tools import ToolPlan
+from bulkhead.server.tools import HeldChoice, ToolPlan
 
 if TYPE_CHECKING:
     from bulkhead.server.app import ServerState
@@ -32,10 +31,8 @@ class GenerationRun:
     def __init__(self, state: ServerState, rid, tenant, endpoint, tickets, chat, prompt_tokens, body,
                  entry: InFlight, tools: ToolPlan | None = None):
         self.state, self.rid, self.tenant, self.endpoint = state, rid, tenant, endpoint
-        self.tickets, self.chat, self.prompt_tokens, self.body = tickets, chat, prompt_tokens, body
-        self.entry = entry
+        self.tickets, self.chat, self.prompt_tokens, self.body, self.entry = tickets, chat, prompt_tokens, body, entry
         self.tools = tools  # an answer may be tool calls: parsed once whole, then sent
-        self.kind = "chat.completion" if chat else "text_completion"
         # What the response names as its model: the adapter the request named, else the base model.
         self.model = tickets[0].adapter.name if tickets[0].adapter is not None else state.model_id
         self.started = time.monotonic()
@@ -48,9 +45,6 @@ class GenerationRun:
         self.prompt_only = prompt_only(body)  # echo with max_tokens 0: the one sampled token is dropped
 
     def _outputs(self):
-        """The backend's outputs for every choice; with prompt_only, each
-        without its sampled token (a finished one ends for "length", as a
-        completion of max_tokens 0 would)."""
         outputs = until_cancelled(self.state.backend.generate(self.tickets), self.entry.cancelled)
         return without_completion(outputs) if self.prompt_only else outputs
 
@@ -117,39 +111,34 @@ class GenerationRun:
             raise
         choices = []
         for i in range(n):
-            if self.echo:
-                c = {"index": i, "finish_reason": reasons[i],
-                     "logprobs": self._echoed_logprobs(i, prompt_lps[i], lps[i])}
-                texts[i] = self.echo_texts[i] + texts[i]
-            else:
-                c = {"index": i, "finish_reason": reasons[i], "logprobs": self._logprobs(lps[i])}
-            if self.chat:
+            logprobs = self._echoed_logprobs(i, prompt_lps[i], lps[i]) if self.echo else self._logprobs(lps[i])
+            c = {"index": i, "finish_reason": reasons[i], "logprobs": logprobs}
+            content, calls = self.tools.parse(texts[i]) if self.tools is not None else (texts[i], [])
+            if calls:
+                c["message"] = {"role": "assistant", "content": content,
+                                "tool_calls": [call.to_dict() for call in calls]}
+                c["finish_reason"] = "tool_calls"
+            elif self.chat:
                 c["message"] = {"role": "assistant", "content": texts[i]}
-                if self.tools is not None:
-                    content, calls = self.tools.parse(texts[i])
-                    if calls:
-                        c["message"] = {"role": "assistant", "content": content,
-                                        "tool_calls": [call.to_dict() for call in calls]}
-                        c["finish_reason"] = "tool_calls"
             else:
-                c["text"] = texts[i]
+                c["text"] = self.echo_texts[i] + texts[i]
             choices.append(c)
         self._done(200, sum(counts))
-        return envelope(self.kind, self.entry.request_id, self.model, choices,
-                        usage(self.prompt_tokens, sum(counts)))
+        return envelope("chat.completion" if self.chat else "text_completion", self.entry.request_id, self.model,
+                        choices, usage(self.prompt_tokens, sum(counts)))
 
     async def stream(self):
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        model = self.model
-        counts = [0] * len(self.tickets)
-        offsets = [0] * len(self.tickets)
+        def chunk(choices: list[dict], usage_: dict | None = None) -> str:
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            return sse(envelope(kind, self.entry.request_id, self.model, choices, usage_))
+
+        counts, offsets = [0] * len(self.tickets), [0] * len(self.tickets)
         echoed = [not self.echo] * len(self.tickets)  # the prompt goes out in a choice's first chunk
         held = [HeldChoice() for _ in self.tickets]  # with tools: each answer, until it is whole
         if self.chat:
             for i in range(len(self.tickets)):
-                yield sse(envelope(kind, self.entry.request_id, model, [
-                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None}]))
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
         try:
             async for i, out in self._outputs():
                 if out.error is not None:
@@ -159,8 +148,8 @@ class GenerationRun:
                 self._observe(out)
                 counts[i] = out.completion_tokens
                 if self.tools is not None:  # chat only, so never with echo (a completions field)
-                    for chunk in held[i].take(out, i, self.tools, self._logprobs):
-                        yield sse(envelope(kind, self.entry.request_id, model, [chunk]))
+                    for choice in held[i].take(out, i, self.tools, self._logprobs):
+                        yield chunk([choice])
                     continue
                 if not out.text and not out.finished and not out.logprobs and echoed[i]:
                     continue
@@ -178,7 +167,7 @@ class GenerationRun:
                     choice["delta"] = {"content": text} if text else {}
                 else:
                     choice["text"] = text
-                yield sse(envelope(kind, self.entry.request_id, model, [choice]))
+                yield chunk([choice])
         except asyncio.CancelledError:
             self._done(499, sum(counts))
             raise
@@ -188,15 +177,15 @@ class GenerationRun:
             return
         opts = self.body.stream_options
         if opts is not None and opts.include_usage:
-            yield sse(envelope(kind, self.entry.request_id, model, [], usage(self.prompt_tokens, sum(counts))))
+            yield chunk([], usage(self.prompt_tokens, sum(counts)))
         self._done(200, sum(counts))
         yield sse("[DONE]")
 
 
 async def without_completion(outputs):
     """Echo with max_tokens 0: each output without the token the engine
-    sampled. Closing this closes `outputs` at once, whose cleanup aborts the
-    engine's requests (as leaving it directly would)."""
+    sampled (a finished one ends for "length", as max_tokens 0 would).
+    Closing this closes `outputs` at once, whose cleanup aborts the engine's requests."""
     try:
         async for i, out in outputs:
             yield i, replace(out, token_ids=(), text="", logprobs=(), completion_tokens=0,

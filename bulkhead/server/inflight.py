@@ -1,10 +1,11 @@
 """Requests in flight, addressable by id only by the tenant that sent them.
 
-`GET /v1/requests/{id}` reads one, `DELETE` cancels it. The registry is keyed
-by (tenant, id): another tenant's id is not found exactly as an unknown one
-is, so a tenant cannot even learn that another's request exists. Engine
-request ids stay server-made and unique; the public id (a client's
-X-Request-Id, else the response id) is only a name within its tenant.
+`GET /v1/requests/{id}` reads one, `DELETE` cancels it (add_request_routes).
+The registry is keyed by (tenant, id): another tenant's id is not found
+exactly as an unknown one is, so a tenant cannot even learn that another's
+request exists. Engine request ids stay server-made and unique; the public
+id (a client's X-Request-Id, else the response id) is only a name within
+its tenant.
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
 
 from bulkhead.errors import Conflict, InvalidRequest, NotFound, RequestCancelled
 
 # A client-chosen id is echoed in responses and logs: keep it short and plain.
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# DELETE waits this long for the request to end, so that a 200 usually means
+# its pages are already on their way back to the pool; after it, the answer
+# says "cancelling" and the request still ends on its own.
+CANCEL_WAIT_S = 5.0
 
 
 def client_request_id(header: str | None) -> str | None:
@@ -97,10 +104,7 @@ class InFlightRequests:
 
 async def until_cancelled(updates: AsyncIterator, cancelled: asyncio.Event) -> AsyncIterator:
     """Yield from `updates` until it ends; raise RequestCancelled once `cancelled` is set.
-
-    Leaving early in any way closes `updates`, whose own cleanup aborts the
-    engine's requests, so their pages go back to the pool scrubbed.
-    """
+    Leaving early in any way closes `updates`, whose cleanup aborts the engine's requests."""
     waiter = asyncio.ensure_future(cancelled.wait())
     step = None
     try:
@@ -121,3 +125,17 @@ async def until_cancelled(updates: AsyncIterator, cancelled: asyncio.Event) -> A
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await step
         await updates.aclose()
+
+
+def add_request_routes(app: FastAPI, inflight: InFlightRequests, tenant_of: Callable[[Request], str]) -> None:
+    @app.get("/v1/requests/{request_id}")
+    async def read_request(request_id: str, request: Request):
+        return inflight.get(tenant_of(request), request_id).view()
+
+    @app.delete("/v1/requests/{request_id}")
+    async def cancel_request(request_id: str, request: Request):
+        entry = inflight.get(tenant_of(request), request_id)
+        entry.cancelled.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(entry.ended.wait(), CANCEL_WAIT_S)
+        return entry.view()

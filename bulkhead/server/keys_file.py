@@ -6,34 +6,38 @@
     [operators]                   # optional: keys for /metrics and /server_info
     "sk-ops-..." = "ops"          # key = a name for the logs
 
-    [tenants.alpha]               # optional (bulkhead.server.tenants)
+    [tenants.alpha]               # optional: limits (bulkhead.server.tenants)
     weight = 2
 
-    [tenants.alpha.adapters]      # optional (bulkhead.server.adapter_table)
-    sql = "/srv/adapters/alpha-sql"
+    [tenants.alpha.adapters]      # optional: the tenant's LoRA adapters, name = a PEFT directory
+    sql = "/srv/adapters/alpha-sql"   # relative paths: to the keys file's directory
+
+An adapter name is what the tenant's requests put in `model`; two tenants
+may each have one called `sql`, and neither sees the other's. It may not be
+the base model's name (a request naming that gets the base model).
 
 Two kinds of mistake, because a reload must never keep a removed key alive:
-
-- KeyFileUnreadable: the file is not TOML, or has no [keys] table at all.
-  Nothing in it can be trusted to be what the operator meant (an editor that
-  truncates the file before writing it must not revoke everyone), so a
-  reload keeps the last good keys and says loudly that revocations in the
-  file are not in force. Revoking every key takes an explicit, empty [keys].
-- Anything else (a bad entry, a key that is both a tenant's and an
-  operator's, a mistake in the tenant table) is a problem the parse records
-  and gets past *closed*: a bad entry authorises nothing, and the tenant
-  table is refused whole (policies None) while [keys] and [operators] still
-  apply. Start-up refuses every problem; a reload applies what it can.
+KeyFileUnreadable (not TOML, or no [keys] table: nothing in it can be
+trusted, and an editor that truncates the file must not revoke everyone),
+after which a reload keeps the last good keys and says loudly that
+revocations in the file are not in force; and anything else (a bad entry, a
+key both a tenant's and an operator's, a mistake in the tenant table), which
+the parse records and gets past *closed*: a bad entry authorises nothing, a
+tenant table with a mistake is refused whole while [keys] and [operators]
+apply. Start-up refuses every problem; a reload applies what it can.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkhead.server.adapter_table import parse_adapter_tables
 from bulkhead.server.tenants import TenantPolicy, TenantTableError, entry_line, parse_tenant_table
+
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 
 class KeyFileUnreadable(TenantTableError):
@@ -74,13 +78,13 @@ def parse_key_file(text: str, source: str, env_keys: dict[str, str] | None = Non
                         "(it opens nothing until one entry goes)")
         keys.pop(key, None)
         del operators[key]
+    tenants = set(keys.values()) | set(env_keys.values())
     try:
-        policies = parse_tenant_table(data.get("tenants"), set(keys.values()) | set(env_keys.values()), source, text)
+        policies = parse_tenant_table(data.get("tenants"), tenants, source, text)
     except TenantTableError as e:
         problems.append(str(e))
         policies = None
-    adapters = parse_adapter_tables(data.get("tenants"), source, text, base_model_id, problems)
-    tenants = set(keys.values()) | set(env_keys.values())
+    adapters = _adapter_tables(data.get("tenants"), source, text, base_model_id, problems)
     adapters = {t: names for t, names in adapters.items() if t in tenants}  # an unknown tenant: already a problem
     return KeyFile(keys, operators, policies, adapters, tuple(problems))
 
@@ -97,3 +101,30 @@ def _key_table(table: object, name: str, what: str, source: str, text: str, prob
             problems.append(f"{source}:{entry_line(text, name, key)}: [{name}] the {what} of a key must be "
                             f"a non-empty string, got {value!r}")
     return good
+
+
+def _adapter_tables(tenants: object, source: str, text: str, base_model_id: str | None,
+                    problems: list[str]) -> dict[str, dict[str, Path]]:
+    """{tenant: {adapter name: directory}}; a mistake leaves its entry out (it serves nobody)."""
+    out: dict[str, dict[str, Path]] = {}
+    for tenant, entry in (tenants.items() if isinstance(tenants, dict) else ()):
+        table = entry.get("adapters") if isinstance(entry, dict) else None
+        if table is None:
+            continue
+        section = f"tenants.{tenant}.adapters"
+        if not isinstance(table, dict):
+            problems.append(f"{source}:{entry_line(text, section)}: [{section}] must be a table of "
+                            "name = \"directory\"")
+            continue
+        for name, directory in table.items():
+            at = f"{source}:{entry_line(text, section, name)}: [{section}] {name}"
+            if not _ADAPTER_NAME.fullmatch(name):
+                problems.append(f"{at}: an adapter name is letters, digits and . _ : / - (at most 128), "
+                                f"starting with a letter or digit, got {name!r}")
+            elif name == base_model_id:
+                problems.append(f"{at}: the base model's name; requests naming it get the base model")
+            elif not isinstance(directory, str) or not directory:
+                problems.append(f"{at}: must be a directory path as a string, got {directory!r}")
+            else:
+                out.setdefault(tenant, {})[name] = Path(source).parent / Path(directory).expanduser()
+    return out

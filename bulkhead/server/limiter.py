@@ -1,10 +1,9 @@
-"""Per-tenant request limits, checked before anything is submitted.
-
-A request over one of its tenant's limits (bulkhead.server.tenants) is
-refused with a typed 429 naming the limit and its value, and a Retry-After;
-it never reaches the engine, so no page is allocated for it. Concurrency and
-queue depth are counted from the in-flight registry (nothing to leak: an
-entry leaves it however its request ends); rates are token buckets.
+"""Per-tenant request limits (bulkhead.server.tenants), checked before
+anything is submitted: a request over one is a typed 429 naming the limit
+and its value, with a Retry-After, and never reaches the engine.
+Concurrency and queue depth are counted from the in-flight registry
+(nothing to leak: an entry leaves however its request ends); rates are
+token buckets.
 """
 
 from __future__ import annotations

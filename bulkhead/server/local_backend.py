@@ -1,9 +1,4 @@
-"""The colocated backend: one process, the engine thread beside the HTTP server.
-
-The `Backend` contract it implements, and `engine_info` (the `/server_info`
-body it reports), live in bulkhead.serving, so that the disaggregated router
-implements the same contract without importing this package.
-"""
+"""The colocated backend: one process, the engine thread beside the HTTP server."""
 
 from __future__ import annotations
 
@@ -24,8 +19,6 @@ from bulkhead.serving.info import engine_info
 
 
 class LocalBackend(Backend):
-    """One process: the engine thread runs beside the HTTP server."""
-
     def __init__(self, built: BuiltEngine, model_id: str, auth: str):
         self.built = built
         self.tokenizer = built.tokenizer
@@ -38,11 +31,8 @@ class LocalBackend(Backend):
         return self.built.limits
 
     async def generate(self, tickets):
-        """Submit tickets together; yield (ticket index, update) until all finish.
-
-        Leaving the iterator early (client gone, error, cancellation) aborts
-        every unfinished ticket, so its pages go back to the pool scrubbed.
-        """
+        """Submit tickets together; yield (ticket index, update) until all
+        finish. Leaving early aborts every unfinished ticket (its pages scrubbed)."""
         engine = self.built.engine
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
@@ -74,9 +64,7 @@ class LocalBackend(Backend):
     def tenant_stats(self) -> dict[str, dict]:
         return self.built.engine.scheduler.tenant_stats()
 
-    def fleet_figures(self) -> FleetFigures:
-        """Read from the engine thread's state at scrape time (lengths and
-        counts only, as EngineCollector reads them)."""
+    def fleet_figures(self) -> FleetFigures:  # lengths and counts read at scrape time, as EngineCollector's
         engine = self.built.engine
         ledger, sched = engine.ledger, engine.scheduler
         cached = len(ledger.pages_of(CACHE_OWNER))

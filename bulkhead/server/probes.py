@@ -1,18 +1,15 @@
-"""Liveness and readiness, as Kubernetes probes read them.
+"""Liveness and readiness, as Kubernetes probes read them; open without a
+key, like a load balancer's probe (the reasons name workers, files and
+errors, never a tenant).
 
-    GET /health   liveness: 200 {"status": "ok"} whenever the HTTP loop
-                  answers. It never depends on the workers or the lineage
-                  log: a livenessProbe that failed on those would restart a
-                  process that a restart cannot mend (a full disk, a drained
-                  decode worker) and lose the lineage records it still holds.
-    GET /ready    readiness: 200 {"status": "ready"} while a new request can
-                  be served; 503 in the OpenAI error shape (code "not_ready")
-                  naming every reason otherwise: the server is shutting
-                  down, no prefill/decode pair takes requests (the backend's
-                  `not_ready()`), a lineage log cannot be written.
-
-Both are open without a key, like a load balancer's probe: the reasons name
-workers, files and errors, never a tenant.
+    GET /health   200 whenever the HTTP loop answers. Never depends on the
+                  workers or the lineage log: a livenessProbe failing on
+                  those would restart a process a restart cannot mend (a
+                  full disk, a drained decode worker) and lose the lineage
+                  records it still holds.
+    GET /ready    200 while a new request can be served; else 503 in the
+                  OpenAI error shape (code "not_ready") naming every reason:
+                  shutting down, the backend's `not_ready()`.
 """
 
 from __future__ import annotations
@@ -43,8 +40,6 @@ class NotReady(BulkheadError):
 
 
 def add_probe_routes(app: FastAPI, backend: Backend, stopping: Callable[[], bool]) -> None:
-    """stopping: True once the HTTP server was told to exit (SIGTERM)."""
-
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -53,5 +48,5 @@ def add_probe_routes(app: FastAPI, backend: Backend, stopping: Callable[[], bool
     async def ready():
         reasons = ([SHUTTING_DOWN] if stopping() else []) + backend.not_ready()
         if reasons:
-            raise NotReady(reasons)  # error_handlers.py answers it in the OpenAI shape
+            raise NotReady(reasons)  # app.add_error_handlers answers it in the OpenAI shape
         return {"status": "ready"}

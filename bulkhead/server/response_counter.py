@@ -1,13 +1,12 @@
 """Count every HTTP response by status and reason, refusals included.
 
-A refusal can happen before any route runs (a 413 from BodyLimit, a 404 for
-an unknown path, malformed JSON), so the count is taken here, outermost,
-from what is sent: the status line and, for an error, the OpenAI error
-body's `code` as the reason. The tenant label is set only where a route
-accepted the key (`scope["state"]["tenant"]`, put there by the app's
-tenant_of): a refused key names no tenant, and the label must not become a
-way to enumerate them. The endpoint is the route's template, never the raw
-path, so a client cannot grow the label set.
+A refusal can happen before any route runs (BodyLimit's 413, an unknown
+path, malformed JSON), so the count is taken here, outermost, from what is
+sent: the status, and an error body's `code` as the reason. The tenant
+label is set only where a route accepted the key (the app's tenant_of puts
+it in `scope["state"]`): a refused key must not become a way to enumerate
+tenants. The endpoint is the route's template, never the raw path, so a
+client cannot grow the label set.
 """
 
 from __future__ import annotations

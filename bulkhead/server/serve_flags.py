@@ -1,10 +1,8 @@
 """`bulkhead serve`'s command line: every flag, in the groups an operator reads.
 
-Plain `--help` shows what a deployment needs (at most 25 flags); `--help-all`
-adds the tuning knobs, the kernel and precision overrides and the developer
-and benchmark switches, which parse the same either way. Each help is one
-to three lines at 80 columns, and every flag with a value shows its default
-(tests/server/test_serve_help.py). The long stories live in docs/.
+Plain `--help` shows what a deployment needs; `--help-all` adds the tuning,
+kernel and developer switches, which parse the same either way
+(tests/server/test_serve_help.py holds its limits). The long stories live in docs/.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ ROLES = ("local", "colocated", "router", "prefill", "decode")
 
 
 class ServeHelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to every flag whose default is a value; a flag
-    whose default is worked out at start-up (None) says so in its own words."""
+    """Appends "(default: X)" where the default is a value (None: the help says what)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

@@ -1,10 +1,8 @@
-"""A request's output constraint: `response_format`, vLLM's `guided_*`, or its tools.
-
-Turns what the client asked into one llguidance grammar (text), checked by
-the library against the model's vocabulary before anything is admitted: a
-schema it cannot compile is a 400 naming the field and the library's
-reason. The grammar then rides in the sampling parameters to whichever
-engine samples (bulkhead/engine/grammar_mask.py). Torch-free.
+"""A request's output constraint: `response_format`, vLLM's `guided_*`, or its
+tools, as one llguidance grammar (text), checked against the model's
+vocabulary before anything is admitted: a schema the library cannot compile
+is a 400 naming the field and its reason. The grammar rides in the sampling
+parameters to whichever engine samples (engine/grammar_mask.py). Torch-free.
 """
 
 from __future__ import annotations
@@ -39,10 +37,7 @@ class GrammarCompiler:
         with self._lock:
             if self._tok is None:
                 self._tok = guidance.tokenizer(self._source.to_json(), self._vocab_size(), ())
-        try:
-            guidance.check(grammar, self._tok)
-        except guidance.GrammarError as e:
-            raise _bad(f"{param}: the grammar library cannot compile it: {e}", param, "invalid_schema") from None
+        _compiled(param, lambda: guidance.check(grammar, self._tok))
         return grammar
 
 

@@ -1,23 +1,9 @@
-"""The tenant table of keys.toml: per-tenant weights, KV shares and limits.
-
-    [keys]
-    "sk-alpha-..." = "alpha"
-
-    [tenants.alpha]          # optional; a tenant without an entry gets the defaults
-    weight = 2               # fair-queue weight: twice the service of a weight-1 tenant
-    kv_share = 0.5           # pool fraction kept under page pressure (default: fair share)
-    max_concurrent = 8       # requests in flight at once
-    max_queued = 4           # requests in flight that have no token yet
-    requests_per_minute = 120
-    tokens_per_minute = 200000   # prompt + max_tokens of each request, charged on admission
-
-    [tenants.alpha.adapters] # the tenant's own LoRA adapters (bulkhead.server.adapter_table)
-    sql = "/srv/adapters/alpha-sql"
-
-Every limit is optional. A mistake (a tenant no key names, a weight <= 0, a
-limit that is not a number, an unknown field) is a TenantTableError naming
-the entry and its line: `serve` refuses to start on it, a reload keeps the
-last good table.
+"""The [tenants.NAME] tables of keys.toml (bulkhead.server.keys_file): each
+tenant's weight, KV share and limits, every one optional (a tenant without
+an entry gets DEFAULT_POLICY). A mistake (a tenant no key names, a weight
+<= 0, a limit that is not a number, an unknown field) is a
+TenantTableError naming the entry and its line: `serve` refuses to start
+on it, a reload keeps the last good table.
 """
 
 from __future__ import annotations
@@ -43,7 +29,7 @@ class TenantPolicy:
     max_queued: int | None = None
     # Token buckets refilled continuously; a burst of a minute's worth is allowed.
     requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
+    tokens_per_minute: float | None = None  # prompt + max_tokens of each request, charged on admission
 
 
 DEFAULT_POLICY = TenantPolicy()
@@ -77,7 +63,7 @@ def parse_tenant_table(table: object, known_tenants: set[str], source: str, text
         values = {}
         for name, value in entry.items():
             if name == "adapters":
-                continue  # the tenant's LoRA adapters: bulkhead.server.adapter_table
+                continue  # the tenant's LoRA adapters: keys_file._adapter_tables
             at = f"{source}:{entry_line(text, f'tenants.{tenant}', name)}: [tenants.{tenant}] {name}"
             if name not in _RULES:
                 raise TenantTableError(f"{at}: unknown field (known: {', '.join(_RULES)})")

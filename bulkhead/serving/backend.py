@@ -1,9 +1,5 @@
 """What the HTTP layer serves from: a local engine, or a disaggregated cluster.
-
-A backend provides the tokenizer, the live limits (admission reads them on
-every request), a `generate(tickets)` async iterator, the `/server_info`
-body and a Prometheus collector for its own state. Torch-free: the router
-process implements it.
+Torch-free: the router process implements it.
 """
 
 from __future__ import annotations
@@ -12,14 +8,13 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from bulkhead.errors import InvalidRequest
 from bulkhead.protocol.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from bulkhead.serving.fleet_metrics import FleetFigures
 
-# The engine's and the model's types, by name only: this package sits below
-# both and imports neither (tests/test_layout.py), so an implementation
-# passes them in.
+# The engine's and the model's types, by name only: this package sits below both.
 Limits = Any  # bulkhead.engine.admission.Limits
 Admitted = Any  # bulkhead.engine.admission.Admitted
 Tokenizer = Any  # bulkhead.model.tokenizer.Tokenizer
@@ -84,7 +79,5 @@ class Backend(ABC):
 
 
 def _no_workers():
-    from bulkhead.errors import InvalidRequest
-
     return InvalidRequest("this server runs colocated: it has no workers to list, drain or resume",
                           code="no_workers")

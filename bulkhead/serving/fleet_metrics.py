@@ -3,8 +3,7 @@ names its model-server protocol documents.
 
 The Kubernetes Gateway API Inference Extension's endpoint picker (EPP), and
 llm-d's scheduler built on it, scrape each model server's Prometheus text
-and read, by default, vLLM's names (the protocol's table, and the EPP's
-`--*-metric` flags whose defaults these are):
+and read vLLM's names by default (the EPP's `--*-metric` flags):
 
     TotalQueuedRequests    vllm:num_requests_waiting   gauge
     TotalRunningRequests   vllm:num_requests_running   gauge
@@ -12,18 +11,13 @@ and read, by default, vLLM's names (the protocol's table, and the EPP's
     LoRA adapters          vllm:lora_requests_info     gauge (labels; value: a timestamp)
     cache config           vllm:cache_config_info      gauge (labels block_size, num_gpu_blocks)
 
-The LoRA family lists adapters by name for the EPP's adapter affinity, but
-bulkhead's adapters are tenant-private (docs/adapters.md): two tenants may
-each have an adapter called `sql`, so routing by name would treat them as
-one, and every worker loads any registered adapter on first use anyway.
-bulkhead advertises none: max_lora 0, no adapter running or waiting (a
-series with both adapter lists empty is skipped by the EPP). Leaving the
-family out would make the EPP log "metric family not found" every scrape.
-
-No family has a tenant label: these are the whole server's load, one number
-each. They are still an operator's figures (the whole server's load moves
-with every tenant's requests), so they sit behind the operator key like the
-rest of /metrics (bulkhead/server/fleet_routes.py).
+bulkhead's adapters are tenant-private (two tenants may each have an `sql`),
+so routing by adapter name would treat them as one: the LoRA family
+advertises none (the EPP skips a series with both lists empty; leaving the
+family out would make it log "metric family not found" every scrape). No
+family has a tenant label, but the whole server's load moves with every
+tenant's requests, so they sit behind the operator key like the rest of
+/metrics (bulkhead/server/operator_routes.py).
 """
 
 from __future__ import annotations

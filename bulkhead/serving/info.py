@@ -1,16 +1,12 @@
 """The `/server_info` body of one engine: every live limit and setting.
 
-Reported by the colocated backend (server.local_backend) and by every
-disaggregated worker (disagg.worker_common), whose router compares the
-pairing keys across workers. It reads a built engine (engine.builder's
-BuiltEngine, typed here by the Protocol below: serving sits below the
-engine and the model and imports neither), so only processes that hold an
-engine call it.
+Reported by the colocated backend and by every disaggregated worker, whose
+router compares the pairing keys across workers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from bulkhead import __version__
 from bulkhead.kv.layout import K_PAGE_ORDER, POOL_ORDER
@@ -18,23 +14,9 @@ from bulkhead.kv.prefix_cache import CACHE_OWNER
 from bulkhead.serving.memory import rss_bytes
 
 
-class BuiltEngine(Protocol):
-    """What this body reads of bulkhead.engine.builder.BuiltEngine."""
-    engine: Any  # engine.engine.Engine: its ledger, pool, scheduler.config, stats and lineage
-    limits: Any  # engine.admission.Limits
-    config: Any  # engine.engine_config.EngineConfig
-    clamped: bool
-    layout: Any  # kv.layout.KVLayout
-    decode_row_multiple: int
-    linear_kernel: str
-    lm_head_kernel: str
-    decode_attention: str
-    decode_glue: str
-    prefill_attention: str
-    prefill_glue: str
-    matmul_precision: str  # the linear kernel's and the lm_head's, as model.kernel_names words them
-    sampling_defaults: dict  # the model's generation_config.json temperature/top_p/top_k
-    weights_info: dict  # each tensor group's stored format and the kernel that runs it (model.weight_format)
+# engine.builder.BuiltEngine, by name only (serving imports no engine): what
+# engine_info and pool_bytes read of it is all they read.
+BuiltEngine = Any
 
 
 def _owned_by_tenant(ledger) -> dict[str, int]:
@@ -88,8 +70,7 @@ def engine_info(built: BuiltEngine, model_id: str, role: str) -> dict:
         "linear_kernel": built.linear_kernel,
         "matmul_precision": built.matmul_precision,
         "lm_head_kernel": built.lm_head_kernel,
-        # Each tensor group's stored format and the kernel that runs it (bulkhead.model.weight_format.describe).
-        "weights": built.weights_info,
+        "weights": built.weights_info,  # each tensor group's stored format and the kernel that runs it
         "decode_attention": built.decode_attention,
         "decode_glue": built.decode_glue,
         "prefill_attention": built.prefill_attention,

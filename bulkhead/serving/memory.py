@@ -1,16 +1,9 @@
 """What a process holds resident, for /server_info's `memory` section, and
 handing freed heap back to the operating system. Torch-free: the router
-reports its own with it.
-
-`memory` in /server_info (operators only, as all of it):
-
-    rss_bytes        each process's resident set (VmRSS): "router", then each
-                     worker by name; "colocated" for the one-process server
-    kv_pool_bytes    each worker's KV pool (its page tensor), part of its RSS
-                     once its pages have been touched (the pool is zeroed at start)
-    rss_beyond_kv_pools_bytes   the sum of rss_bytes less the sum of kv_pool_bytes
-
-docs/operations.md accounts for what makes up the rest.
+reports its own with it. The section: `rss_bytes` (VmRSS) by process
+("router", each worker by name, or "colocated"), `kv_pool_bytes` by worker
+(part of its RSS once its pages are touched), `rss_beyond_kv_pools_bytes`
+(the sums' difference; docs/operations.md accounts for it).
 """
 
 from __future__ import annotations
@@ -35,14 +28,10 @@ def release_freed_heap() -> bool:
     fp32 weights and the packing's temporaries, freed once the weights are
     laid out, otherwise stay resident in the allocator's free lists (measured:
     ~170 MB a worker). False where the C library has no malloc_trim."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+    try:  # CDLL(None), where no libc is found by name, is the process's own symbols
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     except (OSError, AttributeError):
         return False
-    if trim is None:
-        return False
-    trim(0)
     return True
 
 

@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 def tenant_metrics(stats: dict[str, dict]):
-    """Fair-share state per tenant (bulkhead.engine.scheduler.tenant_stats).
+    """Fair-share state per tenant (bulkhead.engine.scheduler.Scheduler.tenant_stats).
     Ids and counts only; /metrics needs an operator key when keys are on."""
     service = GaugeMetricFamily("bulkhead_tenant_service", "Fair-queue virtual counter (weighted tokens served)",
                                 labels=["tenant"])

@@ -67,5 +67,4 @@ def build_sim_engine(geo: SimGeometry, num_pages: int, worker: str, on_bad_read,
     tokenizer = CanaryTokenizer()
     engine = Engine(scheduler, runner, Sampler((EOS,)), pool, tokenizer, prefill_only=prefill_only)
     limits = Limits(context_length=context, pool_tokens=pool.num_tokens, page_size=geo.page_size, vocab_size=VOCAB)
-    return BuiltEngine(engine, tokenizer, limits, config, clamped=context < geo.model_context, layout=layout,
-                       model_config=None)
+    return BuiltEngine(engine, tokenizer, limits, config, clamped=context < geo.model_context, layout=layout)

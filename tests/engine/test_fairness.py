@@ -191,7 +191,7 @@ def test_first_come_first_served_is_an_order_chosen_once_not_a_branch_in_every_f
     import inspect
 
     from bulkhead.engine import chunk_planning, fair_queue, page_growth, prefix_pins, scheduler_integrity
-    from bulkhead.engine.first_come import FirstComeFirstServed
+    from bulkhead.engine.prefill_order import FirstComeFirstServed
     from bulkhead.engine.prefill_order import LeastServedFirst
 
     assert isinstance(make(fair=False).order, FirstComeFirstServed)

@@ -3,7 +3,7 @@ or as OpenAI's tool_calls deltas with finish_reason "tool_calls"."""
 import json
 
 from bulkhead.engine.outputs import RequestOutput
-from bulkhead.server.tool_stream import HeldChoice
+from bulkhead.server.tools import HeldChoice
 from bulkhead.server.tools import tool_plan
 
 PLAN = tool_plan([{"type": "function", "function": {"name": "f"}}], "auto", None)
