@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def _who_read(args: argparse.Namespace, logs: list[Path]) -> int:
         return EXIT_USAGE
     reads = who_read(logs, args.tenant, since, args.include_own, args.include_scrubbed)
     if args.json:
-        print(json.dumps([r.to_dict() for r in reads], indent=1))
+        print(json.dumps([asdict(r) for r in reads], indent=1))
         return EXIT_OK
     print(f"{len(reads)} reads of tenant {args.tenant}'s KV")
     for r in reads:
