@@ -19,8 +19,6 @@ class ProbeFinding:
 
 
 class Canaries:
-    """Per-run canaries, each owned by one tenant; scans responses for foreign ones."""
-
     def __init__(self) -> None:
         self._owner: dict[str, str] = {}
         self._lock = threading.Lock()

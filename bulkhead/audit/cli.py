@@ -4,7 +4,6 @@ adds `plan`, `preflight` and `probe`, each with `func(args) -> exit code`."""
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
 
 from bulkhead.audit.plan import DEFAULT_ACTIVATION_RESERVE, DEFAULT_MEM_FRACTION, run_plan
 from bulkhead.audit.preflight import DEFAULT_TIMEOUT_S, run_preflight
@@ -115,10 +114,3 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         add_arguments(parser)
         parser.set_defaults(func=run)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bulkhead", description="bulkhead audit commands")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_subcommands(subparsers)
-    args = parser.parse_args(argv)
-    return args.func(args)

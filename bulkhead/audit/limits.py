@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("colocated", "prefill", "decode", "router", "unknown")
@@ -45,6 +45,3 @@ class EngineLimits:
     # engine reports no separate input limit, so there is nothing to compare.
     input_margin: int | None = None
     behind: str | None = None  # the router URL this worker was listed by
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -108,7 +108,6 @@ def render_text(plan: CapacityPlan, context_source: str) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """The `plan` subcommand; prints the plan and returns the exit code."""
     try:
         inputs = build_inputs(args)
         plan = plan_capacity(inputs)

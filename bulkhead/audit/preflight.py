@@ -121,7 +121,6 @@ def audit(targets: list[EngineTarget], client: httpx.Client) -> PreflightReport:
 
 
 def run_preflight(args: argparse.Namespace, transport: httpx.BaseTransport | None = None) -> int:
-    """The `preflight` subcommand; prints the report and returns the exit code."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     # trust_env=False: limits must come from the engine itself, not via a
     # proxy picked up from the environment.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def render_table(report: PreflightReport) -> str:
 
 def render_json(report: PreflightReport) -> str:
     return json.dumps({
-        "records": [r.as_dict() for r in report.records],
+        "records": [asdict(r) for r in report.records],
         "findings": [{"check": f.check, "urls": list(f.urls), "message": f.message} for f in report.findings],
         "unreadable": [{"url": u.url, "reason": u.reason} for u in report.unreadable],
         "exit_code": report.exit_code,

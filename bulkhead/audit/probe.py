@@ -75,6 +75,11 @@ class Probe:
         topic = TOPICS[index % len(TOPICS)]
         return f"Reference {canary}. Reference {canary}.\nWrite one short sentence about {topic}:"
 
+    def _jobs(self, count: int, max_tokens: int) -> list[Job]:
+        """count greedy canary prompts, the tenants taking turns."""
+        return [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), max_tokens))
+                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(count))]
+
     def _run_all(self, jobs: list[Job], send: Callable[[str, dict[str, Any]], Reply] | None = None) -> list[Reply]:
         send = send or self.client.complete
         if not jobs:
@@ -93,8 +98,7 @@ class Probe:
     def differential_and_leaks(self, report: ProbeReport) -> None:
         n = max(1, self.args.concurrency)
         d = min(n, 4)
-        solo = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
-                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(d))]
+        solo = self._jobs(d, self.args.max_tokens)
         solo_replies = [self.client.complete(job.key, job.body) for job in solo]
         self._note("solo", solo, solo_replies)
         if not any(r.ok for r in solo_replies):
@@ -151,8 +155,7 @@ class Probe:
         result = CheckResult("aborts")
         report.checks.append(result)
         k = min(ABORT_STREAMS, max(1, self.args.concurrency))
-        jobs = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), ABORT_MAX_TOKENS))
-                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(k))]
+        jobs = self._jobs(k, ABORT_MAX_TOKENS)
         replies = self._run_all(jobs, send=self.client.stream_first_chunk)
         result.sent = len(jobs)
         for job, reply in zip(jobs, replies):
@@ -192,8 +195,9 @@ class Probe:
                     body |= {"tools": [RECORD_TOOL], "tool_choice": "required"}
                 jobs.append(Job(tenant, key, body))
             jobs.append(Job(tenant, key, self._greedy(self._canary_prompt(tenant, i), self.args.max_tokens)))
-        replies = self._run_all(jobs, lambda key, body: (self.client.chat(key, body) if "messages" in body
-                                                         else self.client.complete(key, body)))
+        # A chat reply's text is its content and every tool call's arguments.
+        replies = self._run_all(jobs, lambda key, body: self.client.complete(
+            key, body, "/v1/chat/completions" if "messages" in body else "/v1/completions"))
         for job, reply in zip(jobs, replies):
             self.canaries.scan(job.tenant, reply.text, "structured")
         chats = [(job, r) for job, r in zip(jobs, replies) if "messages" in job.body]
@@ -273,7 +277,6 @@ def probe(args: argparse.Namespace, transport: httpx.BaseTransport | None = None
 
 
 def run_probe(args: argparse.Namespace, transport: httpx.BaseTransport | None = None) -> int:
-    """The `probe` subcommand; prints the report and returns the exit code."""
     try:
         report = probe(args, transport)
     except AuditError as error:

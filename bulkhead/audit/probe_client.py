@@ -138,10 +138,6 @@ class ProbeClient:
             return RawReply(0, f"{type(error).__name__}: {error}")
         return RawReply(response.status_code, response.text)
 
-    def chat(self, key: str, body: dict[str, Any]) -> Reply:
-        """A chat completion; the reply's text is the content and every tool call's arguments."""
-        return self.complete(key, body, "/v1/chat/completions")
-
     def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions") -> Reply:
         try:
             response = self._client.post(self.base_url + path, json=body, headers=self._auth(key))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lineage_command == "verify":
         return _verify(logs, key)
     if not args.no_verify:
-        worst = max(verify(p, key).exit_code for p in logs)
+        worst = max((verify(p, key).exit_code for p in logs), key=_severity)
         if worst not in (EXIT_OK, EXIT_GAP):
             print("bulkhead lineage: refusing to answer from a log that does not verify (run `bulkhead lineage "
                   "verify`, or pass --no-verify)", file=sys.stderr)
@@ -78,8 +79,7 @@ def _verify(logs: list[Path], key: bytes) -> int:
     for path in logs:
         report = verify(path, key)
         code = report.exit_code
-        verdict = {EXIT_OK: "OK", EXIT_GAP: "GAP", EXIT_FOREIGN: "FOREIGN", EXIT_TAMPERED: "BROKEN"}[code]
-        print(f"{path}: {verdict}: {report.records} records in {report.segments} segments")
+        print(f"{path}: {_VERDICTS[code]}: {report.records} records in {report.segments} segments")
         if report.foreign:
             print(f"  {report.foreign}")
         for p in report.problems:
@@ -98,7 +98,7 @@ def _who_read(args: argparse.Namespace, logs: list[Path]) -> int:
         return EXIT_USAGE
     reads = who_read(logs, args.tenant, since, args.include_own, args.include_scrubbed)
     if args.json:
-        print(json.dumps([r.to_dict() for r in reads], indent=1))
+        print(json.dumps([asdict(r) for r in reads], indent=1))
         return EXIT_OK
     print(f"{len(reads)} reads of tenant {args.tenant}'s KV")
     for r in reads:
@@ -149,8 +149,12 @@ def _request(args: argparse.Namespace, logs: list[Path]) -> int:
     return EXIT_OK
 
 
+# Mildest first: the worst of several logs is the last of these (not the highest exit code: a gap is 4).
+_VERDICTS = {EXIT_OK: "OK", EXIT_GAP: "GAP", EXIT_TAMPERED: "BROKEN", EXIT_FOREIGN: "FOREIGN"}
+
+
 def _severity(code: int) -> int:
-    return {EXIT_OK: 0, EXIT_GAP: 1, EXIT_TAMPERED: 2, EXIT_FOREIGN: 3}.get(code, 4)
+    return list(_VERDICTS).index(code) if code in _VERDICTS else len(_VERDICTS)
 
 
 def _parse_time(text: str | None) -> float | None:

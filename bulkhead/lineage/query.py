@@ -23,7 +23,7 @@ page number means nothing across logs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from bulkhead.lineage.verify import Line, read_lines
@@ -42,9 +42,6 @@ class Read:
     held_by_request: str  # the request whose allocation put the tenant's KV in the page
     held_at_generation: int
     scrubbed: bool  # the page was scrubbed since
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def records(path: Path):

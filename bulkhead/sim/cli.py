@@ -76,9 +76,3 @@ def format_summary(s: Summary) -> str:
                      f"replay: bulkhead sim --seed {result.seed}{flag}")
     return "\n".join(lines)
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bulkhead sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

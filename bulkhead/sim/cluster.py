@@ -38,16 +38,16 @@ class Timing:
     drain_lease_s: float = 1.0  # decode: no drain ack -> pages reused after this (production 30 s)
 
 
+@dataclass(eq=False)  # compared by identity: one object per incarnation
 class Node:
     """One incarnation of a worker process."""
 
-    def __init__(self, name: str, incarnation: int, worker, target: SimTarget | None):
-        self.name = name
-        self.incarnation = incarnation
-        self.worker = worker
-        self.target = target
-        self.alive = True
-        self.pump_scheduled = False
+    name: str
+    incarnation: int
+    worker: object = None  # its PrefillWorker or DecodeWorker, once built
+    target: SimTarget | None = None  # decode's
+    alive: bool = True
+    pump_scheduled: bool = False
 
 
 class _Executor:
@@ -95,7 +95,7 @@ class Cluster:
         self._incarnations[name] += 1
         inc = self._incarnations[name]
         signer = Signer(KEY, name, incarnation=f"{name}#{inc}")
-        node = Node(name, inc, None, None)
+        node = Node(name, inc)
 
         # The simulated network, data plane and transfer thread, at the seams
         # where production has ZeroMQ, a transfer backend and a thread.

@@ -107,22 +107,25 @@ def _describe(message: dict) -> str:
     return f"{kind}" + (f" {rid}" if rid else "") + extra
 
 
-class SimWorkerLink:
-    """WorkerLink's interface over the simulated network."""
+class _SimLink:
+    """The ZeroMQ links' interface over the simulated network, listening as `name`."""
 
-    def __init__(self, network: Network, after_callback: Callable[[], None], signer, router_address: str):
-        self.network = network
-        self.after_callback = after_callback  # lets the cluster run the worker's engine after each message
-        self.signer = signer
-        self.name = signer.sender
-        self.on_message = None
+    def __init__(self, network: Network, signer, name: str):
+        self.network, self.signer, self.name = network, signer, name
+        self.on_message = self.on_tick = None
 
     def start(self, on_message, on_tick=None) -> None:
-        self.on_message = on_message
+        self.on_message, self.on_tick = on_message, on_tick
         self.network.attach(self.name, self)
 
     def stop(self) -> None:
         self.network.detach(self.name, self)
+
+
+class SimWorkerLink(_SimLink):
+    def __init__(self, network: Network, after_callback: Callable[[], None], signer, router_address: str):
+        super().__init__(network, signer, signer.sender)
+        self.after_callback = after_callback  # lets the cluster run the worker's engine after each message
 
     def send(self, message: dict) -> None:
         self.network.send(self.name, "router", self.signer.seal(message), message)
@@ -135,21 +138,10 @@ class SimWorkerLink:
         return message is not None
 
 
-class SimRouterLink:
-    """RouterLink's interface over the simulated network."""
-
+class SimRouterLink(_SimLink):
     def __init__(self, network: Network, signer, bind_address: str, on_undeliverable):
-        self.network = network
-        self.signer = signer
+        super().__init__(network, signer, "router")
         self.on_undeliverable = on_undeliverable
-        self.on_message = self.on_tick = None
-
-    def start(self, on_message, on_tick=None) -> None:
-        self.on_message, self.on_tick = on_message, on_tick
-        self.network.attach("router", self)
-
-    def stop(self) -> None:
-        self.network.detach("router", self)
 
     def send(self, worker: str, message: dict) -> None:
         self.network.send("router", worker, self.signer.seal(message), message, self.on_undeliverable)

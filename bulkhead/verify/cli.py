@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from bulkhead.protocol import transitions
+from bulkhead.sim.cli import add_arguments as add_sim_arguments
 from bulkhead.verify.actors.config import Guards, Variant
 from bulkhead.verify.checker import Result, Violation, explore
 from bulkhead.verify.coverage import format_coverage, handler_coverage, summary
@@ -27,12 +28,6 @@ from bulkhead.verify.world import WORLDS, drain_world
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("verify", help="model-check the KV transfer protocol",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=("real", "legacy"), default="real")
     parser.add_argument("--bound", choices=sorted(WORLDS), default="default",
                         help="world size for the real protocol (legacy searches use their own)")
@@ -42,9 +37,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the runtime's handlers: which the search covered, and the model-only steps")
     parser.add_argument("--simulate", action="store_true",
                         help="run the deterministic simulation of the running system (bulkhead/sim)")
-    from bulkhead.sim.cli import add_arguments as add_sim_arguments
-
     add_sim_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,25 +47,22 @@ def run(args: argparse.Namespace) -> int:
         from bulkhead.sim.cli import run as simulate
 
         return simulate(args)
+    rows = []
     if args.protocol == "real":
-        world = WORLDS[args.bound]()
         transitions.calls.clear()
-        rows = []
-        for name, w in (("real", world), ("real:drain", drain_world())):
-            result = explore(w, w.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
+        for name, world in (("real", WORLDS[args.bound]()), ("real:drain", drain_world())):
+            result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
             rows.append((name, result))
             _report_real(result)
         coverage = handler_coverage(transitions.explored())
         print(format_coverage(coverage) if args.coverage else summary(coverage))
         ok = all(result.ok for _, result in rows)
     else:
-        rows, ok = [], True
         for name in LEGACY_GOALS:
-            result = legacy_search(name)
-            rows.append((f"legacy:{name}", result))
-            found = result.found()
-            ok = ok and found is not None
+            rows.append((f"legacy:{name}", legacy_search(name)))
+            found = rows[-1][1].found()
             print(f"== legacy, {name}: " + (format_trace(found) if found else "NOT FOUND"))
+        ok = all(result.found() is not None for _, result in rows)
     if args.stats:
         print(format_stats(rows))
     return 0 if ok else 1
@@ -93,30 +85,22 @@ def format_trace(violation: Violation) -> str:
     return "\n".join(lines)
 
 
+def _verdict(name: str, result: Result) -> str:
+    if not name.startswith("real"):
+        found = result.found()
+        return f"{found.kind} in {len(found.labels)} steps" if found else "not found"
+    verdict = "0 violations" if result.ok else f"{len(result.violations)} kinds violated"
+    return verdict + (f", {result.stuck_states} stuck" if result.liveness_checked and result.stuck_states else "")
+
+
 def format_stats(rows) -> str:
-    header = ("protocol", "bounds", "states", "transitions", "seconds", "result")
-    table = [header]
+    table = [("protocol", "bounds", "states", "transitions", "seconds", "result")]
     for name, result in rows:
-        world = result.world
-        bounds = f"{world.name}: {len(world.requests)} req, faults {world.faults}" + \
-            (f", drains {world.drains}" if world.drains else "")
-        if name.startswith("real"):
-            verdict = "0 violations" if result.ok else f"{len(result.violations)} kinds violated"
-            if result.liveness_checked and result.stuck_states:
-                verdict += f", {result.stuck_states} stuck"
-        else:
-            found = result.found()
-            verdict = f"{found.kind} in {len(found.labels)} steps" if found else "not found"
-        table.append((name, bounds, str(result.states), str(result.transitions),
-                      f"{result.seconds:.1f}", verdict))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        w = result.world
+        bounds = f"{w.name}: {len(w.requests)} req, faults {w.faults}" + (f", drains {w.drains}" if w.drains else "")
+        table.append((name, bounds, str(result.states), str(result.transitions), f"{result.seconds:.1f}",
+                      _verdict(name, result)))
+    widths = [max(map(len, column)) for column in zip(*table)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bulkhead verify", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -101,13 +101,10 @@ def _collect_garbage(config: ProtocolConfig, state: WorldState) -> WorldState:
     how the search takes the transition functions' no-op outcomes (a
     repeated finalize, a late report). Data-plane writes are never
     dropped: what they do depends on the ledger, not on the record."""
-    done = {("router", 0): {r.rid for r in state.router.requests if r.phase is Phase.DONE}}
-    for actor in state.prefills:
-        done[prefill_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
-    for actor in state.decodes:
-        done[decode_addr(actor.index)] = {r.rid for r in actor.requests if r.phase is Phase.DONE}
+    done = {addr: {r.rid for r in _actor(state, addr).requests if r.phase is Phase.DONE}
+            for addr in [ROUTER, *_workers(state)]}
     kept = frozenset((m, n) for m, n in state.network
-                     if isinstance(m.body, (PageWrite, Landing)) or _rid_of(m) not in done[m.dst])
+                     if isinstance(m.body, (PageWrite, Landing)) or m.body.request_id not in done[m.dst])
     if len(kept) == len(state.network):
         return state
     for message, _ in state.network - kept:
@@ -139,28 +136,22 @@ def _check_no_op(config: ProtocolConfig, state: WorldState, message) -> None:
         raise AssertionError(f"unsound reduction: {_show(message)} to a DONE record changed its actor")
 
 
-def _rid_of(envelope: Envelope) -> int:
-    return envelope.body.request_id
-
-
 def _set(items: tuple, index: int, item) -> tuple:
     return items[:index] + (item,) + items[index + 1:]
 
 
 def successors(world: World, config: ProtocolConfig, state: WorldState) -> list[Transition]:
-    out: list[Transition] = []
     known = {r.rid for r in state.router.requests}
-    for spec in world.requests:
-        if spec.rid not in known:
-            out.append(apply_event(config, state, ROUTER, Submit(spec), f"client submits r{spec.rid}"))
-    for message in in_flight(state):
-        rest = _remove(state.network, message)
-        out.append(apply_event(config, state, message.dst, message, f"deliver {_show(message)}", rest))
-    timers = _timers_and_scheduler(config, state, _moving(state))
-    out += timers
-    out += _faults(world, config, state)
-    out += _drains(config, state)
-    return out
+    out = [apply_event(config, state, ROUTER, Submit(spec), f"client submits r{spec.rid}")
+           for spec in world.requests if spec.rid not in known]
+    out += [apply_event(config, state, m.dst, m, f"deliver {_show(m)}", _remove(state.network, m))
+            for m in in_flight(state)]
+    return (out + _timers_and_scheduler(config, state, _moving(state)) + _faults(world, config, state)
+            + _drains(config, state))
+
+
+def _workers(state: WorldState) -> list[tuple[str, int]]:
+    return [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]
 
 
 def _drains(config: ProtocolConfig, state: WorldState) -> list[Transition]:
@@ -168,16 +159,13 @@ def _drains(config: ProtocolConfig, state: WorldState) -> list[Transition]:
     if not state.drains_left:
         return []
     spent = replace(state, drains_left=state.drains_left - 1)
-    workers = [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]
     return [apply_event(config, spent, ROUTER, DrainWorker(w), f"operator drains {w[0]}{w[1]}")
-            for w in workers]
+            for w in _workers(state)]
 
 
 def _moving(state: WorldState) -> set:
     """Requests that some message, scheduler step or drain can still move."""
-    moving = set()
-    for message in in_flight(state):
-        moving.add(_rid_of(message))
+    moving = {m.body.request_id for m in in_flight(state)}
     # Each can take a step of its own: decode, finish, ack or expire; and an
     # engine's step in flight: prefill's hand-over, decode's reservation.
     stepping = (Phase.COMMITTED, Phase.DECODING, Phase.TRANSFERRING, Phase.DRAINING)
@@ -190,45 +178,42 @@ def _moving(state: WorldState) -> set:
 
 def _timers_and_scheduler(config: ProtocolConfig, state: WorldState, moving: set) -> list[Transition]:
     """The runtime's own steps: timers firing, engines stepping, restarts noticed."""
-    writes = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
-    dmas = dmas_in_flight(state)
-    return (_router_deadlines(config, state, moving) + _prefill_engine_steps(config, state, writes)
-            + _decode_engine_steps(config, state, dmas) + _restarts_noticed(config, state))
+    return (_router_deadlines(config, state, moving) + _prefill_engine_steps(config, state, _writes(state))
+            + _decode_engine_steps(config, state, dmas_in_flight(state)) + _restarts_noticed(config, state))
+
+
+def _writes(state: WorldState) -> set:
+    """Requests with a page write or landing still in flight."""
+    return {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
 
 
 def _router_deadlines(config: ProtocolConfig, state: WorldState, moving: set) -> list[Transition]:
-    out = []
-    for record in state.router.requests:
-        if record.phase is not Phase.DONE:
-            # A deadline and a client abort take the same path (the router
-            # finalizes), so the abort, allowed at any point, covers the race;
-            # the deadline fires only where nothing else can move the request.
-            if record.rid not in moving:
-                out.append(apply_event(config, state, ROUTER, DeadlinePassed(record.rid),
-                                       f"deadline of r{record.rid} passes"))
-    return out
+    # A deadline and a client abort take the same path (the router
+    # finalizes), so the abort, allowed at any point, covers the race;
+    # the deadline fires only where nothing else can move the request.
+    return [apply_event(config, state, ROUTER, DeadlinePassed(r.rid), f"deadline of r{r.rid} passes")
+            for r in state.router.requests if r.phase is not Phase.DONE and r.rid not in moving]
 
 
 def _prefill_engine_steps(config: ProtocolConfig, state: WorldState, writes: set) -> list[Transition]:
-    """writes: requests with a page write or landing still in flight."""
     out = []
     for prefill in state.prefills:
+        def step(event, label: str) -> None:
+            out.append(apply_event(config, state, prefill_addr(prefill.index), event, f"prefill{prefill.index}{label}"))
+
         for record in prefill.requests:
+            rid = record.rid
             if record.computing:  # the engine's step ends: the KV is handed over, outcome or not
-                out.append(apply_event(config, state, prefill_addr(prefill.index), HandedOver(record.rid),
-                                       f"prefill{prefill.index}'s engine hands r{record.rid}'s KV over"))
+                step(HandedOver(rid), f"'s engine hands r{rid}'s KV over")
             # After the outcome (once the engine has let go of the prompt), or
             # (the success path) as soon as the writes it posted have ended.
-            if (record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and record.rid not in writes
-                    and not record.computing):
-                out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
-                                       f"prefill{prefill.index} sees r{record.rid}'s writes complete"))
+            if record.phase in (Phase.DRAINING, Phase.TRANSFERRING) and rid not in writes and not record.computing:
+                step(Quiesced(rid), f" sees r{rid}'s writes complete")
             # A self-loop, as the runtime takes it: another thread (the
             # engine's output, a transfer's end) asks to ack a request that
             # is over (a failed write left it DONE, never acked); nothing.
             if record.phase is Phase.DONE and record.ticket is not None:
-                out.append(apply_event(config, state, prefill_addr(prefill.index), Quiesced(record.rid),
-                                       f"prefill{prefill.index} sees finished r{record.rid}'s writes end late"))
+                step(Quiesced(rid), f" sees finished r{rid}'s writes end late")
     return out
 
 
@@ -236,29 +221,28 @@ def _decode_engine_steps(config: ProtocolConfig, state: WorldState, dmas: set) -
     """dmas: requests with an admitted DMA still landing (dmas_in_flight)."""
     out = []
     for decode in state.decodes:
-        addr = decode_addr(decode.index)
+        def step(event, label: str) -> None:
+            out.append(apply_event(config, state, decode_addr(decode.index), event, f"decode{decode.index}{label}"))
+
         for record in decode.requests:
+            rid = record.rid
             if record.reserving:  # the engine's reservation reaches the job (the outcome may have come first)
-                out.append(apply_event(config, state, addr, Reserved(record.rid),
-                                       f"decode{decode.index}'s engine reserves r{record.rid}'s pages"))
+                step(Reserved(rid), f"'s engine reserves r{rid}'s pages")
             if record.phase in (Phase.COMMITTED, Phase.DECODING) and record.outcome is not None:
                 # Finalized while committed (an abort): the engine ends the
                 # request at its next step, freeing the pages, under the
                 # same fence as the last token below.
-                if record.rid not in dmas:
-                    out.append(apply_event(config, state, addr, DecodeStep(record.rid, last=True),
-                                           f"decode{decode.index}'s engine ends aborted r{record.rid}"))
+                if rid not in dmas:
+                    step(DecodeStep(rid, last=True), f"'s engine ends aborted r{rid}")
                 continue
             if record.phase is Phase.COMMITTED:
-                out.append(apply_event(config, state, addr, DecodeStep(record.rid),
-                                       f"decode{decode.index} runs r{record.rid}'s decode step"))
+                step(DecodeStep(rid), f" runs r{rid}'s decode step")
             # Runtime steps that change no state, each a self-loop here: a
             # later decode step (which reads every page again, so every read
             # is checked, not only the first), and a lease timer that fires
             # after the ack freed the pages.
             if record.phase is Phase.DECODING:
-                out.append(apply_event(config, state, addr, DecodeStep(record.rid),
-                                       f"decode{decode.index} runs r{record.rid}'s next decode step"))
+                step(DecodeStep(rid), f" runs r{rid}'s next decode step")
                 # The last token frees the pages. The runtime commits on
                 # TransferDone, which prefill sends once every write it
                 # posted has returned, so no write of the request is in
@@ -266,28 +250,21 @@ def _decode_engine_steps(config: ProtocolConfig, state: WorldState, dmas: set) -
                 # hold a duplicated DMA (the "duplicate" fault), and the
                 # request ends only once it has landed: the fence the lease
                 # assumes too.
-                if record.rid not in dmas:
-                    out.append(apply_event(config, state, addr, DecodeStep(record.rid, last=True),
-                                           f"decode{decode.index} emits r{record.rid}'s last token"))
+                if rid not in dmas:
+                    step(DecodeStep(rid, last=True), f" emits r{rid}'s last token")
             if record.phase is Phase.DONE:
-                out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
-                                       f"decode{decode.index}'s lease timer for finished r{record.rid} fires late"))
+                step(LeaseExpired(rid), f"'s lease timer for finished r{rid} fires late")
             # The lease fence: in-flight DMA never outlives the lease.
-            if record.phase is Phase.DRAINING and record.rid not in dmas:
-                out.append(apply_event(config, state, addr, LeaseExpired(record.rid),
-                                       f"decode{decode.index}'s drain lease for r{record.rid} expires"))
+            if record.phase is Phase.DRAINING and rid not in dmas:
+                step(LeaseExpired(rid), f"'s drain lease for r{rid} expires")
     return out
 
 
 def _restarts_noticed(config: ProtocolConfig, state: WorldState) -> list[Transition]:
-    out = []
     known = dict(state.router.known_incarnations)
-    for worker in [prefill_addr(p.index) for p in state.prefills] + [decode_addr(d.index) for d in state.decodes]:
-        incarnation = _actor(state, worker).incarnation
-        if incarnation > known.get(worker, 1):
-            out.append(apply_event(config, state, ROUTER, PeerLost(worker, incarnation),
-                                   f"router notices {worker[0]}{worker[1]} restarted"))
-    return out
+    restarted = [(w, _actor(state, w).incarnation) for w in _workers(state)]
+    return [apply_event(config, state, ROUTER, PeerLost(w, inc), f"router notices {w[0]}{w[1]} restarted")
+            for w, inc in restarted if inc > known.get(w, 1)]
 
 
 def dmas_in_flight(state: WorldState) -> set:
@@ -310,47 +287,42 @@ def _faults(world: World, config: ProtocolConfig, state: WorldState) -> list[Tra
     write, a forged message, a failed write, a failed prompt. Each costs one."""
     if not state.faults_left:
         return []
-    out = []
-    kinds = world.fault_kinds
+    kinds, network = world.fault_kinds, state.network
     spent = replace(state, faults_left=state.faults_left - 1)
-    for record in state.router.requests:
-        if "abort" in kinds and record.phase is not Phase.DONE:
-            out.append(apply_event(config, spent, ROUTER, ClientAbort(record.rid),
-                                   f"client aborts r{record.rid}"))
-    writing = {m.body.request_id for m in in_flight(state) if isinstance(m.body, (PageWrite, Landing))}
+    out = [apply_event(config, spent, ROUTER, ClientAbort(r.rid), f"client aborts r{r.rid}")
+           for r in state.router.requests if "abort" in kinds and r.phase is not Phase.DONE]
+    writing = _writes(state)
     for prefill in state.prefills:
-        for record in prefill.requests:
-            if ("fail_write" in kinds and record.rid in writing
-                    and record.phase in (Phase.TRANSFERRING, Phase.DRAINING)):
-                out.append(apply_event(config, spent, prefill_addr(prefill.index), WriteFailed(record.rid),
-                                       f"prefill{prefill.index}'s transfer of r{record.rid} fails, a write in flight"))
-            if "fail_prompt" in kinds and record.computing and record.phase is Phase.WAITING_POOL:
-                out.append(apply_event(config, spent, prefill_addr(prefill.index), PromptFailed(record.rid),
-                                       f"prefill{prefill.index}'s engine fails r{record.rid}'s prompt"))
+        addr, name = prefill_addr(prefill.index), f"prefill{prefill.index}"
+        for r in prefill.requests:
+            if "fail_write" in kinds and r.rid in writing and r.phase in (Phase.TRANSFERRING, Phase.DRAINING):
+                out.append(apply_event(config, spent, addr, WriteFailed(r.rid),
+                                       f"{name}'s transfer of r{r.rid} fails, a write in flight"))
+            if "fail_prompt" in kinds and r.computing and r.phase is Phase.WAITING_POOL:
+                out.append(apply_event(config, spent, addr, PromptFailed(r.rid),
+                                       f"{name}'s engine fails r{r.rid}'s prompt"))
         if "crash" in kinds and _busy(prefill):
             crashed = replace(spent, prefills=_set(state.prefills, prefill.index, prefill_restart(prefill)))
-            out.append(Transition(f"prefill{prefill.index} crashes and restarts", crashed))
+            out.append(Transition(f"{name} crashes and restarts", crashed))
     for decode in state.decodes:
         if "crash" in kinds and _busy(decode):
             # DMA into the dead process's registered memory is cancelled with it.
-            network = frozenset((m, n) for m, n in state.network
-                                if not (isinstance(m.body, Landing) and m.dst == decode_addr(decode.index)))
-            crashed = replace(spent, network=network,
-                              decodes=_set(state.decodes, decode.index, decode_restart(config, decode)))
+            kept = frozenset((m, n) for m, n in network
+                             if not (isinstance(m.body, Landing) and m.dst == decode_addr(decode.index)))
+            restarted = _set(state.decodes, decode.index, decode_restart(config, decode))
+            crashed = replace(spent, network=kept, decodes=restarted)
             out.append(Transition(f"decode{decode.index} crashes and restarts", crashed))
-    for message in in_flight(state):
+    for m in in_flight(state):
         if "duplicate" in kinds:
-            out.append(Transition(f"network duplicates {_show(message)}",
-                                  replace(spent, network=_add(state.network, [message]))))
-        if "lose" in kinds and isinstance(message.body, (PageWrite, Landing)):
-            rest = _remove(state.network, message)
-            out.append(Transition(f"network loses {_show(message)}", replace(spent, network=rest)))
-        if "corrupt" in kinds and isinstance(message.body, PageWrite) and message.body.payload != GARBAGE:
-            corrupt = replace(message, body=replace(message.body, payload=GARBAGE))
-            network = _add(_remove(state.network, message), [corrupt])
-            out.append(Transition(f"network corrupts {_show(message)}", replace(spent, network=network)))
-    for forged, label in (_forgeries(state) if "forge" in kinds else ()):
-        out.append(Transition(label, replace(spent, network=_add(state.network, [forged]))))
+            out.append(Transition(f"network duplicates {_show(m)}", replace(spent, network=_add(network, [m]))))
+        if "lose" in kinds and isinstance(m.body, (PageWrite, Landing)):
+            out.append(Transition(f"network loses {_show(m)}", replace(spent, network=_remove(network, m))))
+        if "corrupt" in kinds and isinstance(m.body, PageWrite) and m.body.payload != GARBAGE:
+            corrupt = replace(m, body=replace(m.body, payload=GARBAGE))
+            out.append(Transition(f"network corrupts {_show(m)}",
+                                  replace(spent, network=_add(_remove(network, m), [corrupt]))))
+    out += [Transition(label, replace(spent, network=_add(network, [forged])))
+            for forged, label in (_forgeries(state) if "forge" in kinds else ())]
     return out
 
 

@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from bulkhead.audit.cli import add_subcommands, main
+from bulkhead.audit.cli import add_subcommands
+from bulkhead.cli import main
 
 
 def test_subcommands_attach_to_a_foreign_parser():

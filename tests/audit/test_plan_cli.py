@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bulkhead.audit.cli import main
+from bulkhead.cli import main
 
 INCIDENT_ARGS = [
     "--accelerator-memory", "141GiB",
@@ -87,9 +87,9 @@ def test_bad_inputs_exit_2(tmp_path, config_path, capsys):
     assert "error:" in capsys.readouterr().err
 
 
-def test_python_dash_m_runs_plan(config_path):
+def test_bulkhead_plan_runs_in_its_own_process(config_path):
     result = subprocess.run(
-        [sys.executable, "-m", "bulkhead.audit", "plan", "--model", config_path("deepseek-v3"), *INCIDENT_ARGS],
+        [sys.executable, "-m", "bulkhead.cli", "plan", "--model", config_path("deepseek-v3"), *INCIDENT_ARGS],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr

@@ -2,7 +2,7 @@
 
 import json
 
-from bulkhead.audit.cli import main
+from bulkhead.cli import main
 
 
 def run(capsys, *argv):

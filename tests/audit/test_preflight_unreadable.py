@@ -4,7 +4,7 @@ import json
 
 import httpx
 
-from bulkhead.audit.cli import main
+from bulkhead.cli import main
 from bulkhead.audit.preflight import EngineTarget, audit
 from tests.audit.fake_engines import closed_loopback_port
 

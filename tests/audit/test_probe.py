@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bulkhead.audit.cli import main
+from bulkhead.cli import main
 from tests.audit.fake_engines import LoopbackServer, closed_loopback_port
 from tests.audit.fake_openai import CONTEXT, KEYS, keys_toml, make_fake_openai
 

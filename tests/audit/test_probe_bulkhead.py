@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bulkhead.audit.cli import main
+from bulkhead.cli import main
 from tests.server_process import ServerProcess
 from tests.conftest import write_keys_file
 

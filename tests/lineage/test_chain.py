@@ -204,3 +204,24 @@ def test_cli_verify_exit_codes(tmp_path, capsys):
     assert cli_run(parse(["lineage", "verify", "--key", str(tmp_path / "nokey"), str(path)])) == 2
     assert cli_run(parse(["lineage", "who-read", "--tenant", "alpha", "--key", str(keyfile), str(path)])) == \
         EXIT_TAMPERED  # refuses to answer from a broken log
+
+
+def test_who_read_refuses_a_broken_log_beside_one_with_a_gap(tmp_path, capsys):
+    """The worst log decides, by severity, not by exit code: a gap (4) is
+    milder than a broken chain (1), so a broken log beside a gap still refuses."""
+    from bulkhead.cli import build_parser
+
+    gap = tmp_path / "gap.jsonl"
+    log = LineageLog(gap, KEY, flush_interval_s=3600)
+    log._lost = 2  # two records the writer could not write: the next flush records the gap
+    log.flush()
+    log.close()
+    assert verify(gap, KEY).exit_code == EXIT_GAP
+    broken = write_log(tmp_path / "broken.jsonl")
+    rewrite(broken, [ln for i, ln in enumerate(lines(broken)) if i != 2])
+    keyfile = tmp_path / "k"
+    keyfile.write_text(KEY.hex())
+    args = build_parser().parse_args(["lineage", "who-read", "--tenant", "alpha", "--key", str(keyfile),
+                                      str(gap), str(broken)])
+    assert cli_run(args) == EXIT_TAMPERED
+    assert "refusing to answer" in capsys.readouterr().err

@@ -204,7 +204,7 @@ def test_metrics_carry_tenants_and_counts_not_text(server, client):
 
 
 def test_preflight_reads_the_live_server_and_finds_it_clean(server, capsys):
-    from bulkhead.audit.cli import main
+    from bulkhead.cli import main
 
     code = main(["preflight", server.url, "--api-key", OPERATOR_KEY, "--json"])
     report = json.loads(capsys.readouterr().out)

@@ -1,8 +1,9 @@
+from bulkhead.cli import main
 from bulkhead.verify import cli
 
 
 def test_legacy_cli_prints_traces_and_stats(capsys):
-    assert cli.main(["--protocol", "legacy", "--stats"]) == 0
+    assert main(["verify", "--protocol", "legacy", "--stats"]) == 0
     out = capsys.readouterr().out
     assert "cross_tenant_read" in out and "legacy:incident" in out and "transitions" in out
 

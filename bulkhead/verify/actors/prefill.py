@@ -62,27 +62,17 @@ def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
         if not event.signed and config.guards.hmac:
             return Step(state)  # forged: the HMAC does not verify
         event = event.body
-    if isinstance(event, Assign):
-        if event.ticket.mac != MODEL_MAC and config.guards.hmac:
-            return Step(state)
-        return _assign(config, state, event.ticket.ticket)
-    if isinstance(event, PagesGranted):
-        return _granted(config, state, event)
-    if isinstance(event, Finalize):
-        return _finalize(state, event)
-    if isinstance(event, Quiesced):
-        return _quiesced(config, state, event.rid)
-    if isinstance(event, HandedOver):
-        return _handed_over(config, state, event.rid)
-    if isinstance(event, PromptFailed):
-        return _prompt_failed(config, state, event.rid)
-    if isinstance(event, WriteFailed):
-        return _write_failed(config, state, event.rid)
-    raise TypeError(f"prefill cannot handle {type(event).__name__}")
+    if isinstance(event, (Assign, PagesGranted, Finalize)):
+        return _MESSAGES[type(event)](config, state, event)
+    handler = _EVENTS.get(type(event))
+    if handler is None:
+        raise TypeError(f"prefill cannot handle {type(event).__name__}")
+    return handler(config, state, event.rid)
 
 
-def _assign(config: ProtocolConfig, state: PrefillState, ticket: Ticket) -> Step:
-    if ticket.prefill_incarnation != state.incarnation:
+def _assign(config: ProtocolConfig, state: PrefillState, message: Assign) -> Step:
+    ticket = message.ticket.ticket
+    if (message.ticket.mac != MODEL_MAC and config.guards.hmac) or ticket.prefill_incarnation != state.incarnation:
         return Step(state)
     known = find(state.requests, ticket.request_id)
     step = prefill_job.assign(known.phase if known else None, bool(known and known.ticket))
@@ -165,7 +155,7 @@ def _post_writes(record: PrefillRequest) -> tuple[PrefillRequest, list]:
     return record, sends
 
 
-def _finalize(state: PrefillState, message: Finalize) -> Step:
+def _finalize(config: ProtocolConfig, state: PrefillState, message: Finalize) -> Step:
     rid = message.request_id
     record = find(state.requests, rid) or PrefillRequest(rid, phase=None)  # none yet
     step = prefill_job.finalize(record.phase)  # STOP_ENGINE: the model's prefill has no computation to stop
@@ -227,3 +217,7 @@ def _write_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step
     failed = Envelope(ROUTER, TransferFailed(rid, "transfer failed with a write in flight"))
     more = _advance(config, state)  # local pages came free
     return Step(more.state, (failed,) + more.send)
+
+
+_MESSAGES = {Assign: _assign, PagesGranted: _granted, Finalize: _finalize}
+_EVENTS = {Quiesced: _quiesced, HandedOver: _handed_over, PromptFailed: _prompt_failed, WriteFailed: _write_failed}

@@ -62,23 +62,21 @@ def router_step(config: ProtocolConfig, state: RouterState, event) -> Step:
         return _finalize(config, state, event.rid, Outcome.ABORTED, "client aborted")
     if isinstance(event, DeadlinePassed):
         return _finalize(config, state, event.rid, Outcome.TIMED_OUT, "deadline passed")
-    if isinstance(event, Output):
-        # The model's decode sends one output, its last (the 200).
+    if isinstance(event, Output):  # the model's decode sends one output, its last (the 200)
         return _finished(config, state, event.request_id)
     if isinstance(event, TransferFailed):
         return _finalize(config, state, event.request_id, Outcome.TRANSFER_FAILED, event.reason)
     if isinstance(event, PrefillFailed):
-        if config.variant is Variant.LEGACY:
-            # prefill's 400 is dropped; the router waits for decode's 200.
-            return Step(state)
+        # LEGACY: prefill's 400 is dropped; the router waits for decode's 200.
         # REAL prefill never re-decides admission; it sends this when its
         # engine fails the prompt (the "fail_prompt" fault).
-        return _finalize(config, state, event.request_id, Outcome.PREFILL_FAILED, event.reason)
+        legacy = config.variant is Variant.LEGACY
+        return Step(state) if legacy else _finalize(config, state, event.request_id, Outcome.PREFILL_FAILED,
+                                                    event.reason)
     if isinstance(event, PeerLost):
         return _peer_lost(config, state, event)
     if isinstance(event, DrainWorker):
-        step = router_job.drain_worker(event.worker in state.draining)
-        if step.outcome == "repeat":
+        if router_job.drain_worker(event.worker in state.draining).outcome == "repeat":
             return Step(state)
         return Step(replace(state, draining=tuple(sorted(state.draining + (event.worker,)))))
     raise TypeError(f"router cannot handle {type(event).__name__}")

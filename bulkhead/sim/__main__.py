@@ -1,5 +1,0 @@
-import sys
-
-from bulkhead.sim.cli import main
-
-sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from bulkhead.verify.cli import main
-
-sys.exit(main())
