@@ -134,6 +134,14 @@ class BF16InputHead(Linear):
         self.out_features, self.in_features = w.shape
         self.packed = bf16in_kernel.pack(w)
 
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor) -> BF16InputHead:
+        """The layer over bf16in_kernel.pack's answer as an earlier start cached it."""
+        layer = cls.__new__(cls)
+        layer.packed = packed
+        layer.out_features, layer.in_features = packed.shape[0] * bf16in_kernel.BLOCK, packed.shape[1] * 2
+        return layer
+
     def __call__(self, x, b=None, decode=False):
         y = bf16in_kernel.linear_bf16_bf16in(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
