@@ -37,7 +37,7 @@ FEATURE_FALLBACK = {"avx512_bf16": "prompts stay fp32", "avx512_vnni": "decode r
 _SHAPES = [ctypes.c_int64] * 3 + [ctypes.c_int]  # M, N, K, threads
 # Every entry point's pointer arguments (x, weights, scratch, y), before _SHAPES.
 _POINTERS = {"linear_q4": 4, "linear_q4_i16in": 4, "linear_q4_1_i16in": 4, "linear_q4_0_i16in": 4,
-             "linear_q8_i16in": 4, "linear_q8a_i16in": 4,
+             "linear_q8_i16in": 4, "linear_q8_0_i16in": 4, "linear_q8a_i16in": 4,
              "linear_coded": 4, "linear_bf16w": 3, "linear_bf16in": 4,
              "linear_bf16in_rounded": 3, "linear_bf16in_silu_mul": 4, "linear_bf16_bf16in": 4}
 BLOCK = 32  # the C driver's NB: outputs per packed block

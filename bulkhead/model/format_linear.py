@@ -113,14 +113,28 @@ class CodedLinear(Linear):
     decode_inputs = "i16"
 
     def __init__(self, codes, prefill: Linear | None):
-        self.format = kernel_of(codes)
-        self.weights = pack(codes)
+        self._bind(kernel_of(codes), pack(codes), prefill)
+
+    @classmethod
+    def from_packed(cls, kernel: str, weights: tuple[torch.Tensor, torch.Tensor],
+                    prefill: Linear | None) -> CodedLinear:
+        """The layer over pack()'s answer for decode kernel `kernel`, as an
+        earlier start cached it (bulkhead.model.prepared_weights)."""
+        if kernel not in TAGS:
+            raise ValueError(f"a coded layer's decode kernel is one of {tuple(TAGS)}, not {kernel!r}")
+        layer = cls.__new__(cls)
+        layer._bind(kernel, weights, prefill)
+        return layer
+
+    def _bind(self, kernel: str, weights: tuple[torch.Tensor, torch.Tensor], prefill: Linear | None) -> None:
+        self.format, self.weights, self.prefill = kernel, weights, prefill
         # [tag, codes, scales]: linear_coded's descriptor; the C decode layers pass it as the weight pointer.
-        self.desc = q4_scales.descriptor(self.weights) if self.format == "q4-i16in" else \
-            torch.tensor([TAGS[self.format], *(t.data_ptr() for t in self.weights)], dtype=torch.int64)
+        self.desc = q4_scales.descriptor(weights) if kernel == "q4-i16in" else \
+            torch.tensor([TAGS[kernel], *(t.data_ptr() for t in weights)], dtype=torch.int64)
         self.packed = (self.desc, self.desc)
-        self.prefill = prefill
-        self.out_features, self.in_features = codes.q.shape[0], codes.q.shape[1] * codes.q.shape[2]
+        qb = weights[0]  # q8 and q8a: [N/NB, K/2, 2, NB/2, 2] int8 (i16in_kernel.pack_q8_grid)
+        self.out_features, self.in_features = q4_scales.shape_of(weights) if kernel == "q4-i16in" else \
+            (qb.shape[0] * q4_kernel.BLOCK, qb.shape[1] * 2)
 
     def decode_fn(self):
         """linear_coded (linear_q4's signature), or None where it cannot be loaded here."""

@@ -16,7 +16,8 @@ runs each row alone, the same operations whatever its batch-mates:
   (docs/performance.md, "Quality");
 - `q8-i16in`: for an lm_head exactly on an 8-bit grid (a GGUF Q8_0 tensor,
   as the bundled SmolLM2's tied embedding is), those weights rebuilt
-  exactly, inputs as 16-bit integers per group (bulkhead.model.i16in_kernel).
+  exactly from int8 codes and the file's fp16 scales, inputs as 16-bit
+  integers per group (bulkhead.model.i16in_kernel's quantization).
 
 `q8-i16in` and `bf16-in` have linear_q4's signature (`tail_kernel`), so the
 C decode step runs them after its layers in the same call
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, kernel_table, q4_kernel
+from bulkhead.model import bf16in_kernel, c_linear, head_kernel, i16in_kernel, kernel_table, q4_kernel
 from bulkhead.model.kernel_names import EXACT_KERNELS, HEAD_KERNELS
 from bulkhead.model.linear import Linear
 
@@ -37,25 +38,30 @@ from bulkhead.model.linear import Linear
 class Q8I16InLinear(Linear):
     """The lm_head's `q8-i16in` kernel: 8-bit grid weights rebuilt exactly,
     inputs as 16-bit integers per group of 32, exact int32 sums, fp32 logits
-    (bulkhead.model.i16in_kernel), the same kernel for every row, so a row's
-    logits do not depend on its batch-mates."""
+    (bulkhead.model.i16in_kernel's quantization), the same kernel for every
+    row, so a row's logits do not depend on its batch-mates. Its scales are
+    fp16, as a Q8_0 file stores them (csrc/linear_q8a.h's linear_q8_0_i16in):
+    1.0625 bytes a weight, which a one-row step reads whole."""
 
     def __init__(self, w: torch.Tensor):
         self.out_features, self.in_features = w.shape
-        self.packed = i16in_kernel.pack_q8(w)
+        self.packed = pack_q8_0(w)
         if self.packed is None:
             raise ValueError(f"q8-i16in: weight {tuple(w.shape)} is not exactly on an 8-bit grid")
 
     @classmethod
     def from_packed(cls, packed: tuple[torch.Tensor, torch.Tensor]) -> Q8I16InLinear:
-        """The layer over pack_q8's answer as an earlier start cached it (bulkhead.model.prepared_weights)."""
+        """The layer over pack_q8_0's answer as an earlier start cached it (bulkhead.model.prepared_weights)."""
+        qb, d = packed
+        if qb.dtype != torch.int8 or d.dtype != torch.float16:
+            raise ValueError(f"q8-i16in takes int8 codes and fp16 scales, not {qb.dtype} and {d.dtype}")
         layer = cls.__new__(cls)
-        qb, d = layer.packed = packed
+        layer.packed = packed
         layer.out_features, layer.in_features = qb.shape[0] * q4_kernel.BLOCK, qb.shape[1] * 2
         return layer
 
     def __call__(self, x, b=None, decode=False):
-        y = i16in_kernel.linear_q8_i16in(x.float(), self.packed)
+        y = linear_q8_0_i16in(x.float(), self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
     def tail_kernel(self):
@@ -63,7 +69,33 @@ class Q8I16InLinear(Linear):
         weight tensors) for the C decode step (bulkhead.model.decode_layers),
         or None where the library cannot be loaded here."""
         lib = i16in_kernel.load()
-        return None if lib is None else (lib.linear_q8_i16in, *self.packed)
+        return None if lib is None else (lib.linear_q8_0_i16in, *self.packed)
+
+
+def pack_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [N, K] laid out for linear_q8_0_i16in: i16in_kernel.pack_q8's codes
+    and its scales as fp16 (q8_grid's d are of fp16 precision, as Q8_0
+    stores them, so the fp16 copy is exact), or None where w is not exactly
+    on an 8-bit grid."""
+    packed = i16in_kernel.pack_q8(w)
+    if packed is None:
+        return None
+    qb, d = packed
+    half = d.half()
+    if not torch.equal(half.float(), d):  # q8_grid's contract; checked, since a rounded scale moves every logit
+        raise ValueError("q8-i16in: an 8-bit grid scale is not of fp16 precision")
+    return qb, half
+
+
+def linear_q8_0_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack_q8_0(w), x
+    quantized to 16-bit integers per group inside the call."""
+    lib = i16in_kernel.load()
+    if lib is None:
+        raise RuntimeError("the 16-bit-input kernels are not available")
+    qb, d = packed
+    blocks, pairs = qb.shape[:2]
+    return c_linear.call(lib.linear_q8_0_i16in, x, 2 * pairs, blocks * q4_kernel.BLOCK, qb, d)
 
 
 def q8_i16in_usable(w: torch.Tensor) -> bool:
@@ -101,6 +133,14 @@ class BF16InputHead(Linear):
     def __init__(self, w: torch.Tensor):
         self.out_features, self.in_features = w.shape
         self.packed = bf16in_kernel.pack(w)
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor) -> BF16InputHead:
+        """The layer over bf16in_kernel.pack's answer as an earlier start cached it."""
+        layer = cls.__new__(cls)
+        layer.packed = packed
+        layer.out_features, layer.in_features = packed.shape[0] * bf16in_kernel.BLOCK, packed.shape[1] * 2
+        return layer
 
     def __call__(self, x, b=None, decode=False):
         y = bf16in_kernel.linear_bf16_bf16in(x.float(), self.packed)

@@ -2,8 +2,9 @@
 (csrc/linear_i16in.h, run by csrc/linear.c's driver:
 bulkhead.model.c_linear): decode rows over the 4-bit grid weights
 (`linear_q4_i16in`, the decode kernel of `--linear-kernel q4-i16in`), and
-the lm_head over 8-bit grid weights (`linear_q8_i16in`, its `q8-i16in`
-kernel under q4-i16in, where the lm_head is a GGUF Q8_0 tensor).
+8-bit grid weights (`linear_q8_i16in`: a Q8_0 or Q5_0 layer's; the lm_head's
+`q8-i16in` runs the same arithmetic over the file's fp16 scales,
+head_linear.linear_q8_0_i16in).
 
 Why: a 16-row decode step runs linear_q4 (fp32 inputs and sums) at the two
 cores' fp32 FMA peak. AVX-512 VNNI's 16-bit integer dot product does twice

@@ -25,7 +25,8 @@ weights, inputs as 16-bit integers per group, exact int32 sums
 (csrc/linear_i16in.h); `onednn-fp32` oneDNN's fp32 GEMM (aten's F.linear
 where this torch has no oneDNN); lm_head `bf16w` bf16 weights, fp32 inputs
 and logits (csrc/linear_bf16w.h), `q8-i16in` 8-bit weights exactly, 16-bit
-integer inputs (csrc/linear_i16in.h), `fp32` oneDNN fp32.
+integer inputs (csrc/linear_q8a.h's linear_q8_0_i16in, over the file's fp16
+scales), `fp32` oneDNN fp32.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ files, bulkhead/model's sources and the kernel asked for) reads the packed
 tensors instead, and never holds the fp32 weights at all.
 
 Only the C kernels' layouts are cached (the bf16-input prompt kernels,
-`linear_kernel.BF16_INPUT_PROMPTS`, with a `q8-i16in` or `bf16w` lm_head):
-plain tensors. The exact fp32 paths (`--linear-kernel onednn`, `aten`, or
+`linear_kernel.BF16_INPUT_PROMPTS`: the 4-bit grid's, a GGUF file's
+per-format codes (`gguf-i16in`, a Q4_K_M file's) and a bf16 checkpoint's
+`bf16`, with a `q8-i16in`, `bf16w` or `bf16-in` lm_head): plain tensors,
+read back onto huge pages (machine_cache._read_each), which a one-row
+decode step streams. The exact fp32 paths (`--linear-kernel onednn`, `aten`, or
 `--dtype`/kernels that lay weights out inside oneDNN) are built from the
 fp32 weights on every start, as before; they are not the default.
 """
@@ -29,18 +32,21 @@ from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kern
 from bulkhead.model import q4_kernel, weight_format
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
-from bulkhead.model.linear_kernel import BF16InLinear, BF16WeightLinear, Q4Linear, Q8I16InLinear
+from bulkhead.model.bf16_embedding import BF16Embedding
+from bulkhead.model.format_linear import CodedLinear
+from bulkhead.model.head_linear import BF16InputHead
+from bulkhead.model.linear_kernel import BF16InLinear, BF16Linear, BF16WeightLinear, Q4Linear, Q8I16InLinear
 from bulkhead.model.llama import LayerWeights, ModelWeights
 from bulkhead.model.q8_embedding import Q8Embedding
 
 log = logging.getLogger(__name__)
 
-CACHED_HEADS = ("q8-i16in", "bf16w")
+CACHED_HEADS = ("q8-i16in", "bf16w", "bf16-in")
 LINEARS = ("qkv", "o", "gate_up", "down")
 # The C libraries each cached kernel needs: a hit is used only where they load here.
 LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
-             "q8-i16in": (i16in_kernel,),
-             "bf16w": (head_kernel,)}
+             "gguf-i16in": (bf16in_kernel, i16in_kernel), "bf16": (bf16in_kernel,),
+             "q8-i16in": (i16in_kernel,), "bf16w": (head_kernel,), "bf16-in": (bf16in_kernel,)}
 # The kernels whose decode-only layout reads a GGUF's codes and never its values (linear_kernel.prepare_one).
 CODES_ONLY = ("q4-bf16in", "q4-i16in", "gguf-i16in")
 # Counted for tests: how many builds read an entry and how many wrote one.
@@ -55,8 +61,8 @@ def entry_name(model_dir: Path, dtype: torch.dtype, asked: str, runs: str = "bot
 
 
 def cacheable(kernel: str, head: str) -> bool:
-    # Not yet `bf16` (a bf16 checkpoint's kernel) nor `gguf-i16in`: save() packs the 4-bit kernels' layers only.
-    return kernel in linear_kernel.BF16_INPUT_PROMPTS and kernel not in ("bf16", "gguf-i16in") and head in CACHED_HEADS
+    """Every kernel of the table's rows but the exact ones: plain tensors, which save() writes."""
+    return kernel in linear_kernel.BF16_INPUT_PROMPTS and head in CACHED_HEADS
 
 
 def load(model_dir: Path, dtype: torch.dtype, asked: str,
@@ -71,44 +77,85 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str,
     if not all(lib.load() is not None for lib in (*LIBRARIES[kernel], *LIBRARIES[head])):
         return None
     inputs = linear_kernel.DECODE_INPUTS.get(kernel, "fp32")
+    formats = meta.get("formats", {})
 
     def linear(prefix: str):
         prompts = BF16InLinear(tensors[prefix + ".wb"]) if prefix + ".wb" in tensors else None
+        if kernel == "bf16":  # one bf16 packing for both passes
+            return BF16Linear(prompts)
         if prefix + ".qs" not in tensors:  # a prefill worker's: prompts only
             return prompts
-        return Q4Linear((tensors[prefix + ".qs"], tensors[prefix + ".dm"]), prompts, inputs)
+        packed = (tensors[prefix + ".qs"], tensors[prefix + ".dm"])
+        if kernel == "gguf-i16in":  # each group its own format's decode kernel
+            return CodedLinear.from_packed(formats[prefix], packed, prompts)
+        return Q4Linear(packed, prompts, inputs)
 
     layers = [LayerWeights(input_norm=tensors[f"layers.{i}.input_norm"], qkv=linear(f"layers.{i}.qkv"),
                            qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=linear(f"layers.{i}.o"),
                            post_norm=tensors[f"layers.{i}.post_norm"], gate_up=linear(f"layers.{i}.gate_up"),
                            down=linear(f"layers.{i}.down"))
               for i in range(meta["num_layers"])]
-    lm_head = (Q8I16InLinear.from_packed((tensors["lm_head.qb"], tensors["lm_head.d"])) if head == "q8-i16in"
-               else BF16WeightLinear.from_packed(tensors["lm_head.packed"]))
-    embed = Q8Embedding(lm_head.packed) if meta["embed"] == "lm_head-q8" else tensors["embed"]
+    lm_head = _head(tensors, head)
     stats["hits"] += 1
     return (load_model_config(model_dir),
-            ModelWeights(embed=embed, layers=layers, final_norm=tensors["final_norm"], lm_head=lm_head),
+            ModelWeights(embed=_embed(tensors, meta["embed"], lm_head), layers=layers,
+                         final_norm=tensors["final_norm"], lm_head=lm_head),
             kernel, head)
+
+
+def _head(tensors: dict, head: str):
+    if head == "q8-i16in":
+        return Q8I16InLinear.from_packed((tensors["lm_head.qb"], tensors["lm_head.d"]))
+    if head == "bf16-in":
+        return BF16InputHead.from_packed(tensors["lm_head.packed"])
+    return BF16WeightLinear.from_packed(tensors["lm_head.packed"])
+
+
+# How save() kept the token embedding, by save's name for it (`embed` in the entry's metadata).
+def _embed(tensors: dict, kind: str, lm_head):
+    if kind == "lm_head-q8":  # tied under q8-i16in: rows rebuilt from the lm_head's 8-bit packing
+        return Q8Embedding(lm_head.packed)
+    if kind == "lm_head-bf16":  # tied under bf16-in: the lm_head's bf16 pairs
+        return BF16Embedding(pairs=lm_head.packed)
+    if kind == "bf16-rows":  # a bf16 checkpoint's own rows, widened on lookup
+        return BF16Embedding(rows=tensors["embed"])
+    return tensors["embed"]
+
+
+def _embed_entry(embed) -> tuple[str, torch.Tensor | None]:
+    """(_embed's name for how `embed` is kept, the tensor to write for it, if any)."""
+    if isinstance(embed, Q8Embedding):
+        return "lm_head-q8", None
+    if isinstance(embed, BF16Embedding):
+        return ("lm_head-bf16", None) if embed.rows is None else ("bf16-rows", embed.rows)
+    return "tensor", embed
+
+
+def _linear_tensors(prefix: str, w) -> tuple[dict, str | None]:
+    """({name: tensor} of one laid-out layer, its decode kernel where it is a CodedLinear)."""
+    prompts = w if isinstance(w, BF16InLinear) else w.prefill
+    tensors = {} if prompts is None else {prefix + ".wb": prompts.wb}
+    if isinstance(w, (Q4Linear, CodedLinear)):
+        tensors[prefix + ".qs"], tensors[prefix + ".dm"] = w.weights  # its own layout
+    return tensors, w.format if isinstance(w, CodedLinear) else None
 
 
 def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str,
          runs: str = "both") -> None:
     """Write the entry for `asked` and `runs` (laid-out weights of a cacheable kernel: each layer's
-    4-bit packing and bf16 prompt packing, whichever of them `runs` laid out)."""
-    tied = isinstance(weights.embed, Q8Embedding)  # rebuilt from the lm_head's packing on load
-    tensors = {"final_norm": weights.final_norm} | ({} if tied else {"embed": weights.embed})
+    decode packing and bf16 prompt packing, whichever of them `runs` laid out)."""
+    embed_kind, embed = _embed_entry(weights.embed)
+    tensors = {"final_norm": weights.final_norm} | ({} if embed is None else {"embed": embed})
+    formats = {}
     for i, layer in enumerate(weights.layers):
         for name in ("input_norm", "post_norm", "qkv_bias"):
             if getattr(layer, name) is not None:
                 tensors[f"layers.{i}.{name}"] = getattr(layer, name)
         for name in LINEARS:
-            w = getattr(layer, name)
-            prompts = w if isinstance(w, BF16InLinear) else w.prefill
-            if isinstance(w, Q4Linear):
-                tensors[f"layers.{i}.{name}.qs"], tensors[f"layers.{i}.{name}.dm"] = w.weights  # its own layout
-            if prompts is not None:
-                tensors[f"layers.{i}.{name}.wb"] = prompts.wb
+            part, fmt = _linear_tensors(f"layers.{i}.{name}", getattr(layer, name))
+            tensors |= part
+            if fmt is not None:
+                formats[f"layers.{i}.{name}"] = fmt
     if head == "q8-i16in":
         tensors["lm_head.qb"], tensors["lm_head.d"] = weights.lm_head.packed
     else:
@@ -116,7 +163,7 @@ def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights,
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     machine_cache.write_tensors(entry_name(model_dir, dtype, asked, runs), tensors,
                                 {"kernel": kernel, "head": head, "num_layers": len(weights.layers),
-                                 "embed": "lm_head-q8" if tied else "tensor"})
+                                 "embed": embed_kind, "formats": formats})
     stats["writes"] += 1
 
 

@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import torch
 
-from bulkhead.model import bf16in_kernel, c_linear, head_kernel, i16in_kernel, q4_kernel
+from bulkhead.model import bf16in_kernel, c_linear, head_kernel, head_linear, i16in_kernel, q4_kernel
 from tests.model.grid_weights import gguf_q4_1, gguf_q8_0
 
 ROWS = tuple(range(1, 14))
@@ -19,6 +19,8 @@ DIGESTS = {
     "linear_q4": "d22c1f86bd197e7913afe9c6a44a78645ef8baefe3213a002c60b7716f30c05a",
     "linear_q4_i16in": "f561ddac2717ec5045a477a9e4411d6160499403939c6e780a9c8277fa3e8c12",
     "linear_q8_i16in": "198ab80f367450c466068985753cfb11e507170bd99cdfbf57aaa5ba9cff46d0",
+    # The lm_head's Q8_0 kernel over the file's fp16 scales (linear_q8a.h): linear_q8_i16in's bits.
+    "linear_q8_0_i16in": "198ab80f367450c466068985753cfb11e507170bd99cdfbf57aaa5ba9cff46d0",
     "linear_bf16w": "2668e6d13c56d468ec1c155c8eed7f14eae0ff01de0b6b5bda6dd7e8b75543cb",
     "linear_bf16in": "4bf02aec0aaeb3004de2b03c8ffc924f82e273231c4d55cfa0278414b1dfd338",
     "linear_bf16in_silu_mul": "1e26355165e56937c7ad166ca3eecf6f15ed9328f3d47b9c9f7efd8d42c2d293",
@@ -38,6 +40,7 @@ def outputs(kernel: str) -> list[torch.Tensor]:
         "linear_q4": lambda x: q4_kernel.linear_q4(x, q4_kernel.pack(w4)),
         "linear_q4_i16in": lambda x: i16in_kernel.linear_q4_i16in(x, i16in_kernel.pack_q4(w4)),
         "linear_q8_i16in": lambda x: i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w8)),
+        "linear_q8_0_i16in": lambda x: head_linear.linear_q8_0_i16in(x, head_linear.pack_q8_0(w8)),
         "linear_bf16w": lambda x: head_kernel.linear_bf16w(x, head_kernel.pack(w4)),
         "linear_bf16in": lambda x: bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w4)),
         "linear_bf16in_silu_mul": lambda x: bf16in_kernel.linear_bf16in_silu_mul(x, bf16in_kernel.pack(w4[:64])),
@@ -54,7 +57,8 @@ def digest(ys: list[torch.Tensor]) -> str:
 
 
 def needs(kernel: str):
-    module = {"linear_q4_i16in": i16in_kernel, "linear_q8_i16in": i16in_kernel}.get(
+    module = {"linear_q4_i16in": i16in_kernel, "linear_q8_i16in": i16in_kernel,
+              "linear_q8_0_i16in": i16in_kernel}.get(
         kernel, bf16in_kernel if kernel.startswith(("linear_bf16i", "linear_bf16_")) else q4_kernel)
     return pytest.mark.skipif(module.load() is None, reason=f"{kernel} cannot run here")
 

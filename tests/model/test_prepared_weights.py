@@ -78,3 +78,45 @@ def test_the_batch_invariance_measurement_is_read_back_on_the_next_start(smollm2
     with caplog.at_level(logging.INFO, logger="bulkhead.engine.builder"):
         assert builder._decode_row_multiple(model, cfg) == measured
     assert "read from" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def mixed_dir(tmp_path_factory):
+    """A Q4_K_M-like GGUF: each group in its own format (gguf-i16in), a fused qkv of two."""
+    from bench import checkpoints
+    from bulkhead.model import gguf_import
+    from tests.model.test_format_linear import MIXED
+    from tests.model.test_weight_format import SHAPES
+
+    path = checkpoints.write_gguf(tmp_path_factory.mktemp("mixed") / "mixed.gguf", "Q4_0", types=MIXED, **SHAPES)
+    return gguf_import.model_dir_for(path)
+
+
+@pytest.mark.parametrize("model, kernel", [("mixed_dir", "gguf-i16in"), ("bf16_dir", "bf16")])
+def test_a_per_format_gguf_and_a_bf16_checkpoint_are_cached_and_served_from_huge_pages(model, kernel, request,
+                                                                                      fresh_cache):
+    model_dir = request.getfixturevalue(model)
+    first = prepared_weights.load_laid_out(model_dir, torch.float32, "auto")
+    if first[2] != kernel:
+        pytest.skip(f"{kernel} does not run here (no AVX-512 BF16 or VNNI): {first[2]}")
+    assert prepared_weights.cacheable(*first[2:])
+    hits = prepared_weights.stats["hits"]
+    second = prepared_weights.load_laid_out(model_dir, torch.float32, "auto")
+    assert prepared_weights.stats["hits"] == hits + 1 and second[2:] == first[2:]
+    a, b = first[1], second[1]
+    assert type(a.embed) is type(b.embed) and type(a.lm_head) is type(b.lm_head)
+    ids = torch.arange(a.embed.shape[0])
+    assert torch.equal(a.embed[ids], b.embed[ids])
+    x = torch.randn(3, a.embed.shape[1], generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a.lm_head(x), b.lm_head(x))
+    for la, lb in zip(a.layers, b.layers):
+        for name in prepared_weights.LINEARS:
+            wa, wb = getattr(la, name), getattr(lb, name)
+            assert type(wa) is type(wb) and getattr(wa, "format", None) == getattr(wb, "format", None)
+            xs = x if name != "down" else torch.randn(3, wa.in_features, generator=torch.Generator().manual_seed(1))
+            for decode in (False, True):
+                assert torch.equal(wa(xs, decode=decode), wb(xs, decode=decode))
+    if Path("/proc/self/smaps").exists():  # the first start's weights too: read back from the entry it wrote
+        gate_up, head = a.layers[0].gate_up, a.lm_head.packed
+        assert "hg" in vm_flags(getattr(gate_up, "weights", gate_up.packed)[0].data_ptr())  # codes, or bf16 pairs
+        assert "hg" in vm_flags((head if isinstance(head, torch.Tensor) else head[0]).data_ptr())

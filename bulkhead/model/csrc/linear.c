@@ -165,6 +165,7 @@ static int run_i16in(const float *x, const void *q, const float *scales, float *
 #define i16_q4_0_tile NULL
 #define i16_q8_tile NULL
 #define i16_q8a_tile NULL
+#define i16_q8_0_tile NULL
 #endif
 
 /* qs, dm as linear_q4 takes them (q4_kernel.pack). */
@@ -192,6 +193,12 @@ int linear_q4_0_i16in(const float *x, const uint8_t *qs, const uint16_t *d, floa
 int linear_q8_i16in(const float *x, const int8_t *qb, const float *d, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     return run_i16in(x, qb, d, y, M, N, K, nthreads, i16_q8_tile);
+}
+
+/* qb as linear_q8_i16in takes it, d fp16 [N / NB][K / G][NB]: a Q8_0 file's own scales (linear_q8a.h). */
+int linear_q8_0_i16in(const float *x, const int8_t *qb, const uint16_t *d, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    return run_i16in(x, qb, (const float *)d, y, M, N, K, nthreads, i16_q8_0_tile);
 }
 
 /* qb as linear_q8_i16in takes it, dm [N / NB][K / G][3][NB] (format_linear.pack_q8a). */
