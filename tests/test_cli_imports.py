@@ -39,3 +39,10 @@ def test_serve_still_has_its_flags():
     # Its flags read the kernels' names from bulkhead.model.kernel_names, so even
     # serve's parser loads no torch: a router process never does.
     assert "--lineage-log" in out.stdout and "torch" not in out.stdout.split("LOADED")[1], out.stdout + out.stderr
+
+
+def test_python_dash_m_bulkhead_runs_the_same_command():
+    run = subprocess.run([sys.executable, "-m", "bulkhead", "plan", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: bulkhead plan")

@@ -28,6 +28,7 @@ LAYERS = [
     {"verify", "admin", "audit"},     # the model checker; operator and capacity tools
     {"launch"},                       # the composition root: wires server, disagg and engine
     {"cli"},                          # the `bulkhead` command
+    {"__main__"},                     # `python -m bulkhead`: the same command
 ]
 LAYER_OF = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
