@@ -1,18 +1,18 @@
-"""One decode row's adapter cost, this tree's delta against another
-checkout's, in one process: the bundled SmolLM2 on the C decode layers as
-`bulkhead serve` builds them, one row on the base model, one under an
-adapter of rank 16 on all seven linears packed as this tree packs it, and
-one under the same kind of adapter packed and run by the other checkout's
-bulkhead/model/lora_layers.py and csrc/lora_delta.c (loaded beside this
-tree's; the C layers call whichever delta the step's StepDeltas names).
-The three levels interleaved step by step; one thread's CPU time of the
-whole step and of the C decode layers (with the lm_head where decode_step
-runs it there), median and 20th percentile (the
-least disturbed on a shared machine), and the adapter's cost above the base
+"""An adapter's decode cost, this tree's delta against other checkouts', in
+one process: the bundled SmolLM2 on the C decode layers as `bulkhead
+serve` builds them, --rows decode rows (1, or 16 over four adapters) on
+the base model, under adapters of rank 16 on all seven linears packed as
+this tree packs them, and under the same kind of adapters packed and run by
+each other checkout's bulkhead/model/lora_layers.py and csrc/lora_delta.c
+(loaded beside this tree's; the C layers call whichever delta the step's
+StepDeltas names). The levels interleaved step by step; one thread's CPU
+time of the whole step and of the C decode layers (with the lm_head where
+decode_step runs it there), median and 20th percentile (the least
+disturbed on a shared machine), and the adapter's cost above the base
 row's. Each side packs as its own default for this CPU.
 
     git worktree add /tmp/main main   # or any checkout of the commit to compare with
-    .venv/bin/python -m bench.lora_against --against /tmp/main [--reps 300]
+    .venv/bin/python -m bench.lora_against --against /tmp/main [--against OTHER] [--reps 300] [--rows 16]
 """
 
 from __future__ import annotations
