@@ -13,7 +13,7 @@ from bulkhead.lora.peft_files import BaseShapes, read_adapter, read_weights
 from bulkhead.model import lora_layers
 from bulkhead.model.config import load_model_config
 from bulkhead.model.lora_rows import LoraRows
-from bulkhead.model.lora_weights import LoraWeights
+from bulkhead.model.lora_weights import FusedDelta, LoraWeights, ModuleB
 
 LIB = lora_layers.load()
 pytestmark = pytest.mark.skipif(LIB is None, reason="the C LoRA delta cannot be built here")
@@ -150,3 +150,54 @@ def test_a_rows_delta_does_not_depend_on_its_neighbours_tiles_or_threads(weights
             assert torch.equal(together[1], y0[1])  # a base row is untouched
     finally:
         torch.set_num_threads(previous)
+
+
+def test_int8_weights_lie_in_one_stream_in_the_order_a_step_reads_them(weights):
+    """Layer by layer, linear by linear (LINEARS: decode_layers.c's order), A then each module's B, with
+    nothing between: what the delta reads next is what follows in memory (csrc/lora_delta_int8.h)."""
+    config, packed = weights
+    for adapter in packed["int8"]:
+        p = adapter.packed[0]
+        at = p.stream.data_ptr()
+        for d in p.deltas:
+            if d.rank == 0:
+                continue
+            assert d.a == at
+            at += (d.in_f + 1) // 2 * d.rank * 2
+            for part in d.parts[:d.n_parts]:
+                assert part.bt == at
+                at += (part.r_len + 1) // 2 * part.out * 2
+        assert at == p.stream.data_ptr() + p.stream.numel() and p.nbytes == p.stream.nbytes + 4 * sum(
+            d.rank for d in p.deltas)
+
+
+def _odd_delta(gen):
+    """One fused linear whose parts span two whole column blocks and a narrow one (160 = 64 + 64 + 32) and a
+    block and an odd one (70 = 64 + 6), of odd ranks, over an odd input width."""
+    a = torch.randn(8, 71, generator=gen)
+    parts = (ModuleB((0, 160), (0, 3), torch.randn(160, 3, generator=gen)),
+             ModuleB((200, 270), (3, 8), torch.randn(70, 5, generator=gen)))
+    return LoraWeights("odd", ({"qkv": FusedDelta(a, parts)},), 0)
+
+
+@pytest.mark.parametrize("rows", [1, 5])  # one row alone; a tile of 4 and one more
+def test_int8_b_is_read_block_by_block_whatever_its_width(rows):
+    if LIB is None or not LIB.lora_int8():
+        pytest.skip("no AVX-512 VNNI here")
+    gen = torch.Generator().manual_seed(4)
+    adapter = _odd_delta(gen)
+    adapter.packed.append(lora_layers.PackedAdapter(adapter, "int8"))
+    x, y0 = torch.randn(rows, 71, generator=gen), torch.zeros(rows, 270)
+    y = _delta([adapter] * rows, 0, "qkv", x, y0).double()
+    ref = _int8_reference(adapter.layers[0]["qkv"], x)
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item()), (y - ref).abs().max()
+    assert torch.equal(y[:, 160:200], torch.zeros(rows, 40, dtype=torch.float64))  # between the parts: untouched
+
+
+def test_the_int8_stream_starts_on_a_huge_page(weights):
+    """As the base model's weights: on 4 KiB pages the prefetcher stops at every page (lora_layers)."""
+    from bulkhead.kv.huge_pages import HUGE_PAGE
+
+    config, packed = weights
+    for adapter in packed["int8"]:
+        assert adapter.packed[0].stream.data_ptr() % HUGE_PAGE == 0

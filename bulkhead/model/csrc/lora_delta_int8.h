@@ -25,17 +25,23 @@
  * One row (a lone decode step, 120 calls a step on SmolLM2) waits on
  * latency, not on arithmetic: its down projection runs ROWS int32 chains
  * (pairs q mod ROWS, added together exactly before each flush: the same
- * numbers as one chain), and both projections prefetch the weights they
- * read next (A PREFETCH_BYTES on, B UP_AHEAD column blocks on), which the
- * hardware prefetcher, meeting each linear's weights cold after the base
- * matmul streamed through the caches, is slow to start (docs/adapters.md).
+ * numbers as one chain). Its reads are what it costs, so the weights are
+ * one stream: an adapter's int8 weights lie in one buffer in the order a
+ * step reads them (layer by layer, linear by linear: A's pairs, then each
+ * module's B block-major, column block by column block of UP_BLOCK
+ * columns, each block's pair rows together; lora_layers.PackedAdapter).
+ * Each linear's delta used to start 2-4 separate matrices cold after the
+ * base matmul had streamed the caches through, and read each B as 8 rows
+ * a few kB apart at once; one stream is what the hardware prefetcher
+ * follows best (in a decode step, 0.5 against 0.8 ms a token on SmolLM2,
+ * docs/adapters.md). A lone row prefetches nothing in software: on this
+ * stream that measured slower, prefetching the next call's weights too.
+ * A tile of ROWS rows, with 4 rows' arithmetic a byte, prefetches
+ * PREFETCH_BYTES ahead along the stream.
  */
 #define FLUSH 256
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 4096
-#endif
-#ifndef UP_AHEAD
-#define UP_AHEAD 2
 #endif
 #define SCALES (1 + MAX_PARTS)  /* a row's scales in LoraStep.scales: x's, then each part's u's */
 
@@ -84,10 +90,6 @@ static inline __attribute__((always_inline)) void down_tile_i8(int R, int NV, co
         int64_t q = q0;
         if (R == 1)  /* one row: ROWS chains of pairs q mod ROWS, summed exactly in int32 below */
             for (; q + ROWS <= q1; q += ROWS) {
-#ifndef LORA_NO_PREFETCH
-                for (int64_t o = 0; o < ROWS * rank * 2; o += 64)
-                    _mm_prefetch((const char *)(a + q * rank * 2 + o + PREFETCH_BYTES), _MM_HINT_T0);
-#endif
                 for (int c = 0; c < ROWS; c++) {
                     const __m512i xq = _mm512_set1_epi32(pair_at((const uint16_t *)xs[0] + 2 * (q + c)));
                     for (int v = 0; v < NV; v++)
@@ -95,6 +97,11 @@ static inline __attribute__((always_inline)) void down_tile_i8(int R, int NV, co
                 }
             }
         for (; q < q1; q++) {
+#ifndef LORA_NO_PREFETCH
+            if (R == ROWS)
+                for (int64_t o = 0; o < rank * 2; o += 64)
+                    _mm_prefetch((const char *)(a + q * rank * 2 + o + PREFETCH_BYTES), _MM_HINT_T0);
+#endif
             __m512i w[4];
             for (int v = 0; v < NV; v++) w[v] = widen_i8(a + (q * rank + 16 * v) * 2, m[v]);
             for (int r = 0; r < R; r++) {
@@ -148,21 +155,23 @@ static void down_rows_i8(const PackedDelta *d, const LoraStep *s, int64_t first,
     for (int64_t r = 0; r < n; r++) finish_u(d, s, first + r0 + r);
 }
 
-/* y[row][c0 + j0 + j] += su * sum over rank pairs of uq's pair . qb's pair, R rows, NV vectors of 16 columns. */
+/* y[row][c0 + j + c] += su * sum over rank pairs of uq's pair . qb's pair, R rows, NV vectors of 16
+ * columns c < jn; b: those columns of the block's first pair row, its pair rows `row` bytes apart (B
+ * block-major, above). */
 static inline __attribute__((always_inline)) void up_tile_i8(int R, int NV, const PackedPart *p,
                                                              const int16_t *const *us, const float *su,
-                                                             float *const *ys, int64_t j0, int64_t jn) {
+                                                             float *const *ys, const int8_t *b, int64_t row,
+                                                             int64_t j, int64_t jn) {
     enum { V = UP_BLOCK / 16 };
     __m512i acc[ROWS][V];
     __mmask16 m[V];
     for (int v = 0; v < NV; v++) m[v] = tail_mask(jn - 16 * v);
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_si512();
-    for (int64_t q = 0; q < (p->r_len + 1) / 2; q++) {  /* r_len <= 64: 32 pairs, no int32 overflow */
-        const int8_t *b = (const int8_t *)p->bt + (q * p->out + j0) * 2;
+    for (int64_t q = 0; q < (p->r_len + 1) / 2; q++, b += row) {  /* r_len <= 64: 32 pairs, no int32 overflow */
 #ifndef LORA_NO_PREFETCH
-        if (R == 1 && NV == V)  /* this pair row's columns UP_AHEAD blocks on (past its end: harmless) */
-            for (int o = 0; o < UP_BLOCK * 2; o += 64) _mm_prefetch((const char *)(b + UP_AHEAD * UP_BLOCK * 2 + o), _MM_HINT_T0);
+        if (R == ROWS && NV == V)  /* the stream PREFETCH_BYTES on: this part's next blocks, the next part's... */
+            for (int o = 0; o < row; o += 64) _mm_prefetch((const char *)(b + PREFETCH_BYTES + o), _MM_HINT_T0);
 #endif
         __m512i w[V];
         for (int v = 0; v < NV; v++) w[v] = widen_i8(b + 32 * v, bytes_mask(2 * (jn - 16 * v)));
@@ -173,17 +182,20 @@ static inline __attribute__((always_inline)) void up_tile_i8(int R, int NV, cons
     }
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) {
-            float *y = ys[r] + p->c0 + j0 + 16 * v;
+            float *y = ys[r] + p->c0 + j + 16 * v;
             const __m512 delta = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][v]), _mm512_set1_ps(su[r]));
             _mm512_mask_storeu_ps(y, m[v], _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], y), delta));
         }
 }
 
+/* Columns [j0, j0 + jn) of a part (one block: its bytes start at j0 * pairs * 2, rows of jn pairs). */
 static inline __attribute__((always_inline)) void up_rows_i8(int R, const PackedPart *p, const int16_t *const *us,
                                                              const float *su, float *const *ys, int64_t j0,
                                                              int64_t jn) {
-    if (jn == UP_BLOCK) up_tile_i8(R, UP_BLOCK / 16, p, us, su, ys, j0, jn);
-    else for (int64_t v = 0; v < jn; v += 16) up_tile_i8(R, 1, p, us, su, ys, j0 + v, jn - v < 16 ? jn - v : 16);
+    const int8_t *block = (const int8_t *)p->bt + j0 * ((p->r_len + 1) / 2) * 2;
+    if (jn == UP_BLOCK) up_tile_i8(R, UP_BLOCK / 16, p, us, su, ys, block, 2 * jn, j0, jn);
+    else for (int64_t v = 0; v < jn; v += 16)
+        up_tile_i8(R, 1, p, us, su, ys, block + 2 * v, 2 * jn, j0 + v, jn - v < 16 ? jn - v : 16);
 }
 
 /* Part `part` of a delta, columns [j0, j0 + jn), over rows [first, first + n) (n <= ROWS). */
