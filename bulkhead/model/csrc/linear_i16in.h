@@ -203,10 +203,10 @@ DEFINE_I16_LAYOUT(Q4_0)
  * qb [K / 2][2][HALF][2] (for input pair p, outputs 0-15's (q[2p], q[2p + 1])
  * then outputs 16-31's: vpmovsxbw widens 32 of them to vpdpwssd's operand),
  * d [K / G][NB]. */
-#define DEFINE_Q8_BLOCK(R)                                                                            \
-    static void q8_block_##R(const int16_t *restrict xi, const float *restrict sc, int64_t K,       \
-                             const int8_t *restrict qb, const float *restrict d, float *restrict y, \
-                             int64_t ldy) {                                                          \
+#define DEFINE_Q8_SCALED_BLOCK(NAME, R, SCALE_T, LOAD_SCALES)                                          \
+    static void NAME##_##R(const int16_t *restrict xi, const float *restrict sc, int64_t K,            \
+                           const int8_t *restrict qb, const SCALE_T *restrict d, float *restrict y,    \
+                           int64_t ldy) {                                                              \
         for (int64_t g = 0; g < K / G; g++) {                                                         \
             __m512i t[R][2];                                                                          \
             for (int r = 0; r < R; r++) t[r][0] = t[r][1] = _mm512_setzero_si512();                   \
@@ -222,7 +222,7 @@ DEFINE_I16_LAYOUT(Q4_0)
                     t[r][1] = _mm512_dpwssd_epi32(t[r][1], xv, w1);                                   \
                 }                                                                                     \
             }                                                                                         \
-            __m512 d0 = _mm512_loadu_ps(d + g * NB), d1 = _mm512_loadu_ps(d + g * NB + 16);           \
+            __m512 d0 = LOAD_SCALES(d + g * NB), d1 = LOAD_SCALES(d + g * NB + 16);                    \
             for (int r = 0; r < R; r++) {                                                             \
                 __m512 scale = _mm512_set1_ps(sc[r * (K / G) + g]);                                   \
                 __m512 q0 = _mm512_mul_ps(_mm512_cvtepi32_ps(t[r][0]), scale);                        \
@@ -234,6 +234,9 @@ DEFINE_I16_LAYOUT(Q4_0)
             }                                                                                         \
         }                                                                                             \
     }
+
+#define F32_SCALES(p) _mm512_loadu_ps(p)
+#define DEFINE_Q8_BLOCK(R) DEFINE_Q8_SCALED_BLOCK(q8_block, R, float, F32_SCALES)
 
 DEFINE_Q8_BLOCK(1)
 DEFINE_Q8_BLOCK(2)

@@ -90,39 +90,9 @@ static const q8a_block_fn Q8A_BLOCK[RMAX + 1] = {0, q8a_block_1, q8a_block_2, q8
  * over the same d widened, bit for bit. Measured on that lm_head, one row,
  * one thread: 0.89x linear_q8_i16in's time (27 GB/s, this machine's
  * streaming read); splitting each sum in two chains, or prefetching
- * further ahead, did not help: the read bounds it. */
-#define DEFINE_Q8_0_BLOCK(R)                                                                          \
-    static void q8_0_block_##R(const int16_t *restrict xi, const float *restrict sc, int64_t K,     \
-                               const int8_t *restrict qb, const uint16_t *restrict d,             \
-                               float *restrict y, int64_t ldy) {                                   \
-        for (int64_t g = 0; g < K / G; g++) {                                                         \
-            __m512i t[R][2];                                                                       \
-            for (int r = 0; r < R; r++)                                                               \
-                t[r][0] = t[r][1] = _mm512_setzero_si512();                                           \
-            for (int64_t p = g * (G / 2); p < (g + 1) * (G / 2); p++) {                               \
-                const int8_t *b = qb + p * 2 * NB;                                                    \
-                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b));             \
-                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + NB)));      \
-                for (int r = 0; r < R; r++) {                                                         \
-                    int32_t input_pair;                                                               \
-                    memcpy(&input_pair, xi + r * K + 2 * p, 4);                                       \
-                    __m512i xv = _mm512_set1_epi32(input_pair);                                       \
-                    t[r][0] = _mm512_dpwssd_epi32(t[r][0], xv, w0);                                   \
-                    t[r][1] = _mm512_dpwssd_epi32(t[r][1], xv, w1);                                   \
-                }                                                                                     \
-            }                                                                                         \
-            __m512 d0 = HALVES(d + g * NB), d1 = HALVES(d + g * NB + 16);                             \
-            for (int r = 0; r < R; r++) {                                                             \
-                __m512 scale = _mm512_set1_ps(sc[r * (K / G) + g]);                                   \
-                __m512 q0 = _mm512_mul_ps(_mm512_cvtepi32_ps(t[r][0]), scale);                        \
-                __m512 q1 = _mm512_mul_ps(_mm512_cvtepi32_ps(t[r][1]), scale);                        \
-                __m512 a0 = g ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();                   \
-                __m512 a1 = g ? _mm512_loadu_ps(y + r * ldy + 16) : _mm512_setzero_ps();              \
-                _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(q0, d0, a0));                           \
-                _mm512_storeu_ps(y + r * ldy + 16, _mm512_fmadd_ps(q1, d1, a1));                      \
-            }                                                                                         \
-        }                                                                                             \
-    }
+ * further ahead, did not help: the read bounds it. The block is
+ * linear_i16in.h's DEFINE_Q8_SCALED_BLOCK with fp16 scales' load. */
+#define DEFINE_Q8_0_BLOCK(R) DEFINE_Q8_SCALED_BLOCK(q8_0_block, R, uint16_t, HALVES)
 
 DEFINE_Q8_0_BLOCK(1)
 DEFINE_Q8_0_BLOCK(2)
