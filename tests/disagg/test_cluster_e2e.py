@@ -43,7 +43,7 @@ def test_server_info_reports_each_process_resident_memory_and_pool(cluster):
 def test_preflight_flags_the_clamped_workers_of_the_live_cluster(cluster, capsys):
     # Deliberately misconfigured like the incident (pools clamped below the
     # model's context, prefill's smaller than decode's): preflight must say so.
-    from bulkhead.audit.cli import main
+    from bulkhead.cli import main
 
     code = main(["preflight", cluster.url, "--api-key", OPERATOR_KEY, "--json"])  # /server_info is an operator's
     report = json.loads(capsys.readouterr().out)
