@@ -20,11 +20,12 @@ import torch
 HUGE_PAGE = 2 * 2**20  # x86-64's transparent huge page
 
 
-def advise(mapping: mmap.mmap) -> bool:
-    """Ask for huge pages over the whole mapping; False where the kernel or
-    the platform refuses (no THP built in, no MADV_HUGEPAGE)."""
+def advise(mapping: mmap.mmap, *span: int) -> bool:
+    """Ask for huge pages over the whole mapping, or over span (start, length);
+    False where the kernel or the platform refuses (no THP built in, no
+    MADV_HUGEPAGE)."""
     try:
-        mapping.madvise(mmap.MADV_HUGEPAGE)
+        mapping.madvise(mmap.MADV_HUGEPAGE, *span)
     except (AttributeError, OSError, ValueError):
         return False
     return True
@@ -38,13 +39,19 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return data.zero_()
 
 
-def arena(nbytes: int) -> torch.Tensor:
+def arena(nbytes: int, whole_pages_only: bool = False) -> torch.Tensor:
     """nbytes of uninitialised uint8 memory whose first byte is on a huge-page
     boundary, advised for huge pages, for callers to carve tensors out of
-    (views of it keep its mapping alive: torch.frombuffer holds the buffer)."""
+    (views of it keep its mapping alive: torch.frombuffer holds the buffer).
+    whole_pages_only: the tail past the last whole huge page is not advised,
+    so a small buffer (an adapter's) holds nbytes, not a huge page more."""
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advise(mapping)  # before the first touch: the faults then take huge pages
-    start = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
-    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=-start % HUGE_PAGE)
+    offset = -torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    whole = nbytes // HUGE_PAGE * HUGE_PAGE
+    if not whole_pages_only:
+        advise(mapping)  # before the first touch: the faults then take huge pages
+    elif whole:
+        advise(mapping, offset, whole)
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import mmap
 import threading
 
 import torch
@@ -159,15 +158,7 @@ def _on_huge_pages(nbytes: int) -> torch.Tensor:
     prefetcher stops at every 4 KiB page, and a step streams the adapter as it streams them (0.46-0.57
     against 0.59-0.70 ms a token). The tail past the last whole huge page is not advised, so a worker
     holds nbytes, not a huge page more."""
-    mapping = mmap.mmap(-1, nbytes + huge_pages.HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    offset = -torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr() % huge_pages.HUGE_PAGE
-    whole = nbytes // huge_pages.HUGE_PAGE * huge_pages.HUGE_PAGE
-    if whole:
-        try:
-            mapping.madvise(mmap.MADV_HUGEPAGE, offset, whole)
-        except (AttributeError, OSError, ValueError):  # no THP here: 4 KiB pages, nothing else changes
-            pass
-    return torch.frombuffer(mapping, dtype=torch.int8, count=nbytes, offset=offset)
+    return huge_pages.arena(nbytes, whole_pages_only=True).view(torch.int8)
 
 
 def _span(part) -> tuple[int, int, int, int]:
