@@ -264,7 +264,7 @@ class DecodeLayers:
             raise KernelError("the C decode layers take float32 rows, one write slot and page offset "
                               "per request and contiguous 1-D int64 index tensors")
         # The adapter rows' deltas (bulkhead.model.lora_layers), or none.
-        deltas = lora_layers.StepDeltas(lora_layers.load(), batch.lora) if batch.lora is not None else None
+        deltas = lora_layers.step_deltas(lora_layers.load(), batch.lora) if batch.lora is not None else None
         rc = fn(*head, ctypes.addressof(model), x.data_ptr(), x.shape[0], rows, batch.positions.data_ptr(),
                 batch.write_slots.data_ptr(), batch.pages.data_ptr(), batch.pages.shape[0],
                 batch.decode_page_offset.data_ptr(), batch.decode_kv_len.data_ptr(), torch.get_num_threads(),

@@ -10,7 +10,7 @@ summation, changes with the row count, so a group's rows go through the
 deltas in tiles of exactly TILE rows (the last one zero-padded), as one
 batched matmul of [tiles, TILE, in] whose every tile has the same shape: a
 row gets the same numbers whether its group holds one row or many.
-tests/model/test_lora_rows.py checks it.
+tests/model/test_lora_model.py checks it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from bulkhead.model.decode_kernel import KernelError
 from bulkhead.model.lora_weights import LoraWeights
 
 TILE = 16
+# Row lists up to this long get one shared index tensor each (row_index); a
+# prompt pass's longer lists are built fresh (they would only fill the table).
+SHARED_INDEX_ROWS = 64
+_SHARED_INDEX_LIMIT = 1024  # distinct row lists kept (the table is cleared when full)
+_shared_index: dict[tuple[int, ...], torch.Tensor] = {}
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class LoraRows:
                 by_digest.setdefault(adapter.digest, (adapter, []))[1].append(row)
         if not by_digest:
             return None
-        groups = tuple((w, torch.tensor(rows, dtype=torch.long)) for w, rows in by_digest.values())
+        groups = tuple((w, row_index(rows)) for w, rows in by_digest.values())
         return cls(groups, len(groups) == 1 and len(groups[0][1]) == len(row_adapters))
 
     def add(self, layer: int, linear: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -76,6 +81,26 @@ class LoraRows:
 
     def touches(self, layer: int, linear: str) -> bool:
         return any(linear in weights.layers[layer] for weights, _ in self.groups)
+
+
+def row_index(rows: list[int]) -> torch.Tensor:
+    """rows as an int64 tensor [n], read only: one shared tensor per distinct
+    list of up to SHARED_INDEX_ROWS rows. Why: a decode step's grouping
+    repeats step after step (one client: row 0, every step), and a step that
+    hands its adapter rows the same tensor as the last lets
+    bulkhead.model.lora_layers.step_deltas reuse that step's C tables and
+    scratch instead of building them again (with torch.tensor here, ~0.17 ms
+    of the decode worker's Python a token under an adapter, served;
+    docs/adapters.md). Nothing writes into these tensors."""
+    if len(rows) > SHARED_INDEX_ROWS:
+        return torch.tensor(rows, dtype=torch.long)
+    key = tuple(rows)
+    index = _shared_index.get(key)
+    if index is None:
+        if len(_shared_index) >= _SHARED_INDEX_LIMIT:
+            _shared_index.clear()
+        index = _shared_index[key] = torch.tensor(rows, dtype=torch.long)
+    return index
 
 
 def _tiled(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

@@ -201,3 +201,28 @@ def test_the_int8_stream_starts_on_a_huge_page(weights):
     config, packed = weights
     for adapter in packed["int8"]:
         assert adapter.packed[0].stream.data_ptr() % HUGE_PAGE == 0
+
+
+@pytest.mark.parametrize("products", PRODUCTS)
+def test_a_step_reused_for_the_same_rows_gets_a_fresh_steps_numbers_whatever_its_scratch_held(weights, products):
+    """lora_layers.step_deltas hands a step the last step's tables where its
+    rows and adapter are the same. An odd rank's last pair reads the 16-bit
+    u one past its ranks against a 0 weight: left as an earlier step's row
+    wrote it (here a bf16 NaN pattern in every slot), a bf16 product would
+    make the row NaN; the reused step's numbers are a fresh one's."""
+    config, by = weights
+    odd = by[products][1]  # rank 3
+    d = odd.layers[0]["o"]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, d.a.shape[1], generator=g)
+    y0 = torch.randn(1, max(p.cols[1] for p in d.parts), generator=g)
+    fresh = _delta([odd], 0, "o", x, y0)
+    first = lora_layers.step_deltas(LIB, LoraRows.of([odd]))
+    first._ub.fill_(0x7FC0)  # a bf16 NaN in each 16-bit u
+    again = lora_layers.step_deltas(LIB, LoraRows.of([odd]))
+    assert again is first
+    y = y0.clone()
+    again.add(0, "o", x, y)
+    assert torch.equal(y, fresh)
+    other = lora_layers.step_deltas(LIB, LoraRows.of([None, odd]))  # another row: its own tables
+    assert other is not first

@@ -211,3 +211,29 @@ def test_a_worker_on_the_c_layers_holds_each_adapter_once_packed(c_model, adapte
                                    torch.zeros(1, c_model.config.hidden_size))
     exact = AdapterStore(c_model.config).acquire(adapters[0])  # a store without the model's packing: fp32
     assert exact.fp32 and exact.nbytes > 0 and not exact.packed
+
+
+def test_a_decode_step_on_the_same_adapter_rows_as_the_last_reuses_its_c_tables(c_model, adapters, monkeypatch,
+                                                                              products):
+    """One client on one adapter decodes with the same grouping every step:
+    the C call's tables and scratch are built once and reused
+    (lora_layers.step_deltas), with the numbers of a fresh build, bit for
+    bit; a step whose grouping differs builds its own."""
+    built, init = [], lora_layers.StepDeltas.__init__
+    monkeypatch.setattr(lora_layers.StepDeltas, "__init__", lambda self, *a: (built.append(1), init(self, *a))[1])
+    runner, works = prefilled(c_model, adapters, [0, 1])
+    before = runner.pool.data.clone()
+    first = decode(runner, works[:1])
+    built.clear()
+    for _ in range(3):
+        runner.pool.data.copy_(before)
+        again = decode(runner, works[:1])
+        assert torch.equal(again, first)
+    assert built == []  # the same rows under the same adapter: the first step's tables
+    runner.pool.data.copy_(before)
+    decode(runner, works[1:])  # the same row under another adapter
+    runner.pool.data.copy_(before)
+    decode(runner, works)  # two adapters
+    assert len(built) == 2
+    runner.pool.data.copy_(before)
+    assert torch.equal(decode(runner, works[:1]), first)

@@ -240,28 +240,33 @@ static inline __attribute__((always_inline)) void up_tile(int R, int NV, const P
         }
 }
 
-/* up_tile for R rows of a whole block (the common case, unrolled) or of a part's last, narrower one. */
-static inline __attribute__((always_inline)) void up_rows(int R, const PackedPart *p, const float *const *us,
-                                                          float *const *ys, int64_t j0, int64_t jn) {
-    if (jn == UP_BLOCK) up_tile(R, UP_BLOCK / 16, p, us, ys, j0, jn);
-    else for (int64_t v = 0; v < jn; v += 16) up_tile(R, 1, p, us, ys, j0 + v, jn - v < 16 ? jn - v : 16);
+/* up_rows##NAME: TILE (an up_tile) for R rows of a whole block (the common
+ * case, unrolled) or of a part's last, narrower one; up_group##NAME: one
+ * column block of one part over every row of a group, ROWS rows at a time,
+ * each row's u of type U in the step's scratch U_BUF (U_STRIDE apart). One
+ * definition for the fp32 and the bf16 products, which differ only there. */
+#define DEFINE_UP_GROUP(NAME, TILE, U, U_BUF, U_STRIDE)                                                          \
+static inline __attribute__((always_inline)) void up_rows##NAME(int R, const PackedPart *p, const U *const *us,  \
+                                                                float *const *ys, int64_t j0, int64_t jn) {     \
+    if (jn == UP_BLOCK) TILE(R, UP_BLOCK / 16, p, us, ys, j0, jn);                                              \
+    else for (int64_t v = 0; v < jn; v += 16) TILE(R, 1, p, us, ys, j0 + v, jn - v < 16 ? jn - v : 16);        \
+}                                                                                                               \
+static void up_group##NAME(const PackedPart *p, const LoraStep *s, int64_t first, int64_t n, float *y,          \
+                           int64_t y_stride, int64_t j0, int64_t jn) {                                          \
+    for (int64_t r0 = 0; r0 < n; r0 += ROWS) {                                                                  \
+        const int64_t rn = n - r0 < ROWS ? n - r0 : ROWS;                                                       \
+        const U *us[ROWS];                                                                                      \
+        float *ys[ROWS];                                                                                        \
+        for (int64_t r = 0; r < rn; r++) {                                                                      \
+            us[r] = s->U_BUF + (first + r0 + r) * s->U_STRIDE;                                                  \
+            ys[r] = y + s->rows[first + r0 + r] * y_stride;                                                     \
+        }                                                                                                       \
+        if (rn == ROWS) up_rows##NAME(ROWS, p, us, ys, j0, jn);                                                 \
+        else for (int64_t r = 0; r < rn; r++) up_rows##NAME(1, p, us + r, ys + r, j0, jn);                     \
+    }                                                                                                           \
 }
 
-/* One column block of one part over every row of a group, ROWS rows at a time. */
-static void up_group(const PackedPart *p, const LoraStep *s, int64_t first, int64_t n, float *y, int64_t y_stride,
-                     int64_t j0, int64_t jn) {
-    for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-        const int64_t rn = n - r0 < ROWS ? n - r0 : ROWS;
-        const float *us[ROWS];
-        float *ys[ROWS];
-        for (int64_t r = 0; r < rn; r++) {
-            us[r] = s->u + (first + r0 + r) * s->u_stride;
-            ys[r] = y + s->rows[first + r0 + r] * y_stride;
-        }
-        if (rn == ROWS) up_rows(ROWS, p, us, ys, j0, jn);
-        else for (int64_t r = 0; r < rn; r++) up_rows(1, p, us + r, ys + r, j0, jn);
-    }
-}
+DEFINE_UP_GROUP(, up_tile, float, u, u_stride)
 
 /* ---- bf16 products (AVX-512 BF16): the fast path where the CPU has them ----
  *
@@ -360,26 +365,7 @@ static inline __attribute__((always_inline)) void up_tile_bf16(int R, int NV, co
         }
 }
 
-static inline __attribute__((always_inline)) void up_rows_bf16(int R, const PackedPart *p, const uint16_t *const *us,
-                                                               float *const *ys, int64_t j0, int64_t jn) {
-    if (jn == UP_BLOCK) up_tile_bf16(R, UP_BLOCK / 16, p, us, ys, j0, jn);
-    else for (int64_t v = 0; v < jn; v += 16) up_tile_bf16(R, 1, p, us, ys, j0 + v, jn - v < 16 ? jn - v : 16);
-}
-
-static void up_group_bf16(const PackedPart *p, const LoraStep *s, int64_t first, int64_t n, float *y, int64_t y_stride,
-                          int64_t j0, int64_t jn) {
-    for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-        const int64_t rn = n - r0 < ROWS ? n - r0 : ROWS;
-        const uint16_t *us[ROWS];
-        float *ys[ROWS];
-        for (int64_t r = 0; r < rn; r++) {
-            us[r] = s->ub + (first + r0 + r) * s->ub_stride;
-            ys[r] = y + s->rows[first + r0 + r] * y_stride;
-        }
-        if (rn == ROWS) up_rows_bf16(ROWS, p, us, ys, j0, jn);
-        else for (int64_t r = 0; r < rn; r++) up_rows_bf16(1, p, us + r, ys + r, j0, jn);
-    }
-}
+DEFINE_UP_GROUP(_bf16, up_tile_bf16, uint16_t, ub, ub_stride)
 #else
 #define BF16_DOTS 0
 #endif
