@@ -46,8 +46,12 @@ _LISTS = {"pages", "gens", "tenants", "src_pages"}  # page-parallel sequences, w
 def _recorder(kind: str, *names: str, adapter: bool = False):
     """A LineageSink method that queues one `kind` record, its arguments
     under `names`; adapter: stamped with the request's adapter (if any)."""
+    lists = [name for name in names if name in _LISTS]
+
     def record(self, *args) -> None:
-        fields = {name: list(value) if name in _LISTS else value for name, value in zip(names, args)}
+        fields = dict(zip(names, args))
+        for name in lists:
+            fields[name] = list(fields[name])
         if adapter:
             fields.update(self._adapters.get(args[0], {}))
         self._pending.append((time.time(), kind, fields))
