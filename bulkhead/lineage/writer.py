@@ -53,7 +53,7 @@ def _recorder(kind: str, *names: str, adapter: bool = False):
         for name in lists:
             fields[name] = list(fields[name])
         if adapter:
-            fields.update(self._adapters.get(args[0], {}))
+            fields.update(self._adapter_of(args[0]))
         self._pending.append((time.time(), kind, fields))
     return record
 
@@ -117,6 +117,9 @@ class LineageLog(LineageSink):
         while len(self._adapters) > MAX_ADAPTER_REQUESTS:
             self._adapters.popitem(last=False)
         self._emit("adapter", {"request": request, "tenant": tenant, "name": name, "digest": digest})
+
+    def _adapter_of(self, request) -> dict:
+        return self._adapters.get(request, {})
 
     def request_end(self, request, tenant, reason):
         self._adapters.pop(request, None)
