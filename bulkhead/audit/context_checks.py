@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from bulkhead.audit.canaries import ProbeFinding
 from bulkhead.audit.probe_client import Reply
 from bulkhead.audit.probe_report import CheckResult, ProbeReport
 
@@ -28,8 +27,8 @@ def over_length(probe: Probe, report: ProbeReport, context: int | None) -> None:
     result = CheckResult("over_length")
     report.checks.append(result)
     if context is None:
-        result.status, result.detail = "skipped", "the endpoint advertises no context length; pass --context-length"
-        report.warnings.append("over-length check skipped: no advertised context length")
+        report.skip(result, "the endpoint advertises no context length; pass --context-length",
+                    "over-length check skipped: no advertised context length")
         return
     tenant = probe.tenants[-1]
     key = probe.tenant_keys[tenant]
@@ -45,9 +44,8 @@ def over_length(probe: Probe, report: ProbeReport, context: int | None) -> None:
     else:
         per = _tokens_per_sentence(probe, key)
         if per is None:
-            result.status = "skipped"
-            result.detail = f"a short control prompt got HTTP {control.status}; cannot size prompts"
-            report.warnings.append("over-length check skipped: the endpoint refused a short control prompt")
+            report.skip(result, f"a short control prompt got HTTP {control.status}; cannot size prompts",
+                        "over-length check skipped: the endpoint refused a short control prompt")
             return
         over = FILLER_SENTENCE * (math.ceil((context + 1) / per) + 2)
         cases = [("prompt alone over", over, 1)]
@@ -67,9 +65,7 @@ def over_length(probe: Probe, report: ProbeReport, context: int | None) -> None:
             # the context was read or written: safe, and said as such.
             clamped = reply.total_tokens
             continue
-        result.status = "findings"
-        report.findings.append(ProbeFinding(
-            "over_length", f"{name} (context {context:,}, max_tokens {n}) got {reply.failure}, not a 4xx"))
+        report.find(result, f"{name} (context {context:,}, max_tokens {n}) got {reply.failure}, not a 4xx")
     result.detail = f"context {context:,}; {len(cases)} over-length case(s) via {how}"
     if clamped is not None and result.status == "ok":
         result.status = "clamps"
@@ -96,11 +92,11 @@ def coherence(probe: Probe, report: ProbeReport, context: int | None) -> None:
     result = CheckResult("coherence")
     report.checks.append(result)
     if probe.args.skip_coherence:
-        result.status, result.detail = "skipped", "--skip-coherence"
+        report.skip(result, "--skip-coherence")
         return
     if context is None and probe.args.max_context is None:
-        result.status, result.detail = "skipped", "no advertised context length; pass --max-context"
-        report.warnings.append("coherence check skipped: no advertised context length")
+        report.skip(result, "no advertised context length; pass --max-context",
+                    "coherence check skipped: no advertised context length")
         return
     tenant = probe.tenants[0]
     key = probe.tenant_keys[tenant]
@@ -125,14 +121,10 @@ def coherence(probe: Probe, report: ProbeReport, context: int | None) -> None:
     probe.canaries.scan(tenant, reply.text, "coherence")
     size = f"{reply.prompt_tokens:,} prompt tokens" if reply.prompt_tokens else f"~{target:,} prompt tokens"
     if not reply.ok:
-        result.status = "findings"
-        report.findings.append(ProbeFinding("coherence", f"coherence: failed: a {size} prompt within the limit "
-                                            f"got {reply.failure}"))
+        report.find(result, f"coherence: failed: a {size} prompt within the limit got {reply.failure}")
     elif canary not in reply.text:
-        result.status = "findings"
-        report.findings.append(ProbeFinding(
-            "coherence", f"coherence: failed: the model did not repeat the canary placed at the start of a "
-            f"{size} prompt (small models may fail this honestly; --skip-coherence to skip)"))
+        report.find(result, f"coherence: failed: the model did not repeat the canary placed at the start of a "
+                    f"{size} prompt (small models may fail this honestly; --skip-coherence to skip)")
     result.detail = f"{size}, canary at the start, asked for at the end"
 
 

@@ -24,6 +24,7 @@ import httpx
 from bulkhead.audit import context_checks
 from bulkhead.audit.canaries import Canaries, ProbeFinding
 from bulkhead.audit.errors import AuditError, EngineResponseError
+from bulkhead.audit.probe_adapters import AdapterProbe
 from bulkhead.audit.probe_client import ProbeClient, ProbeInputError, Reply, load_keys
 from bulkhead.audit.probe_report import EXIT_UNREACHABLE, CheckResult, ProbeReport, render_json, render_table
 
@@ -75,10 +76,13 @@ class Probe:
         topic = TOPICS[index % len(TOPICS)]
         return f"Reference {canary}. Reference {canary}.\nWrite one short sentence about {topic}:"
 
+    def _job(self, tenant: str, index: int, max_tokens: int) -> Job:
+        """A greedy prompt carrying a new canary of tenant's."""
+        return Job(tenant, self.tenant_keys[tenant], self._greedy(self._canary_prompt(tenant, index), max_tokens))
+
     def _jobs(self, count: int, max_tokens: int) -> list[Job]:
         """count greedy canary prompts, the tenants taking turns."""
-        return [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), max_tokens))
-                for i, t in enumerate(self.tenants[i % len(self.tenants)] for i in range(count))]
+        return [self._job(self.tenants[i % len(self.tenants)], i, max_tokens) for i in range(count)]
 
     def _run_all(self, jobs: list[Job], send: Callable[[str, dict[str, Any]], Reply] | None = None) -> list[Reply]:
         send = send or self.client.complete
@@ -105,8 +109,7 @@ class Probe:
             raise EngineResponseError(self.client.base_url, f"no completion succeeded: {solo_replies[0].failure}")
         self.solo, self.solo_replies = solo, solo_replies
 
-        traffic = [Job(t, self.tenant_keys[t], self._greedy(self._canary_prompt(t, i), self.args.max_tokens))
-                   for t in self.tenants for i in range(n)]
+        traffic = [self._job(t, i, self.args.max_tokens) for t in self.tenants for i in range(n)]
         # Interleave the repeated solo prompts evenly with every tenant's traffic.
         mixed = list(traffic)
         for j, job in enumerate(solo):
@@ -115,14 +118,12 @@ class Probe:
         self._note("concurrent", mixed, replies)
         again = {id(job): reply for job, reply in zip(mixed, replies) if any(job is s for s in solo)}
 
-        report.checks.append(CheckResult(
-            "cross_tenant", len(solo) + len(mixed),
-            detail=f"{len(self.tenants)} tenant(s), {n} concurrent request(s) each, every prompt with its own canary",
-        ))
+        cross = CheckResult("cross_tenant", len(solo) + len(mixed), detail=f"{len(self.tenants)} tenant(s), {n} "
+                            "concurrent request(s) each, every prompt with its own canary")
+        report.checks.append(cross)
         if len(self.tenants) < 2:
-            report.checks[-1].status = "skipped"
-            report.checks[-1].detail = "one tenant in the keys file: no other tenant to leak to"
-            report.warnings.append("cross-tenant check skipped: the keys file names one tenant; give two or more")
+            report.skip(cross, "one tenant in the keys file: no other tenant to leak to",
+                        "cross-tenant check skipped: the keys file names one tenant; give two or more")
 
         verdicts = [self._compare(before, again[id(job)]) for job, before in zip(solo, solo_replies)
                     if before.ok and again[id(job)].ok]
@@ -132,12 +133,10 @@ class Probe:
         if tolerated:
             result.detail += f"; {tolerated} diverged after token {self.args.allow_divergence_after} (tolerated)"
         if differ:
-            result.status = "findings"
             tolerance = ("exact text" if self.args.allow_divergence_after is None
                          else f"the first {self.args.allow_divergence_after} token(s)")
-            report.findings.append(ProbeFinding(
-                "differential", f"{differ} of {compared} greedy completion(s) changed ({tolerance}) when served "
-                "among other requests: the output depends on what else is running"))
+            report.find(result, f"{differ} of {compared} greedy completion(s) changed ({tolerance}) when served "
+                        "among other requests: the output depends on what else is running")
         report.checks.append(result)
 
     def _compare(self, before: Reply, after: Reply) -> str:
@@ -162,23 +161,17 @@ class Probe:
             self.canaries.scan(job.tenant, reply.text, "aborts")
         broken = [r for r in replies if not r.ok]
         if broken:
-            result.status = "findings"
-            report.findings.append(ProbeFinding(
-                "aborts", f"{len(broken)} of {len(jobs)} stream(s) did not open: "
-                + ", ".join(sorted({r.transport_error or f'HTTP {r.status}' for r in broken}))))
+            report.find(result, f"{len(broken)} of {len(jobs)} stream(s) did not open: "
+                        + ", ".join(sorted({r.transport_error or f'HTTP {r.status}' for r in broken})))
         # Afterwards the endpoint must still answer, and answer as it did before.
         job, before = self.solo[0], self.solo_replies[0]
         after = self.client.complete(job.key, job.body)
         result.sent += 1
         self.canaries.scan(job.tenant, after.text, "after aborts")
         if not after.ok:
-            result.status = "findings"
-            report.findings.append(ProbeFinding("aborts", f"after {len(jobs)} aborted stream(s) a request got "
-                                                f"{after.failure}"))
+            report.find(result, f"after {len(jobs)} aborted stream(s) a request got {after.failure}")
         elif before.ok and self._compare(before, after) == "differ":
-            result.status = "findings"
-            report.findings.append(ProbeFinding(
-                "aborts", "after aborted streams a greedy prompt's completion changed from its solo answer"))
+            report.find(result, "after aborted streams a greedy prompt's completion changed from its solo answer")
         result.detail = f"{len(jobs)} stream(s) closed after the first chunk, then a greedy request re-checked"
 
     def structured(self, report: ProbeReport) -> None:
@@ -194,7 +187,7 @@ class Probe:
                 else:
                     body |= {"tools": [RECORD_TOOL], "tool_choice": "required"}
                 jobs.append(Job(tenant, key, body))
-            jobs.append(Job(tenant, key, self._greedy(self._canary_prompt(tenant, i), self.args.max_tokens)))
+            jobs.append(self._job(tenant, i, self.args.max_tokens))
         # A chat reply's text is its content and every tool call's arguments.
         replies = self._run_all(jobs, lambda key, body: self.client.complete(
             key, body, "/v1/chat/completions" if "messages" in body else "/v1/completions"))
@@ -205,14 +198,12 @@ class Probe:
                                                              f"{len(jobs) - len(chats)} completion(s)")
         served = [(job, r) for job, r in chats if r.ok]
         if not served:
-            result.status = "skipped"
-            result.detail = "the endpoint refused every structured request (no response_format or tools)"
-            report.warnings.append("structured check skipped: " + result.detail)
+            why = "the endpoint refused every structured request (no response_format or tools)"
+            report.skip(result, why, "structured check skipped: " + why)
         malformed = sum(1 for job, r in served if r.finish_reason != "length" and not _shaped(job.body, r))
         if malformed:
-            result.status = "findings"
-            report.findings.append(ProbeFinding("structured", f"{malformed} of {len(served)} structured answer(s) "
-                                                "did not parse or match their schema"))
+            report.find(result, f"{malformed} of {len(served)} structured answer(s) did not parse or match "
+                        "their schema")
         report.checks.append(result)
 
     def run(self, report: ProbeReport) -> None:
@@ -221,7 +212,6 @@ class Probe:
         context_checks.coherence(self, report, report.context_length)
         self.aborts(report)
         self.structured(report)
-        from bulkhead.audit.probe_adapters import AdapterProbe  # here: it imports this module's types
         AdapterProbe(self.client, self.tenant_keys, self.model, report.context_length).run(report)
         cross = next(c for c in report.checks if c.check == "cross_tenant")
         if self.canaries.hits:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bulkhead.audit.probe import CheckResult, ProbeFinding, ProbeReport
 from bulkhead.audit.probe_client import ProbeClient
+from bulkhead.audit.probe_report import CheckResult, ProbeReport
 
 PREFIX_TOKENS = 129  # 8 full pages of 16: a hit computes 1 token instead of 129
 CROSS_GUESSES = 10  # secrets, and as many decoys, per measurement
@@ -87,10 +87,8 @@ class AdapterProbe:
                        "another body: the answer tells that the adapter exists")
         else:
             return result
-        result.status = "findings"
-        report.findings.append(ProbeFinding(
-            "adapter_names", f"tenant {owner.other!r} naming tenant {owner.tenant!r}'s adapter {owner.adapter!r} "
-            + problem, (owner.other, owner.tenant)))
+        report.find(result, f"tenant {owner.other!r} naming tenant {owner.tenant!r}'s adapter {owner.adapter!r} "
+                    + problem, (owner.other, owner.tenant))
         return result
 
     def timing(self, owner: Owner, report: ProbeReport) -> CheckResult:
@@ -110,13 +108,11 @@ class AdapterProbe:
                          f"{owner.adapter!r}; AUC " + ", ".join(f"{k} {v:.2f}" for k, v in aucs.items()))
         for name in ("other tenant", "owner, base model"):
             if aucs[name] >= AUC_LIMIT:
-                result.status = "findings"
                 who = (f"tenant {owner.other!r}" if name == "other tenant"
                        else f"tenant {owner.tenant!r} under the base model")
-                report.findings.append(ProbeFinding(
-                    "adapter_timing", f"{who} can tell prompts cached under tenant {owner.tenant!r}'s adapter "
-                    f"{owner.adapter!r} by time to first token (AUC {aucs[name]:.2f} >= {AUC_LIMIT})",
-                    (owner.other, owner.tenant)))
+                report.find(result, f"{who} can tell prompts cached under tenant {owner.tenant!r}'s adapter "
+                            f"{owner.adapter!r} by time to first token (AUC {aucs[name]:.2f} >= {AUC_LIMIT})",
+                            (owner.other, owner.tenant))
         if aucs["control"] < CONTROL_LEAST:
             report.warnings.append(f"adapter timing: the owner's own cached prompts were not measurably quicker "
                                    f"(AUC {aucs['control']:.2f}): the cross-tenant result says little here")

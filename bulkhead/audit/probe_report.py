@@ -38,6 +38,16 @@ class ProbeReport:
     def exit_code(self) -> int:
         return EXIT_FINDINGS if self.findings else EXIT_CLEAN
 
+    def find(self, result: CheckResult, message: str, tenants: tuple[str, ...] = ()) -> None:
+        """A finding of result's check, which then reads "findings"."""
+        result.status = "findings"
+        self.findings.append(ProbeFinding(result.check, message, tenants))
+
+    def skip(self, result: CheckResult, detail: str, warning: str | None = None) -> None:
+        result.status, result.detail = "skipped", detail
+        if warning is not None:
+            self.warnings.append(warning)
+
 
 def render_table(report: ProbeReport) -> str:
     context = f"{report.context_length:,}" if report.context_length is not None else "-"

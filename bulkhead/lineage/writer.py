@@ -40,6 +40,24 @@ class LineageLogError(RuntimeError):
     """The log cannot be opened or continued (refuse to start)."""
 
 
+_LISTS = {"pages", "gens", "tenants", "src_pages"}  # page-parallel sequences, written as JSON lists
+
+
+def _recorder(kind: str, *names: str, adapter: bool = False):
+    """A LineageSink method that queues one `kind` record, its arguments
+    under `names`; adapter: stamped with the request's adapter (if any)."""
+    lists = [name for name in names if name in _LISTS]
+
+    def record(self, *args) -> None:
+        fields = dict(zip(names, args))
+        for name in lists:
+            fields[name] = list(fields[name])
+        if adapter:
+            fields.update(self._adapter_of(args[0]))
+        self._pending.append((time.time(), kind, fields))
+    return record
+
+
 class LineageLog(LineageSink):
     enabled = True
 
@@ -82,27 +100,17 @@ class LineageLog(LineageSink):
     def _emit(self, kind: str, fields: dict) -> None:
         self._pending.append((time.time(), kind, fields))
 
-    def allocated(self, request, tenant, pages, generations):
-        self._emit("alloc", {"request": request, "tenant": tenant, "pages": list(pages),
-                             "gens": list(generations), **self._adapter_of(request)})
-
-    def freed(self, owner, pages, generations, tenants):
-        self._emit("free", {"request": owner, "pages": list(pages), "gens": list(generations),
-                            "tenants": list(tenants)})
-
-    def donated(self, request, page, generation, new_owner):
-        self._emit("donate", {"request": request, "page": page, "gen": generation, "to": new_owner})
-
-    def scrubbed(self, pages, mode):
-        self._emit("scrub", {"pages": list(pages), "mode": mode})
-
-    def reusable(self, pages):
-        self._emit("reusable", {"pages": list(pages)})
-
-    def cache_hit(self, request, tenant, pages, generations, page_tenants):
-        self._emit("cache_hit", {"request": request, "tenant": tenant, "pages": list(pages),
-                                 "gens": list(generations), "tenants": list(page_tenants),
-                                 **self._adapter_of(request)})
+    allocated = _recorder("alloc", "request", "tenant", "pages", "gens", adapter=True)
+    freed = _recorder("free", "request", "pages", "gens", "tenants")
+    donated = _recorder("donate", "request", "page", "gen", "to")
+    scrubbed = _recorder("scrub", "pages", "mode")
+    reusable = _recorder("reusable", "pages")
+    cache_hit = _recorder("cache_hit", "request", "tenant", "pages", "gens", "tenants", adapter=True)
+    named = _recorder("name", "request", "tenant", "client_id")
+    granted = _recorder("grant", "request", "tenant", "room", "epoch", "pages", "gens")
+    transferred = _recorder("transfer", "request", "tenant", "src_pages", "pages", "gens", "manifest")
+    committed = _recorder("commit", "request", "tenant", "pages", "gens", "manifest")
+    refused = _recorder("refuse", "request", "tenant", "reason", "manifest")
 
     def adapter(self, request, tenant, name, digest):
         self._adapters[request] = {"adapter": {"name": name, "digest": digest}}
@@ -113,28 +121,9 @@ class LineageLog(LineageSink):
     def _adapter_of(self, request) -> dict:
         return self._adapters.get(request, {})
 
-    def named(self, request, tenant, client_id):
-        self._emit("name", {"request": request, "tenant": tenant, "client_id": client_id})
-
     def request_end(self, request, tenant, reason):
         self._adapters.pop(request, None)
         self._emit("end", {"request": request, "tenant": tenant, "reason": reason})
-
-    def granted(self, request, tenant, room, epoch, pages, generations):
-        self._emit("grant", {"request": request, "tenant": tenant, "room": room, "epoch": epoch,
-                             "pages": list(pages), "gens": list(generations)})
-
-    def transferred(self, request, tenant, src_pages, dst_pages, generations, manifest_digest):
-        self._emit("transfer", {"request": request, "tenant": tenant, "src_pages": list(src_pages),
-                                "pages": list(dst_pages), "gens": list(generations), "manifest": manifest_digest})
-
-    def committed(self, request, tenant, pages, generations, manifest_digest):
-        self._emit("commit", {"request": request, "tenant": tenant, "pages": list(pages),
-                              "gens": list(generations), "manifest": manifest_digest})
-
-    def refused(self, request, tenant, reason, manifest_digest):
-        self._emit("refuse", {"request": request, "tenant": tenant, "reason": reason,
-                              "manifest": manifest_digest})
 
     def stats(self) -> dict:
         return {"path": str(self.path), "records_written": self.records_written, "records_pending":

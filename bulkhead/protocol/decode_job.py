@@ -1,20 +1,7 @@
-"""Decode's decisions about one request, shared by the checker's decode
-actor (bulkhead.verify.actors.decode) and the running decode worker
-(bulkhead.disagg.decode_worker).
-
-    function          when                               effects it may ask for
-    ----------------  ---------------------------------  -------------------------------------
-    assign            a verified ticket arrived          -
-    wants_pages       the pool may have room             RESERVE_PAGES
-    pages_reserved    the pool handed pages over         GRANT_PAGES, or RETURN_PAGES (the outcome came first)
-    manifest_arrived  prefill says what it wrote         CHECK_KV
-    verdict           the checks ran                     COMMIT, or MARK_FAILED
-    decode_step       the scheduler ran a step           DECODE_DONE
-    finalize          the router's outcome               START_LEASE, RELEASE_PAGES, or ABORT_ENGINE (committed)
-    drain_ack         prefill: no write can still land   MARK_DRAINED, RELEASE_PAGES
-    lease_expired     the fence ran out                  RELEASE_PAGES
-    finished          the last token                     RELEASE_PAGES (the runtime's engine already has)
-"""
+"""Decode's decisions about one request (each function's docstring says
+when, and its JobStep which effects), shared by the checker's decode actor
+(bulkhead.verify.actors.decode) and the running decode worker
+(bulkhead.disagg.decode_worker)."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,16 +1,7 @@
-"""Prefill's decisions about one request, shared by the checker's prefill
-actor (bulkhead.verify.actors.prefill) and the running prefill worker
+"""Prefill's decisions about one request (each function's docstring says
+when, and its JobStep which effects), shared by the checker's prefill actor
+(bulkhead.verify.actors.prefill) and the running prefill worker
 (bulkhead.disagg.prefill_worker).
-
-    function        when                                  effects it may ask for
-    --------------  ------------------------------------  -------------------------------
-    assign          a verified ticket arrived             -
-    pages_granted   decode's grant arrived                -
-    prefilled       the prompt's KV is computed           -
-    start_transfer  KV and grant are both here            POST_WRITES
-    finalize        the router's outcome                  STOP_ENGINE
-    quiesced        no write of ours is outstanding       SEND_DRAIN_ACK, RELEASE_LOCAL
-    undrained       the transfer failed, a write in flight RELEASE_LOCAL (never acked: the lease fences it)
 
 `runtime` (quiesced): the runtime's worker asks from any phase, and one with
 no quiesced row raises IllegalTransition (the request fails closed); the

@@ -1,16 +1,6 @@
-"""The router's decisions about one request, shared by the checker's
-router actor (bulkhead.verify.actors.router) and the running router
-(bulkhead.disagg.router).
-
-    function   when                                   effects it may ask for
-    ---------  -------------------------------------  ---------------------------------
-    submit     admission decided (fits, or not)       RESPOND (a rejection)
-    bootstrap  a room is free; the pair takes requests ASSIGN_BOTH (or held: a draining pair)
-    drain_worker  the operator drains a worker        - (no request is assigned to it again)
-    decide     an outcome: a report, abort, deadline,  FINALIZE_WORKERS, RESPOND
-               or a lost worker; the first one wins
-    finished   decode's last output: the success path  RESPOND (no Finalize: the workers end it themselves)
-"""
+"""The router's decisions about one request (each function's docstring says
+when, and its JobStep which effects), shared by the checker's router actor
+(bulkhead.verify.actors.router) and the running router (bulkhead.disagg.router)."""
 from __future__ import annotations
 
 from bulkhead.protocol.lifecycle import Actor, Event, advance

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=None, help="run this many seeds (default 500)")
-    parser.add_argument("--first-seed", type=int, default=0, help="first seed of a --seeds run")
     parser.add_argument("--seed", type=int, default=None, help="replay one seed with its trace")
     parser.add_argument("--no-write-guard", action="store_true",
                         help="ablation: the simulated backend does not ask decode's write guard")
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(result.violations)} violations")
         return 1 if result.violations else 0
     count = args.seeds if args.seeds is not None else 500
-    summary = run_seeds(range(args.first_seed, args.first_seed + count), honour_write_guard=guard)
+    summary = run_seeds(range(count), honour_write_guard=guard)
     print(format_summary(summary))
     return 0 if summary.ok else 1
 

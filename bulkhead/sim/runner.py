@@ -95,7 +95,7 @@ class Summary:
         return not self.failing and not self.never_fired
 
 
-def run_seeds(seeds, honour_write_guard: bool = True, stop_at_first: bool = False) -> Summary:
+def run_seeds(seeds, honour_write_guard: bool = True) -> Summary:
     summary = Summary(honour_write_guard=honour_write_guard)
     start = time.perf_counter()
     with quiet_runtime_logs():
@@ -111,8 +111,6 @@ def run_seeds(seeds, honour_write_guard: bool = True, stop_at_first: bool = Fals
             if result.violations:
                 summary.failing.append(result)
                 summary.violations.update(v.kind for v in result.violations)
-                if stop_at_first:
-                    break
     summary.wall_s = time.perf_counter() - start
     return summary
 

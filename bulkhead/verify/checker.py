@@ -35,7 +35,7 @@ class Result:
     states: int = 0
     transitions: int = 0
     seconds: float = 0.0
-    complete: bool = True                   # False if stopped at a goal or a cap
+    complete: bool = True                   # False if stopped at a goal
     violations: dict = field(default_factory=dict)   # kind -> first Violation
     stuck_states: int = 0                   # states from which no final state is reachable
     stuck_example: Violation | None = None
@@ -53,8 +53,7 @@ class Result:
 
 
 def explore(world: World, config: ProtocolConfig, *, goal: Goal | None = None,
-            stop_at_goal: bool = False, liveness: bool = True,
-            max_states: int | None = None) -> Result:
+            stop_at_goal: bool = False, liveness: bool = True) -> Result:
     """Explore every state reachable in `world` under `config`.
 
     goal + stop_at_goal: return as soon as a violation matching goal is found
@@ -93,8 +92,6 @@ def explore(world: World, config: ProtocolConfig, *, goal: Goal | None = None,
                 path = lambda: _path(parents, labels, here) + [move.label]  # noqa: E731
                 if _record(result, found, path, goal) and stop_at_goal:
                     return _done(result, started, states, complete=False)
-        if max_states and len(states) >= max_states:
-            return _done(result, started, states, complete=False)
     if liveness:
         _check_liveness(world, result, states, edges, parents, labels)
     return _done(result, started, states, complete=True)

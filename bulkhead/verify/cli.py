@@ -32,7 +32,6 @@ def add_subcommand(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--bound", choices=sorted(WORLDS), default="default",
                         help="world size for the real protocol (legacy searches use their own)")
     parser.add_argument("--stats", action="store_true", help="print a table of the searches")
-    parser.add_argument("--no-liveness", action="store_true", help="skip the liveness check")
     parser.add_argument("--coverage", action="store_true",
                         help="list the runtime's handlers: which the search covered, and the model-only steps")
     parser.add_argument("--simulate", action="store_true",
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol == "real":
         transitions.calls.clear()
         for name, world in (("real", WORLDS[args.bound]()), ("real:drain", drain_world())):
-            result = explore(world, world.protocol(Guards(), Variant.REAL), liveness=not args.no_liveness)
+            result = explore(world, world.protocol(Guards(), Variant.REAL))
             rows.append((name, result))
             _report_real(result)
         coverage = handler_coverage(transitions.explored())

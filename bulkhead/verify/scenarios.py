@@ -55,16 +55,3 @@ def legacy_search(goal_name: str, world: World | None = None) -> Result:
     config = world.protocol(Guards.none(), Variant.LEGACY)
     return explore(world, config, goal=LEGACY_GOALS[goal_name], stop_at_goal=True, liveness=False)
 
-
-def any_violation(kind: str, detail: str, labels: list) -> bool:
-    return True
-
-
-def ablation_search(guard: str, world: World | None = None) -> Result:
-    """The real protocol with one guard off: the shortest violation."""
-    world = world or small_world()
-    if guard in ("admission_before_bootstrap", "hmac"):
-        # Both need the over-long request: a late rejection, a forged ticket.
-        world = default_world()
-    config = world.protocol(Guards().without(guard), Variant.REAL)
-    return explore(world, config, goal=any_violation, stop_at_goal=True, liveness=False)

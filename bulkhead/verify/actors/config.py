@@ -53,10 +53,6 @@ class Guards:
             raise ValueError(f"unknown guard {name!r}")
         return replace(self, **{name: False})
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
 
 @dataclass(frozen=True)
 class RequestSpec:

@@ -20,9 +20,9 @@ from bulkhead.protocol.types import Outcome, Phase
 from bulkhead.verify.actors.config import ProtocolConfig, Variant
 from bulkhead.verify.actors.events import Committed, DecodeStep, LeaseExpired, PageRead, Reserved, Step, WriteLanded
 from bulkhead.verify.actors.ledger_model import Ledger
-from bulkhead.verify.actors.network import Envelope, Landing, PageWrite
+from bulkhead.verify.actors.network import Envelope, Landing, PageWrite, dispatch
 from bulkhead.verify.actors.values import (
-    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, prefill_addr, upsert,
+    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, prefill_addr, put,
 )
 
 
@@ -64,14 +64,7 @@ def decode_restart(config: ProtocolConfig, state: DecodeState) -> DecodeState:
 
 
 def decode_step(config: ProtocolConfig, state: DecodeState, event) -> Step:
-    if isinstance(event, Envelope):
-        if not event.signed and config.guards.hmac:
-            return Step(state)  # forged: the HMAC does not verify
-        event = event.body
-    handler = _HANDLERS.get(type(event))
-    if handler is None:
-        raise TypeError(f"decode cannot handle {type(event).__name__}")
-    return handler(config, state, event)
+    return dispatch(config, state, event, _HANDLERS, "decode")
 
 
 def _assign(config, state: DecodeState, message: Assign) -> Step:
@@ -83,7 +76,7 @@ def _assign(config, state: DecodeState, message: Assign) -> Step:
     if step.outcome == "duplicate" or ticket.decode_incarnation != state.incarnation:
         return Step(state)  # a duplicate; or issued before our restart (the router will learn of it)
     record = DecodeRequest(ticket.request_id, step.phase, ticket=ticket)
-    return _allocate_waiting(config, replace(state, requests=upsert(state.requests, record)))
+    return _allocate_waiting(config, put(state, record))
 
 
 def _allocate_waiting(config, state: DecodeState) -> Step:
@@ -99,7 +92,7 @@ def _allocate_waiting(config, state: DecodeState) -> Step:
             continue
         ledger, pages = state.ledger.allocate(record.rid, need)
         record = replace(record, pages=pages, reserving=True)
-        state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+        state = put(replace(state, ledger=ledger), record)
     return Step(state)
 
 
@@ -116,8 +109,8 @@ def _reserved(config, state: DecodeState, event: Reserved) -> Step:
     if step.does(Effect.RETURN_PAGES):
         ledger = state.ledger.release(record.pages, scrub=config.guards.scrub_on_free)
         record = replace(record, pages=())
-        return _allocate_waiting(config, replace(state, ledger=ledger, requests=upsert(state.requests, record)))
-    state = replace(state, requests=upsert(state.requests, record))
+        return _allocate_waiting(config, put(replace(state, ledger=ledger), record))
+    state = put(state, record)
     ticket, ledger = record.ticket, state.ledger
     pages = record.prompt_pages
     grant = PagesGranted(ticket.request_id, ticket.room, ticket.epoch, pages,
@@ -159,7 +152,7 @@ def _transfer_done(config, state: DecodeState, message: TransferDone) -> Step:
     step = decode_job.manifest_arrived(record.phase if record else None, bool(record and record.manifest))
     if not step.does(Effect.CHECK_KV):
         return Step(state)
-    state = replace(state, requests=upsert(state.requests, replace(record, manifest=message.manifest)))
+    state = put(state, replace(record, manifest=message.manifest))
     return _try_commit(config, state, record.rid)
 
 
@@ -174,12 +167,12 @@ def _try_commit(config, state: DecodeState, rid: int) -> Step:
         if record.drain_acked:  # the ack came first (prefill's writes had ended): free now
             freed = _release(config, state, replace(record, phase=decode_job.drain_ack(record.phase).phase))
             return Step(freed.state, failed + freed.send, freed.notes)
-        return Step(replace(state, requests=upsert(state.requests, record)), failed)
+        return Step(put(state, record), failed)
     if not step.does(Effect.COMMIT):
         return Step(state)  # moot, or waiting for more landings
     record = replace(record, phase=step.phase)
     note = Committed(state.index, rid, record.ticket.epoch, record.pages)
-    return Step(replace(state, requests=upsert(state.requests, record)), notes=(note,))
+    return Step(put(state, record), notes=(note,))
 
 
 def _verdict(config, state: DecodeState, record: DecodeRequest) -> str:
@@ -218,22 +211,20 @@ def _decode_step(config, state: DecodeState, event: DecodeStep) -> Step:
         if record is not None and record.phase is Phase.DECODING:
             # A later step (the runtime decodes until the last token): it
             # reads every page of the request again, and changes nothing.
-            ticket = record.ticket
-            return Step(state, notes=tuple(PageRead(ticket.request_id, ticket.tenant, ticket.epoch, p,
-                                                    state.ledger.entries[p].content) for p in record.pages))
+            return Step(state, notes=_reads(record, state.ledger))
         return Step(state)
-    ticket = record.ticket
-    rid = ticket.request_id
-    ledger = state.ledger
+    ticket, ledger = record.ticket, state.ledger
     for page in record.pages[ticket.admitted.prompt_pages:]:
-        ledger = ledger.write_local(page, kv_origin(rid, ticket.epoch))
-    reads = tuple(PageRead(rid, ticket.tenant, ticket.epoch, p, ledger.entries[p].content)
-                  for p in record.pages)
-    record = replace(record, phase=step.phase)
-    state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+        ledger = ledger.write_local(page, kv_origin(ticket.request_id, ticket.epoch))
     # The model's tokens are not modelled, and the router waits for the
     # last output only: this step sends nothing.
-    return Step(state, notes=reads)
+    return Step(put(replace(state, ledger=ledger), replace(record, phase=step.phase)), notes=_reads(record, ledger))
+
+
+def _reads(record: DecodeRequest, ledger: Ledger) -> tuple[PageRead, ...]:
+    """Attention reads every page of the request."""
+    t = record.ticket
+    return tuple(PageRead(t.request_id, t.tenant, t.epoch, p, ledger.entries[p].content) for p in record.pages)
 
 
 def _last_token(config, state: DecodeState, record: DecodeRequest) -> Step:
@@ -258,7 +249,7 @@ def _finalize(config, state: DecodeState, message: Finalize) -> Step:
     record = replace(record, phase=step.phase, outcome=message.outcome)
     if step.does(Effect.RELEASE_PAGES):
         return _release(config, state, record)
-    return Step(replace(state, requests=upsert(state.requests, record)))
+    return Step(put(state, record))
 
 
 def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
@@ -268,7 +259,7 @@ def _drain_ack(config, state: DecodeState, message: DrainAck) -> Step:
         return _release(config, state, replace(record, phase=step.phase))
     if not step.does(Effect.MARK_DRAINED):
         return Step(state)  # late: the request is done
-    return Step(replace(state, requests=upsert(state.requests, replace(record, drain_acked=True))))
+    return Step(put(state, replace(record, drain_acked=True)))
 
 
 def _lease_expired(config, state: DecodeState, event: LeaseExpired) -> Step:
@@ -284,7 +275,7 @@ def _release(config, state: DecodeState, record: DecodeRequest) -> Step:
     ledger = state.ledger.release(record.pages, scrub=config.guards.scrub_on_free)
     # Keep only what an audit needs, so equal outcomes make equal states.
     record = DecodeRequest(record.rid, record.phase, ticket=record.ticket, outcome=record.outcome)
-    state = replace(state, ledger=ledger, requests=upsert(state.requests, record))
+    state = put(replace(state, ledger=ledger), record)
     return _allocate_waiting(config, state)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkhead.protocol.messages import RequestId
+from bulkhead.verify.actors.events import Step
 
 Addr = tuple  # the model's actor address: ("router"|"prefill"|"decode", index)
 
@@ -55,3 +56,17 @@ class Envelope:
     dst: Addr
     body: object
     signed: bool = True
+
+
+def dispatch(config, state, event, handlers: dict, actor: str) -> Step:
+    """An actor's step: its handler for the event's type, given the message
+    an Envelope carries. A forged one (unsigned: its HMAC does not verify)
+    changes nothing while the hmac guard is on."""
+    if isinstance(event, Envelope):
+        if not event.signed and config.guards.hmac:
+            return Step(state)
+        event = event.body
+    handler = handlers.get(type(event))
+    if handler is None:
+        raise TypeError(f"{actor} cannot handle {type(event).__name__}")
+    return handler(config, state, event)

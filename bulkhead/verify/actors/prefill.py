@@ -21,9 +21,9 @@ from bulkhead.protocol.transitions import Effect
 from bulkhead.protocol.types import Outcome, Phase
 from bulkhead.verify.actors.config import ProtocolConfig, Variant
 from bulkhead.verify.actors.events import HandedOver, PromptFailed, Quiesced, Step, WriteFailed
-from bulkhead.verify.actors.network import Envelope, PageWrite
+from bulkhead.verify.actors.network import Envelope, PageWrite, dispatch
 from bulkhead.verify.actors.values import (
-    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, upsert,
+    MODEL_MAC, ROUTER, cached_hash, decode_addr, digest_of, find, kv_origin, put,
 )
 
 
@@ -58,16 +58,7 @@ def prefill_restart(state: PrefillState) -> PrefillState:
 
 
 def prefill_step(config: ProtocolConfig, state: PrefillState, event) -> Step:
-    if isinstance(event, Envelope):
-        if not event.signed and config.guards.hmac:
-            return Step(state)  # forged: the HMAC does not verify
-        event = event.body
-    if isinstance(event, (Assign, PagesGranted, Finalize)):
-        return _MESSAGES[type(event)](config, state, event)
-    handler = _EVENTS.get(type(event))
-    if handler is None:
-        raise TypeError(f"prefill cannot handle {type(event).__name__}")
-    return handler(config, state, event.rid)
+    return dispatch(config, state, event, _HANDLERS, "prefill")
 
 
 def _assign(config: ProtocolConfig, state: PrefillState, message: Assign) -> Step:
@@ -86,8 +77,7 @@ def _assign(config: ProtocolConfig, state: PrefillState, message: Assign) -> Ste
         record = replace(record, stub=True, outcome=Outcome.REJECTED)
         sends = (Envelope(ROUTER, PrefillFailed(ticket.request_id, "prompt over prefill's own limit",
                                                 "context_length_exceeded")),)
-    state = replace(state, requests=upsert(state.requests, record))
-    step = _advance(config, state)
+    step = _advance(config, put(state, record))
     return Step(step.state, sends + step.send)
 
 
@@ -101,9 +91,7 @@ def _granted(config: ProtocolConfig, state: PrefillState, grant: PagesGranted) -
     step = prefill_job.pages_granted(known.phase if known else None, bool(known and known.grant))
     if step.outcome == "late":
         return Step(state)  # duplicate, or too late: never write after the outcome
-    record = replace(known or PrefillRequest(grant.request_id, step.phase), grant=grant)
-    state = replace(state, requests=upsert(state.requests, record))
-    return _advance(config, state)
+    return _advance(config, put(state, replace(known or PrefillRequest(grant.request_id, step.phase), grant=grant)))
 
 
 def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
@@ -115,12 +103,11 @@ def _advance(config: ProtocolConfig, state: PrefillState) -> Step:
         if record.phase is Phase.WAITING_POOL and record.ticket is not None and not record.computing:
             need = 1 if record.stub else record.ticket.admitted.prompt_pages
             if config.prefill_pools[state.index] - state.pages_in_use() >= need:
-                record = replace(record, local_pages=need, computing=True)
-                state = replace(state, requests=upsert(state.requests, record))
+                state = put(state, record := replace(record, local_pages=need, computing=True))
         step = prefill_job.start_transfer(record.phase, _grant_matches(record))
         if step.does(Effect.POST_WRITES):
             record, posted = _post_writes(replace(record, phase=step.phase))
-            state = replace(state, requests=upsert(state.requests, record))
+            state = put(state, record)
             sends += posted
     return Step(state, tuple(sends))
 
@@ -164,60 +151,53 @@ def _finalize(config: ProtocolConfig, state: PrefillState, message: Finalize) ->
     # A LEGACY stub keeps its own 400: that disagreement is the bug.
     outcome = record.outcome or message.outcome
     record = replace(record, phase=step.phase, outcome=outcome)
-    return Step(replace(state, requests=upsert(state.requests, record)))
+    return Step(put(state, record))
 
 
-def _quiesced(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+def _quiesced(config: ProtocolConfig, state: PrefillState, event: Quiesced) -> Step:
     """No write for rid is outstanding: release local pages, tell decode."""
-    record = find(state.requests, rid)
+    record = find(state.requests, event.rid)
     step = prefill_job.quiesced(record.phase if record else None)
     if not step.does(Effect.SEND_DRAIN_ACK):
         return Step(state)
-    record = replace(record, phase=step.phase, local_pages=0, grant=None)
-    state = replace(state, requests=upsert(state.requests, record))
     # To the router, which relays it to the pair's decode worker (the
     # model's network does so in the same step: verify/model.py _relayed).
-    ack = Envelope(ROUTER, DrainAck(rid))
-    step = _advance(config, state)  # local pages came free
-    return Step(step.state, (ack,) + step.send)
+    ack = Envelope(ROUTER, DrainAck(event.rid))
+    step = _advance(config, put(state, replace(record, phase=step.phase, local_pages=0, grant=None)))
+    return Step(step.state, (ack,) + step.send)  # local pages came free
 
 
-def _handed_over(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+def _handed_over(config: ProtocolConfig, state: PrefillState, event: HandedOver) -> Step:
     """The engine hands the prompt's KV over: ready to write once a grant
     is here; after the outcome the pages go straight back (nothing was
     posted) and, no write being outstanding, the drain is acked."""
-    record = find(state.requests, rid)
+    record = find(state.requests, event.rid)
     step = prefill_job.prefilled(record.phase)
     record = replace(record, phase=step.phase, computing=False)
     if step.does(Effect.RELEASE_LOCAL):
-        record = replace(record, local_pages=0)
-        state = replace(state, requests=upsert(state.requests, record))
-        return _quiesced(config, state, rid)
-    return _advance(config, replace(state, requests=upsert(state.requests, record)))
+        return _quiesced(config, put(state, replace(record, local_pages=0)), Quiesced(event.rid))
+    return _advance(config, put(state, record))
 
 
-def _prompt_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+def _prompt_failed(config: ProtocolConfig, state: PrefillState, event: PromptFailed) -> Step:
     """The engine ends the prompt with an error before the hand-over: the
     router hears it (a typed error for the client), and nothing having been
     written, prefill's pages go and decode may free its own at once."""
-    record = replace(find(state.requests, rid), computing=False)
-    state = replace(state, requests=upsert(state.requests, record))
-    failed = Envelope(ROUTER, PrefillFailed(rid, "the prompt's computation failed", "internal_error"))
-    step = _quiesced(config, state, rid)
+    state = put(state, replace(find(state.requests, event.rid), computing=False))
+    failed = Envelope(ROUTER, PrefillFailed(event.rid, "the prompt's computation failed", "internal_error"))
+    step = _quiesced(config, state, Quiesced(event.rid))
     return Step(step.state, (failed,) + step.send, step.notes)
 
 
-def _write_failed(config: ProtocolConfig, state: PrefillState, rid: int) -> Step:
+def _write_failed(config: ProtocolConfig, state: PrefillState, event: WriteFailed) -> Step:
     """The transfer failed with a write in flight: tell the router, free the
     local pages, and never ack (the runtime's _undrained)."""
-    record = find(state.requests, rid)
+    record = find(state.requests, event.rid)
     step = prefill_job.undrained(record.phase)
-    record = replace(record, phase=step.phase, local_pages=0, grant=None)
-    state = replace(state, requests=upsert(state.requests, record))
-    failed = Envelope(ROUTER, TransferFailed(rid, "transfer failed with a write in flight"))
-    more = _advance(config, state)  # local pages came free
-    return Step(more.state, (failed,) + more.send)
+    failed = Envelope(ROUTER, TransferFailed(event.rid, "transfer failed with a write in flight"))
+    more = _advance(config, put(state, replace(record, phase=step.phase, local_pages=0, grant=None)))
+    return Step(more.state, (failed,) + more.send)  # local pages came free
 
 
-_MESSAGES = {Assign: _assign, PagesGranted: _granted, Finalize: _finalize}
-_EVENTS = {Quiesced: _quiesced, HandedOver: _handed_over, PromptFailed: _prompt_failed, WriteFailed: _write_failed}
+_HANDLERS = {Assign: _assign, PagesGranted: _granted, Finalize: _finalize, Quiesced: _quiesced,
+             HandedOver: _handed_over, PromptFailed: _prompt_failed, WriteFailed: _write_failed}

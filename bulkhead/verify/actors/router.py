@@ -19,7 +19,7 @@ from bulkhead.verify.actors.events import (
     ClientAbort, ClientResponse, DeadlinePassed, DrainWorker, PeerLost, Step, Submit,
 )
 from bulkhead.verify.actors.network import Envelope
-from bulkhead.verify.actors.values import MODEL_MAC, cached_hash, decode_addr, find, prefill_addr, upsert
+from bulkhead.verify.actors.values import MODEL_MAC, cached_hash, decode_addr, find, prefill_addr, put
 
 FIRST_EPOCH = 1  # retries would bump it; this version does not retry
 
@@ -89,10 +89,10 @@ def _submit(config: ProtocolConfig, state: RouterState, spec: RequestSpec) -> St
     step = router_job.submit(_rejection(config, spec) if admit_first else "")
     if step.outcome == "rejected":
         record = RouterRequest(spec, step.phase, outcome=Outcome.REJECTED, detail=step.detail)
-        return Step(replace(state, requests=upsert(state.requests, record)),
+        return Step(put(state, record),
                     notes=(ClientResponse(spec.rid, Outcome.REJECTED, step.detail),))
     record = RouterRequest(spec, step.phase)
-    state = replace(state, requests=upsert(state.requests, record))
+    state = put(state, record)
     return _bootstrap_waiting(config, state)
 
 
@@ -120,7 +120,7 @@ def _bootstrap_waiting(config: ProtocolConfig, state: RouterState) -> Step:
         if not step.does(Effect.ASSIGN_BOTH):
             continue  # held: it waits (its deadline ends it) rather than go to a draining worker
         record = replace(record, phase=step.phase, room=free[0])
-        state = replace(state, requests=upsert(state.requests, record))
+        state = put(state, record)
         known = dict(state.known_incarnations)
         ticket = SignedTicket(Ticket(spec, record.room, record.epoch,
                                      prefill_incarnation=known.get(prefill_addr(spec.prefill), 1),
@@ -150,7 +150,7 @@ def _finalize(config: ProtocolConfig, state: RouterState, rid: int, outcome: Out
         finalize = Finalize(rid, outcome)
         sends = (Envelope(prefill_addr(spec.prefill), finalize), Envelope(decode_addr(spec.decode), finalize))
     record = replace(record, phase=step.phase, outcome=outcome, detail=detail)
-    state = replace(state, requests=upsert(state.requests, record))
+    state = put(state, record)
     notes = (ClientResponse(rid, outcome, detail),)
     if not bootstrap_after:
         return Step(state, sends, notes)
@@ -167,7 +167,7 @@ def _finished(config: ProtocolConfig, state: RouterState, rid: int) -> Step:
     if step.outcome == "repeat":
         return Step(state)  # an abort or deadline answered first
     record = replace(record, phase=step.phase, outcome=Outcome.FINISHED)
-    state = replace(state, requests=upsert(state.requests, record))
+    state = put(state, record)
     more = _bootstrap_waiting(config, state)  # the room just came free
     return Step(more.state, more.send, (ClientResponse(rid, Outcome.FINISHED, ""),) + more.notes)
 

@@ -5,7 +5,7 @@ the KV bytes and their xxh3 digests, an HMAC under the cluster key.
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 
 def cached_hash(cls):
@@ -68,3 +68,8 @@ def upsert(records: tuple, record) -> tuple:
     """records with `record` replacing the one of the same rid (or added),
     kept sorted by rid so equal states hash equal."""
     return tuple(sorted([r for r in records if r.rid != record.rid] + [record], key=lambda r: r.rid))
+
+
+def put(state, record):
+    """state with `record` upserted into its requests."""
+    return replace(state, requests=upsert(state.requests, record))
