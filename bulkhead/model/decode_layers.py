@@ -10,7 +10,7 @@ Why: at one request the ~600 small torch ops a step makes around its
 matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
 (docs/performance.md). It runs where every layer's linear weights are on the
-4-bit grid (`--linear-kernel q4`, `q4-bf16in` or `q4-i16in`, the bundled
+4-bit grid (`--linear-kernel q4` or `q4-i16in`, the bundled
 model's default on a CPU with AVX-512 VNNI and BF16), or are a
 bf16 checkpoint's (`bf16`), and decode
 attention is the C kernel; elsewhere, or where it cannot be built, the
@@ -137,7 +137,7 @@ class DecodeLayers:
     def __init__(self, config, weights, cos: torch.Tensor, sin: torch.Tensor, lib: ctypes.CDLL):
         self.config, self.weights, self.lib = config, weights, lib
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        # The layers' decode kernel (linear_kernel.Q4Linear.decode_fn): each has linear_q4's signature.
+        # The layers' decode kernel (their decode_fn): each has linear_q4's signature.
         self._linear = ctypes.cast(weights.layers[0].qkv.decode_fn(), ctypes.c_void_p).value
         self._pool_key = None
         self._model = None

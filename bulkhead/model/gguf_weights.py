@@ -2,18 +2,16 @@
 gguf-py's GGUFReader, decoded block by block (bulkhead.model.gguf_codes),
 under the Hugging Face names bulkhead's loader takes.
 
-Why: the kernels take 4-bit and 8-bit codes with their per-32 scales; a
-GGUF Q4_0/Q4_1/Q8_0 tensor stores exactly those. Reading them directly
-replaces a dequantize-to-fp32 import (transformers, ~30 s once) and a
-search for the grid in the fp32 values (q4_kernel.grid, ~1.2 s a start):
-`remember_codes` hands the kernels the stored codes of each fused weight,
-and the fp32 values (`Decoded.values()`, what gguf-py's dequantize gives)
+Why: the kernels take the stored codes with their per-group scales.
+Reading them directly replaces a dequantize-to-fp32 import (transformers,
+~30 s once) and a search for the grid in the fp32 values (q4_kernel.grid,
+~1.2 s a start): `remember_codes` hands the kernels the stored codes of
+each fused weight, and the fp32 values (gguf-py's dequantize, bit for bit)
 feed the exact path and the bf16 prompt kernels.
 
-Names: llama.cpp's tensor names for the Llama block (the architectures
-bulkhead.model.config supports). llama.cpp stores a Llama's q and k rows in
-its RoPE order; transformers' GGUF import puts them back (its
-LlamaTensorProcessor), and so does `rope_rows` here, for the same archs.
+llama.cpp stores a Llama's q and k rows in its RoPE order; transformers'
+GGUF import puts them back (its LlamaTensorProcessor), and so does
+`rope_rows` here, for the same archs.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import torch
 from bulkhead.model import gguf_kquants, i16in_kernel, q4_kernel
 from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
 from bulkhead.model.gguf_kquants import BLOCKS, DECODERS, KQuantShapeError
+from tests.model import kernel_calls
 
 gguf = pytest.importorskip("gguf")
 
@@ -168,7 +169,7 @@ def test_the_4_bit_kernel_runs_q4_k_codes_as_they_are(monkeypatch):
     w = found.values()
     monkeypatch.setitem(q4_kernel._GRIDS, w, (found.q, found.d, found.m))  # what gguf-direct's remember_grid does
     x = torch.randn(3, 256)
-    y = q4_kernel.linear_q4(x, q4_kernel.pack(w))
+    y = kernel_calls.linear_q4(x, kernel_calls.q4_pack(w))
     torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-4)  # fp32 sums in another order
 
 
@@ -182,7 +183,7 @@ def test_the_8_bit_kernel_runs_q5_0_codes_as_they_are(monkeypatch):
     w = found.values()
     monkeypatch.setitem(i16in_kernel._Q8_GRIDS, w, (found.q, found.d))  # what gguf-direct's remember_q8_grid does
     x = torch.randn(3, 576)
-    y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
+    y = kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
     # Its inputs are rounded to 16 bits per group of 32 (tests/model/test_i16in_kernel.py bounds that).
     torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
 
