@@ -15,7 +15,7 @@ every matmul, so each layer hands them `linear_coded` and a descriptor (its
 format's tag and its two tensors): csrc/linear.c dispatches. Prompt rows:
 bf16 inputs and weights, fp32 sums (bf16in_kernel), as q4-i16in's.
 
-The codes come from the GGUF read (gguf_weights.remember_codes); a weight
+The codes come from the GGUF read (gguf_weights.remember_layer_codes); a weight
 without them has no kernel here, and the model runs the exact path.
 """
 
@@ -34,7 +34,7 @@ TAGS = {"q4-i16in": 0, "q8-i16in": 1, "q8a-i16in": 2}
 # A GGUF type each decode kernel stands for in kernel_table's rows.
 TABLE_FORMATS = {"q4-i16in": "Q4_K", "q8-i16in": "Q8_0", "q8a-i16in": "Q6_K"}
 
-# A fused weight's stored codes, while it lives (gguf_weights.remember_codes).
+# A fused weight's stored codes, while it lives (gguf_weights.remember_layer_codes).
 _CODES = WeakIdKeyDictionary()
 
 

@@ -50,8 +50,7 @@ def q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _solve_q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % q4_kernel.BLOCK or w.shape[1] % q4_kernel.GROUP \
-            or w.numel() == 0 or not bool(torch.isfinite(w).all()):
+    if w.dtype != torch.float32 or not q4_kernel.fits(w) or not bool(torch.isfinite(w).all()):
         return None
     groups = w.reshape(w.shape[0], -1, q4_kernel.GROUP)
     amax = groups.abs().amax(-1, keepdim=True)

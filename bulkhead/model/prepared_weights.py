@@ -1,23 +1,17 @@
 """The model's weights laid out for the chosen kernels, cached per machine.
 
 Why: laying out the bundled SmolLM2 for the default kernels means reading
-its GGUF's codes as stored (bulkhead.model.gguf_weights; a safetensors
-checkpoint's 4-bit grid is searched for in its fp32 values instead,
-q4_kernel.grid), packing every linear weight twice (4-bit for decode rows,
-bf16 for prompt rows) and the lm_head once (8-bit): most of a warm start's
-time, in each worker, every start, for the same answer. A start that finds this
+its GGUF's codes, packing every linear weight twice (4-bit for decode rows,
+bf16 for prompt rows) and the lm_head once: most of a warm start's time, in
+each worker, every start, for the same answer. A start that finds this
 machine's entry (bulkhead.model.machine_cache: keyed by the CPU, the model's
 files, bulkhead/model's sources and the kernel asked for) reads the packed
 tensors instead, and never holds the fp32 weights at all.
 
-Only the C kernels' layouts are cached (the bf16-input prompt kernels,
-`linear_kernel.BF16_INPUT_PROMPTS`: the 4-bit grid's, a GGUF file's
-per-format codes (`gguf-i16in`, a Q4_K_M file's) and a bf16 checkpoint's
-`bf16`, with a `q8-i16in`, `bf16w` or `bf16-in` lm_head): plain tensors,
-read back onto huge pages (machine_cache._read_each), which a one-row
-decode step streams. The exact fp32 paths (`--linear-kernel onednn`, `aten`, or
-`--dtype`/kernels that lay weights out inside oneDNN) are built from the
-fp32 weights on every start, as before; they are not the default.
+Only the C kernels' layouts are cached (`cacheable`): plain tensors, read
+back onto huge pages (machine_cache._read_each), which a one-row decode step
+streams. The exact fp32 paths, which lay weights out inside oneDNN, are
+built from the fp32 weights on every start.
 """
 
 from __future__ import annotations
@@ -44,8 +38,8 @@ log = logging.getLogger(__name__)
 CACHED_HEADS = ("q8-i16in", "bf16w", "bf16-in")
 LINEARS = ("qkv", "o", "gate_up", "down")
 # The C libraries each cached kernel needs: a hit is used only where they load here.
-LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "gguf-i16in": (bf16in_kernel, i16in_kernel), "bf16": (bf16in_kernel,),
-             "q8-i16in": (i16in_kernel,), "bf16w": (head_kernel,), "bf16-in": (bf16in_kernel,)}
+LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "gguf-i16in": (bf16in_kernel, i16in_kernel),
+             "bf16": (bf16in_kernel,), "q8-i16in": (i16in_kernel,), "bf16w": (head_kernel,), "bf16-in": (bf16in_kernel,)}
 # The kernels whose decode-only layout reads a GGUF's codes and never its values (linear_kernel.prepare_one).
 CODES_ONLY = ("q4-i16in", "gguf-i16in")
 # Counted for tests: how many builds read an entry and how many wrote one.

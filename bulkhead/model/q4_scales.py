@@ -94,7 +94,7 @@ def layout_of(packed: tuple[torch.Tensor, torch.Tensor]) -> str:
     qs, scales = packed
     if qs.dim() != 3 or qs.shape[2] != 2 * q4_kernel.BLOCK:
         raise ValueError(f"4-bit codes {tuple(qs.shape)} are not pack_quads' [N/NB, K/4, 64] "
-                         "(q4_kernel.pack's are the fp32-input kernel's)")
+                         "(q4_kernel.pack_grid's are the fp32-input kernel's)")
     if scales.dtype == torch.float32 and scales.dim() == 4:
         return "f32"
     if scales.dtype == torch.float16 and scales.dim() in (3, 4):
