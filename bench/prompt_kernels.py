@@ -1,7 +1,7 @@
 """Prompt rows through the bf16 prompt kernel against the 4-bit decode kernel
 (q4-i16in), one thread's CPU time, the two interleaved: what a decode worker
 pays to recompute a preempted prompt on its 4-bit codes instead of holding a
-bf16 copy of every weight (linear_kernel.Q4Linear with no prefill).
+bf16 copy of every weight (format_linear.CodedLinear with no prefill).
 
     .venv/bin/python bench/prompt_kernels.py              # Llama-3.2-1B's layer shapes
     .venv/bin/python bench/prompt_kernels.py --rows 16,64,256 --repeats 5
@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bulkhead.model import bf16in_kernel, i16in_kernel, q4_scales  # noqa: E402
+from bulkhead.model.format_linear import CodedLinear  # noqa: E402
 
 # [out, in] of each fused layer of Llama-3.2-1B (bench/big_checkpoint.py's shapes).
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
@@ -33,7 +34,7 @@ def grid_layer(n: int, k: int, gen: torch.Generator):
     q = torch.randint(0, 16, (n, k // 32, 32), dtype=torch.uint8, generator=gen)
     d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01).half().float()
     w = (q.float() * d - 8 * d).reshape(n, k)
-    return bf16in_kernel.pack(w), q4_scales.pack(q, d, -8 * d)
+    return bf16in_kernel.pack(w), CodedLinear.from_packed("q4-i16in", q4_scales.pack(q, d, -8 * d), None)
 
 
 def main() -> int:
@@ -48,11 +49,11 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     print("| layer | rows | bf16 prompt kernel ms | q4-i16in decode kernel ms | ratio |\n|---|---|---|---|---|")
     for name, (n, k) in SHAPES.items():
-        wb, packed = grid_layer(n, k, gen)
+        wb, decode_layer = grid_layer(n, k, gen)
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k, generator=gen)
             runs = {"bf16": lambda: bf16in_kernel.linear_bf16in(x, wb),
-                    "q4": lambda: i16in_kernel.linear_q4_i16in(x, packed)}
+                    "q4": lambda: decode_layer(x, decode=True)}
             spent = dict.fromkeys(runs, 0.0)
             for fn in runs.values():
                 fn()  # warm

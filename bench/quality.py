@@ -65,17 +65,10 @@ VARIANTS = {
     # The q4 rows above run a decode step's layers in one C call (the
     # default, bulkhead.model.decode_layers); this one through torch ops.
     "q4 decode, bf16w lm_head, bf16 KV, torch glue": ("q4", "bf16w", "bfloat16", "torch"),
-    # Where the CPU has AVX-512 BF16: prompts' inputs and the 4-bit weights
-    # rounded to bf16, fp32 sums (q4-bf16in's prompt kernel), and their attention on
-    # bf16 dot products (the default) or fp32 SDPA.
-    "bf16-input prompts, fp32 prompt attention, q4 decode, bf16w lm_head, bf16 KV":
-        ("q4-bf16in", "bf16w", "bfloat16", "auto", "torch"),
-    "bf16-input prompts, fp32 prompt attention, q4 decode, fp32 lm_head, fp32 KV":
-        ("q4-bf16in", "fp32", "float32", "auto", "torch"),
-    "bf16-input prompts, bf16 prompt attention, q4 decode, bf16w lm_head, bf16 KV (--linear-kernel q4-bf16in)":
-        ("q4-bf16in", "bf16w", "bfloat16"),
-    # Where the CPU has AVX-512 VNNI too: decode rows' inputs as 16-bit
-    # integers per group of 32 (q4-i16in), the rest as q4-bf16in.
+    # Where the CPU has AVX-512 BF16 and VNNI: prompts' inputs and the 4-bit
+    # weights rounded to bf16, fp32 sums, their attention on bf16 dot products
+    # (the default) or fp32 SDPA; decode rows' inputs as 16-bit integers per
+    # group of 32 (q4-i16in).
     "bf16-input prompts, bf16 prompt attention, 16-bit-integer-input decode, bf16w lm_head, bf16 KV":
         ("q4-i16in", "bf16w", "bfloat16"),
     "bf16-input prompts, fp32 prompt attention, 16-bit-integer-input decode, fp32 lm_head, fp32 KV":

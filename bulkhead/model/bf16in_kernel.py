@@ -1,29 +1,22 @@
 """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
 outputs (csrc/linear_bf16.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
-Why: a prompt's pass is bound by arithmetic, and oneDNN's fp32 GEMM already
-runs at the two cores' fp32 peak; AVX-512 BF16's dot product does twice the
-multiply-adds per instruction. Each weight is rounded to bf16 once, at load,
-and each input once a call; every sum and every output stays fp32. oneDNN's
-bf16 GEMM also rounds its output to bf16: measured on the quality prompts
-(docs/performance.md "Quality") it lands further from the exact model and
-answered the README's question in French.
+Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot product
+does twice the multiply-adds of an fp32 FMA. Each weight is rounded to bf16
+once, at load, and each input once a call; every sum and every output stays
+fp32 (oneDNN's bf16 GEMM also rounds its output to bf16, and answered the
+README's question in French). Rounding the weight, rather than keeping the
+4-bit weights exact with a per-group scaling, runs 1.2-1.3x faster and moved
+the mean KL to the exact model from 5.1e-5 to 6.0e-5 nats
+(docs/performance.md, "Quality").
 
-The first form of this kernel kept the 4-bit weights exact (q in bf16, each
-group's sum scaled in fp32); rounding the weight instead drops the per-group
-scaling and runs 1.2-1.3x faster. It moved the default's mean KL to the
-exact model from 5.1e-5 to 6.0e-5 nats, every top-1 token the same
-(docs/performance.md: Figures, "Prompts on bf16 weights", and Quality).
+`linear_bf16in_silu_mul` runs a gate_up layer and SiLU times up in one pass
+(glue.h's silu_mul on each block's sums as they leave the registers), its
+output rounded to bf16 as the down projection would round it: the same
+numbers as two passes, without writing and reading back the [rows, 2 I]
+gate_up output.
 
-`linear_bf16in_silu_mul` runs a gate_up layer and SiLU times up in one
-pass (the prompt glue's `silu_mul`, glue.h, applied to each block's sums
-as they leave the registers), its output rounded to bf16 as the down
-projection would round it: the down projection's numbers are the two
-passes' bit for bit, without writing the [rows, 2 I] gate_up output,
-reading it back, or rounding act in a pass of its own (docs/performance.md).
-
-Where the CPU has no AVX-512 BF16 (the C file builds without it and says so
-in `has_avx512_bf16()`), `load()` is None and prompts stay on oneDNN fp32.
+Where the CPU has no AVX-512 BF16, `load()` is None and prompts stay on oneDNN fp32.
 """
 
 from __future__ import annotations
@@ -61,9 +54,7 @@ def linear_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ w.T -> [M, N] float32, wb = pack(w); x is rounded
     to bf16 inside the call, or read as it is where it is bfloat16 already
     (linear_bf16in_silu_mul's output): the same numbers either way."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the bf16-input prompt kernel is not available")
+    lib = c_linear.needed(load(), "the bf16-input prompt kernel")
     blocks, pairs = wb.shape[:2]
     k = 2 * pairs
     if x.dtype == torch.bfloat16:
@@ -78,9 +69,7 @@ def linear_bf16_bf16in(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     rows of a bf16 checkpoint with x rounded to bf16 and fp32 sums, each
     row's numbers linear_bf16in's for the same row (csrc/linear_bf16.h says
     why decode rows take it: at 16 rows fp32 inputs are bound by arithmetic)."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the bf16-weight kernels are not available")
+    lib = c_linear.needed(load(), "the bf16-weight kernels")
     blocks, pairs = wb.shape[:2]
     return c_linear.call(lib.linear_bf16_bf16in, x, 2 * pairs, blocks * BLOCK, wb, NO_SECOND_WEIGHT)
 
@@ -101,9 +90,7 @@ def linear_bf16in_silu_mul(x: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     prefill_glue.silu_mul(linear_bf16in(x, wb)) gives rounded as the down
     projection's call rounds its input (so linear_bf16in of either gives the
     same numbers), in one pass that never writes the [M, N] gate_up output."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the bf16-input prompt kernel is not available")
+    lib = c_linear.needed(load(), "the bf16-input prompt kernel")
     if not silu_mul_fits(wb):
         raise ValueError(f"gate_up's packed weight {tuple(wb.shape)} has an odd number of {BLOCK}-output blocks")
     blocks, pairs = wb.shape[:2]

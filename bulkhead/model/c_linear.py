@@ -1,19 +1,10 @@
 """The one C library of linear kernels (csrc/linear.c: one driver, a
-micro-kernel per weight format), how it is built and loaded to run in
-torch's OpenMP team (the prompt-attention kernel loads the same way), and
-how a call checks its input and shapes. The format modules
-(bulkhead.model.q4_kernel, i16in_kernel, bf16in_kernel, head_kernel) pack
-weights for it and load it through `load()` / `load_with()` here; the
-kernel table (bulkhead.model.kernel_table) says which runs where.
-
-The driver hands the outputs' blocks of 32 to the team's threads as they
-free up (OpenMP's dynamic schedule), not in two fixed halves: on a 2-core
-machine a thread is taken off its core whenever another thread wakes (the
-HTTP server's, a link's, the other worker's), and with fixed halves its
-partner then waited at the end of the call for the whole time. Which thread
-computes a block never changes its numbers. Measured: colocated at 16
-clients, two alternating pairs of runs, 274.7 vs 234.7 and 270.5 vs 253.8
-tok/s (docs/performance.md).
+micro-kernel per weight format; its header comment says why blocks are
+handed out dynamically), how it is built and loaded to run in torch's
+OpenMP team (the prompt-attention kernel loads the same way), and how a
+call checks its input and shapes. The format modules (q4_kernel,
+i16in_kernel, bf16in_kernel, head_kernel) pack weights for it; the kernel
+table (bulkhead.model.kernel_table) says which runs where.
 """
 
 from __future__ import annotations
@@ -98,6 +89,13 @@ def load_for_isa_in_torch_team(source: Path, what: str, isa: str, flags: tuple[s
     if lib is not None and not lib.available():
         log.info("no %s on this CPU, so not %s", isa, what)
         return None
+    return lib
+
+
+def needed(lib: ctypes.CDLL | None, what: str) -> ctypes.CDLL:
+    """lib, where `what` (a kernel's name for the error) was loaded; else a RuntimeError."""
+    if lib is None:
+        raise RuntimeError(f"{what}: not available here")
     return lib
 
 

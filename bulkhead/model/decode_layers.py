@@ -1,27 +1,19 @@
 """A decode step's transformer layers in one C call (csrc/decode_layers.c):
 the glue between the matmuls and attention in C, the matmuls through the
-4-bit kernel (bulkhead.model.q4_kernel, or its 16-bit-integer-input twin
-under `q4-i16in`), or a bf16
-checkpoint's (`bf16`: bf16in_kernel.linear_bf16_bf16in), and attention
-through the C decode kernel (bulkhead.model.decode_kernel), the same kernels
-the torch path calls.
+layers' own decode kernel (their `decode_fn`: q4, q4-i16in, gguf-i16in or
+bf16), and attention through the C decode kernel (bulkhead.model.decode_kernel),
+the same kernels the torch path calls.
 
 Why: at one request the ~600 small torch ops a step makes around its
 matmuls (RMSNorm, rotary, the KV write, SiLU, residuals) and the 150 ctypes
 calls into the kernels cost about as much as the attention itself
-(docs/performance.md). It runs where every layer's linear weights are on the
-4-bit grid (`--linear-kernel q4`, `q4-bf16in` or `q4-i16in`, the bundled
-model's default on a CPU with AVX-512 VNNI and BF16), or are a
-bf16 checkpoint's (`bf16`), and decode
-attention is the C kernel; elsewhere, or where it cannot be built, the
-model runs its decode layers through torch as before. Its numbers equal the
-torch path's up to the order of two sums (the C file says which). Batch
-invariance: each row's glue reads only that row and the two kernels are
-invariant themselves (tested bitwise in tests/model/test_decode_layers.py);
-where the engine tiles decode rows instead (no invariant row multiple was
-measured), the model takes the torch path. Rows under a LoRA adapter stay
-here: the C file adds their deltas after each matmul through
-bulkhead.model.lora_layers (where that builds; else the torch path).
+(docs/performance.md). Elsewhere (`why_not`), the model runs its decode
+layers through torch. Its numbers equal the torch path's up to the order of
+two sums (the C file says which). Batch invariance: each row's glue reads
+only that row and the kernels are invariant themselves (tested bitwise in
+tests/model/test_decode_layers.py); where the engine tiles decode rows
+instead, the model takes the torch path. Rows under a LoRA adapter stay
+here: the C file adds their deltas after each matmul (bulkhead.model.lora_layers).
 
 Where the lm_head's kernel has the same signature (head_linear's
 `tail_kernel`: `q8-i16in`, `bf16-in`), `step` runs the step's tail in the
@@ -137,7 +129,7 @@ class DecodeLayers:
     def __init__(self, config, weights, cos: torch.Tensor, sin: torch.Tensor, lib: ctypes.CDLL):
         self.config, self.weights, self.lib = config, weights, lib
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        # The layers' decode kernel (linear_kernel.Q4Linear.decode_fn): each has linear_q4's signature.
+        # The layers' decode kernel (their decode_fn): each has linear_q4's signature.
         self._linear = ctypes.cast(weights.layers[0].qkv.decode_fn(), ctypes.c_void_p).value
         self._pool_key = None
         self._model = None

@@ -7,26 +7,15 @@ exact fp32 path.
 
 Decode rows: inputs as 16-bit integers per group of 32 and the stored
 codes read once, exact int32 sums (csrc/linear_i16in.h, csrc/linear_q8a.h):
+Q4Codes through q4-i16in (q4_scales' layouts), Q8Codes (Q8_0, Q5_0: a
+5-bit kernel lost to the 8-bit one on the same codes, docs/performance.md)
+through q8-i16in, Q8ACodes (Q6_K, Q5_K, Q5_1, a fused layer of mixed
+formats) through q8a-i16in. The C decode layers call one function for
+every matmul, so each layer hands them `linear_coded` and a descriptor (its
+format's tag and its two tensors): csrc/linear.c dispatches. Prompt rows:
+bf16 inputs and weights, fp32 sums (bf16in_kernel), as q4-i16in's.
 
-| codes (gguf_codes) | stored as | decode kernel | bytes a weight read |
-|---|---|---|---|
-| Q4Codes | Q4_0, Q4_1, Q4_K | linear_q4_i16in (q4_scales: the file's fp16 scales for Q4_0 and Q4_1) | 0.5625 (Q4_0), 0.625 (Q4_1), 0.75 (Q4_K) |
-| Q8Codes | Q8_0, Q5_0 | linear_q8_i16in | 1.125 |
-| Q8ACodes | Q6_K, Q5_K, Q5_1, a fused layer of mixed formats | linear_q8a_i16in | 1.375 |
-
-Q5_0 stays on int8 codes: a 5-bit kernel (0.875 bytes a weight, the fifth
-bits ORed in per input pair) lost to linear_q8_i16in on the same Q5_0
-codes, one thread: 100 vs 72 us a [1536, 576] layer at 1 row out of cache,
-282 vs 266 at 16 (its unpacking, not memory, bounds a core); git history
-has it (csrc/linear_q5.h).
-
-The C decode layers call one function for every matmul, so each layer
-hands them `linear_coded` and a descriptor (its format's tag and its two
-tensors): csrc/linear.c dispatches. Prompt rows: bf16 inputs and weights
-(the values rounded to bf16), fp32 sums (bf16in_kernel), as q4-i16in's
-prompts; the quality gate (bench/quality_gate.py, q4_k_m) bounds both.
-
-The codes come from the GGUF read (gguf_weights.remember_codes); a weight
+The codes come from the GGUF read (gguf_weights.remember_layer_codes); a weight
 without them has no kernel here, and the model runs the exact path.
 """
 
@@ -45,7 +34,7 @@ TAGS = {"q4-i16in": 0, "q8-i16in": 1, "q8a-i16in": 2}
 # A GGUF type each decode kernel stands for in kernel_table's rows.
 TABLE_FORMATS = {"q4-i16in": "Q4_K", "q8-i16in": "Q8_0", "q8a-i16in": "Q6_K"}
 
-# A fused weight's stored codes, while it lives (gguf_weights.remember_codes).
+# A fused weight's stored codes, while it lives (gguf_weights.remember_layer_codes).
 _CODES = WeakIdKeyDictionary()
 
 
@@ -107,8 +96,11 @@ def pack(codes) -> tuple[torch.Tensor, torch.Tensor]:
 class CodedLinear(Linear):
     """Decode rows through the layer's own format's kernel (the table at
     the top), by way of linear_coded; prompt rows through `prefill`, or,
-    where it is None (a decode worker's layout: linear_kernel.Q4Linear says
-    why), through the same decode kernel."""
+    where it is None (a decode worker's layout, kernel_names.RUNS
+    "decode"), through the same decode kernel: the worker then holds no bf16
+    copy of the weights (1,856 MiB of a 1B model), and runs prompts only to
+    recompute a request it preempted, each row alone, at 1.0-1.6x the bf16
+    prompt kernel's time at 64 and 256 rows (bench/prompt_kernels.py)."""
 
     decode_inputs = "i16"
 

@@ -16,16 +16,14 @@ Every result's `values()` is the tensor in fp32, bit for bit what gguf-py's
 dequantize gives (tests/model/test_gguf_codes.py): the exact path
 (`--linear-kernel onednn`/`aten`) and the bf16 prompt kernels read those.
 
-K-quants: bulkhead.model.gguf_kquants (another branch) plugs its decoders
-into this table as a dict `DECODERS` of its own, merged by `decoder()`. A
-type with no decoder falls back to gguf-py's dequantize to fp32 (`Values`,
-logged; `fallback_types` names them for /server_info).
+K-quants (and Q5_0, Q5_1): bulkhead.model.gguf_kquants' DECODERS, into the
+same types. A type with no decoder falls back to gguf-py's dequantize to
+fp32 (`Values`, logged; `fallback_types` names them for /server_info).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable
 
@@ -35,7 +33,6 @@ import torch
 log = logging.getLogger(__name__)
 
 GROUP = 32  # inputs per block of Q4_0, Q4_1 and Q8_0 (and per scale of q4_kernel / i16in_kernel)
-KQUANTS_MODULE = "bulkhead.model.gguf_kquants"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,20 +192,11 @@ DECODERS: dict[str, Callable[[np.ndarray], Decoded]] = {
 }
 
 
-def _kquant_decoders() -> dict:
-    """bulkhead.model.gguf_kquants.DECODERS where that module exists, else none."""
-    try:
-        module = importlib.import_module(KQUANTS_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name != KQUANTS_MODULE:  # the module is there and lacks something: say so
-            raise
-        return {}
-    return dict(getattr(module, "DECODERS", {}))
-
-
 def decoder(type_name: str) -> Callable[[np.ndarray], Decoded] | None:
     """The decoder of a GGUF tensor type ("Q4_1", "Q4_K", ...), or None (gguf-py's dequantize then)."""
-    return DECODERS.get(type_name) or _kquant_decoders().get(type_name)
+    from bulkhead.model.gguf_kquants import DECODERS as KQUANTS  # built on this module's types
+
+    return DECODERS.get(type_name) or KQUANTS.get(type_name)
 
 
 def fallback_types(type_names) -> list[str]:
@@ -230,29 +218,4 @@ def decode(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> Decoded:
     found = fn(raw)
     if isinstance(found, Values):
         return Values(found.w.reshape(shape))
-    if hasattr(found, "family"):  # a K-quant's codes (gguf_kquants): to the kernel family they fit exactly
-        return _from_kquant(found, shape)
     return found
-
-
-def _from_kquant(found, shape: tuple[int, ...]) -> Decoded:
-    """gguf_kquants' AffineCodes/ScaledCodes as this module's types: Q4_K's
-    groups of 32 are the 4-bit grid, Q5_0's the 8-bit one; Q6_K (a scale
-    per 16), Q5_K and Q5_1 (5-bit codes and an offset) the 8-bit codes
-    with a scale per 16 (Q8ACodes). Codes wider than int8 (none of GGUF's)
-    go to the fp32 path as their exact values."""
-    from bulkhead.model import gguf_kquants
-
-    g = found.q.shape[-1]
-    if found.family == gguf_kquants.Q4_GRID and g == GROUP:
-        return Q4Codes(found.q, found.d, found.m)
-    if found.family == gguf_kquants.Q8_GRID and g == GROUP:
-        return Q8Codes(found.q, found.d)
-    n = found.q.shape[0]
-    small = int(found.q.to(torch.int16).abs().amax()) <= 127 if found.q.numel() else True
-    if small and g in (16, GROUP) and (found.q.shape[1] * g) % GROUP == 0:
-        q = found.q.to(torch.int8).reshape(n, -1, GROUP)
-        d = found.d if g == 16 else found.d.repeat_interleave(2, 1)
-        m = found.m if hasattr(found, "m") else no_offset((n, q.shape[1], 1))
-        return Q8ACodes(q, d, m)
-    return Values(found.values().reshape(shape))

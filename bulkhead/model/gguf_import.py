@@ -105,48 +105,47 @@ def import_config(gguf_file: Path, out_dir: Path) -> Path:
     from bulkhead.model.gguf_weights import tensor_table
 
     log.info("importing the config and tokenizer of %s -> %s (once)", gguf_file.name, out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     with heartbeat(f"importing {gguf_file.name}'s tokenizer", "once per file"):
         config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with _written(out_dir) as tmp:
         config.save_pretrained(tmp)
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / GGUF_POINTER).write_text(json.dumps({"gguf": str(gguf_file), "table": tensor_table(gguf_file)}))
-        _replace(out_dir, tmp)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
-def _replace(out_dir: Path, tmp: Path) -> None:
-    """Put the finished `tmp` where `out_dir` was: a reader never sees half a directory."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+@contextmanager
+def _written(out_dir: Path):
+    """A temporary sibling of `out_dir` to write into, renamed to `out_dir`
+    when the block ends: a reader never sees half a directory, and a crash
+    never leaves one that a later start would take for a model."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        yield tmp
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
-    """Dequantize `gguf_file` into a safetensors directory at `out_dir`.
-
-    Writes into a temporary sibling and renames, so a crash never leaves a
-    half-written directory that a later start would take for a model.
-    """
+    """Dequantize `gguf_file` into a safetensors directory at `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_file = Path(gguf_file).resolve()
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     log.info("converting %s -> %s (once; ~30 s)", gguf_file.name, out_dir)
     from tqdm import tqdm
 
     steps = tqdm(total=3, desc=f"importing {gguf_file.name}", unit="step")
-    with _heartbeat(gguf_file.name):
+    with heartbeat(f"importing {gguf_file.name}", "dequantizing to fp32, once"):
         model = AutoModelForCausalLM.from_pretrained(
             gguf_file.parent, gguf_file=gguf_file.name, dtype="float32"
         )
@@ -158,24 +157,13 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with _written(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         weight_format.record_gguf_formats(gguf_file, tmp, list(weight_format.stored_formats(tmp)))
         tokenizer.save_pretrained(tmp)
         steps.update()
         steps.close()
-        _replace(out_dir, tmp)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
-
-
-@contextmanager
-def _heartbeat(name: str):
-    with heartbeat(f"importing {name}", "dequantizing to fp32, once"):
-        yield
 
 
 @contextmanager

@@ -2,18 +2,16 @@
 gguf-py's GGUFReader, decoded block by block (bulkhead.model.gguf_codes),
 under the Hugging Face names bulkhead's loader takes.
 
-Why: the kernels take 4-bit and 8-bit codes with their per-32 scales; a
-GGUF Q4_0/Q4_1/Q8_0 tensor stores exactly those. Reading them directly
-replaces a dequantize-to-fp32 import (transformers, ~30 s once) and a
-search for the grid in the fp32 values (q4_kernel.grid, ~1.2 s a start):
-`remember_codes` hands the kernels the stored codes of each fused weight,
-and the fp32 values (`Decoded.values()`, what gguf-py's dequantize gives)
+Why: the kernels take the stored codes with their per-group scales.
+Reading them directly replaces a dequantize-to-fp32 import (transformers,
+~30 s once) and a search for the grid in the fp32 values (q4_kernel.grid,
+~1.2 s a start): `remember_layer_codes` hands the kernels the stored codes of
+each fused weight, and the fp32 values (gguf-py's dequantize, bit for bit)
 feed the exact path and the bf16 prompt kernels.
 
-Names: llama.cpp's tensor names for the Llama block (the architectures
-bulkhead.model.config supports). llama.cpp stores a Llama's q and k rows in
-its RoPE order; transformers' GGUF import puts them back (its
-LlamaTensorProcessor), and so does `rope_rows` here, for the same archs.
+llama.cpp stores a Llama's q and k rows in its RoPE order; transformers'
+GGUF import puts them back (its LlamaTensorProcessor), and so does
+`rope_rows` here, for the same archs.
 """
 
 from __future__ import annotations
@@ -128,21 +126,11 @@ def _fused(parts: list[Decoded]) -> Decoded | None:
     return None
 
 
-def remember_codes(weights, decoded: dict[str, Decoded]) -> dict[str, str]:
-    """Hand the kernels the stored codes of `weights` (a ModelWeights built
-    from `decoded`'s values): each fused linear layer's 4-bit codes
-    (q4_kernel.grid answers with them), every fused layer's codes of any
-    kind (format_linear.codes_of: the per-format kernels), the lm_head's
-    8-bit ones (i16in_kernel.q8_grid). Returns {layer group: the kind of
-    codes given, in the last layer}."""
-    given = {}
-    for i, layer in enumerate(weights.layers):
-        given |= remember_layer_codes(layer, i, decoded)
-    return given | remember_head_codes(weights, decoded)
-
-
 def remember_layer_codes(layer, i: int, decoded: dict[str, Decoded]) -> dict[str, str]:
-    """remember_codes for layer i alone (a LayerWeights built from `decoded`'s values)."""
+    """Hand the kernels the stored codes of layer i (a LayerWeights built
+    from `decoded`'s values): each fused linear layer's codes of any kind
+    (format_linear.codes_of: the per-format kernels), its 4-bit ones to
+    q4_kernel.grid too. Returns {layer group: the kind of codes given}."""
     given = {}
     for fused, parts in FUSED.items():
         codes = _fused([decoded[f"model.layers.{i}.{p}.weight"] for p in parts])
@@ -156,11 +144,10 @@ def remember_layer_codes(layer, i: int, decoded: dict[str, Decoded]) -> dict[str
 
 
 def remember_head_codes(weights, decoded: dict[str, Decoded]) -> dict[str, str]:
-    """remember_codes for the lm_head alone."""
+    """The lm_head's 8-bit codes (a Q8_0 tensor) for i16in_kernel.q8_grid."""
     head = decoded.get("lm_head.weight", decoded.get("model.embed_tokens.weight"))
     w = weights.lm_head
-    if isinstance(head, Q8Codes) and w.dtype == torch.float32 and w.dim() == 2 \
-            and w.shape[0] % q4_kernel.BLOCK == 0 and w.shape[1] % q4_kernel.GROUP == 0:
+    if isinstance(head, Q8Codes) and w.dtype == torch.float32 and q4_kernel.fits(w):
         i16in_kernel.remember_q8_grid(w, (head.q, head.d))
         return {"lm_head": "Q8"}
     return {}

@@ -2,12 +2,9 @@
 (csrc/linear_bf16w.h, run by csrc/linear.c's driver: bulkhead.model.c_linear).
 
 Why: at one request the lm_head reads its whole weight for one row of
-logits; SmolLM2's is 49,152 x 576, 113 MB in fp32, so the layer is bound by
-memory and bf16 weights halve its bytes. Unlike a bf16 GEMM (oneDNN's, which
-rounds its inputs and its output to bf16, so logits move in steps of 0.125
-at 20), only the weights are rounded: the inputs, every sum and the logits
-stay fp32. Its agreement with the exact fp32 lm_head is measured in
-docs/performance.md and gated in tests/model.
+logits (SmolLM2's 49,152 x 576: 113 MB in fp32), so it is bound by memory
+and bf16 weights halve its bytes; unlike a bf16 GEMM only the weights are
+rounded (head_linear says why the logits stay fp32).
 """
 
 from __future__ import annotations
@@ -39,8 +36,6 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 def linear_bf16w(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack(w)."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the bf16-weight lm_head kernel is not available")
+    lib = c_linear.needed(load(), "the bf16-weight lm_head kernel")
     blocks, k, _ = packed.shape
     return c_linear.call(lib.linear_bf16w, x, k, blocks * BLOCK, packed)

@@ -1,30 +1,20 @@
 """Linear layers with their inputs as 16-bit integers per group of 32
-(csrc/linear_i16in.h, run by csrc/linear.c's driver:
-bulkhead.model.c_linear): decode rows over the 4-bit grid weights
-(`linear_q4_i16in`, the decode kernel of `--linear-kernel q4-i16in`), and
-8-bit grid weights (`linear_q8_i16in`: a Q8_0 or Q5_0 layer's; the lm_head's
-`q8-i16in` runs the same arithmetic over the file's fp16 scales,
-head_linear.linear_q8_0_i16in).
+(csrc/linear_i16in.h, run by csrc/linear.c's driver: bulkhead.model.c_linear):
+decode rows over the 4-bit grid weights (q4_scales' layouts, the decode
+kernel of `--linear-kernel q4-i16in`) and over 8-bit grid weights
+(`linear_q8_i16in`: a Q8_0 or Q5_0 layer's; the `q8-i16in` lm_head runs the
+same arithmetic over the file's fp16 scales, head_linear).
 
-Why: a 16-row decode step runs linear_q4 (fp32 inputs and sums) at the two
-cores' fp32 FMA peak. AVX-512 VNNI's 16-bit integer dot product does twice
-the multiply-adds per instruction, and with the 4-bit q exact as an integer,
-each group's sum of products is exact in int32; only each input is rounded,
-to within 2^-16 of its group's largest |x| (bf16 inputs keep 2^-9 of each
-input: about twenty times this kernel's error on SmolLM2's layers,
-measured in tests/model/test_i16in_kernel.py). It reads linear_q4's own
-packing, with linear_q4's signature, so the C decode layers call either.
+Why: a 16-row decode step with fp32 inputs runs at the cores' fp32 FMA
+peak. AVX-512 VNNI's 16-bit integer dot product does twice the
+multiply-adds per instruction, and with q exact as an integer each group's
+sum of products is exact in int32; only each input is rounded, to within
+2^-16 of its group's largest |x| (bf16 inputs keep 2^-9 of each input:
+about twenty times this kernel's error on SmolLM2's layers, measured in
+tests/model/test_i16in_kernel.py).
 
-The lm_head: SmolLM2's tied embedding ships as Q8_0 (per group of 32
-inputs, w = q * d, q in -127..127, d fp16), so its weights rebuild exactly
-from 1 byte each, against bf16w's 2 bytes of rounded weight; at 16 rows the
-lm_head is bound by arithmetic (fp32 FMA under bf16w), and the same
-integer dot product does twice the multiply-adds. Its inputs are quantized
-as the decode rows' are.
-
-Where the CPU has no AVX-512 VNNI (the C file builds without it and says so
-in `has_avx512_vnni()`), `load()` is None: decode rows stay on linear_q4, the
-lm_head on bf16w.
+Where the CPU has no AVX-512 VNNI, `load()` is None: decode rows stay on
+linear_q4, the lm_head on bf16w.
 """
 
 from __future__ import annotations
@@ -34,30 +24,12 @@ import ctypes
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from bulkhead.model import c_linear, q4_kernel, q4_scales
+from bulkhead.model import c_linear, q4_kernel
 
 def load() -> ctypes.CDLL | None:
     """The C linear kernels (bulkhead.model.c_linear), or None where they
     cannot be built or this CPU has no AVX-512 VNNI."""
     return c_linear.load_with("avx512_vnni")
-
-
-def pack_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """w [N, K] laid out for linear_q4_i16in (q4_scales.pack of its 4-bit
-    grid: the file's own fp16 scales where they are fp16), or None if w is
-    not exactly on a 4-bit grid."""
-    found = q4_kernel.grid(w)
-    return None if found is None else q4_scales.pack(*found)
-
-
-def linear_q4_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack_q4(w) (the
-    C entry point of its scales' layout: q4_scales), x quantized to 16-bit
-    integers per group inside the call."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the 16-bit-input decode kernel is not available")
-    return q4_scales.linear(lib, x, packed)
 
 
 # q8_grid()'s answer per weight tensor, while it lives: the engine asks once
@@ -78,8 +50,7 @@ def q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _solve_q8_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % q4_kernel.BLOCK or w.shape[1] % q4_kernel.GROUP \
-            or w.numel() == 0 or not bool(torch.isfinite(w).all()):
+    if w.dtype != torch.float32 or not q4_kernel.fits(w) or not bool(torch.isfinite(w).all()):
         return None
     groups = w.reshape(w.shape[0], -1, q4_kernel.GROUP)
     amax = groups.abs().amax(-1, keepdim=True)
@@ -111,13 +82,3 @@ def pack_q8_grid(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.
     qb = q.reshape(n // nb, 2, nb // 2, k // 2, 2).permute(0, 3, 1, 2, 4).contiguous()
     return qb, d.reshape(n // nb, nb, -1).transpose(1, 2).contiguous()
 
-
-def linear_q8_i16in(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack_q8(w), x
-    quantized to 16-bit integers per group inside the call."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the 16-bit-input kernels are not available")
-    qb, d = packed
-    blocks, pairs = qb.shape[:2]
-    return c_linear.call(lib.linear_q8_i16in, x, 2 * pairs, blocks * q4_kernel.BLOCK, qb, d)

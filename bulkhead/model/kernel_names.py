@@ -6,23 +6,20 @@ each one)."""
 
 # "exact" is the exact fp32 path, `--precision exact`: it resolves to onednn
 # (aten without oneDNN). bulkhead.model.kernel_table says which "auto" picks.
-KERNELS = ("auto", "exact", "onednn", "aten", "q4", "q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
+KERNELS = ("auto", "exact", "onednn", "aten", "q4", "q4-i16in", "bf16", "gguf-i16in")
 EXACT_KERNELS = ("onednn", "aten")
 # The kernels whose prompts round their inputs to bf16 (bf16in_kernel), and
 # the 4-bit grid ones (q4_kernel's packing); the engine keys prompt padding
 # and prompt attention on the first.
-BF16_INPUT_PROMPTS = ("q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
-Q4_KERNELS = ("q4", "q4-bf16in", "q4-i16in")
+BF16_INPUT_PROMPTS = ("q4-i16in", "bf16", "gguf-i16in")
+Q4_KERNELS = ("q4", "q4-i16in")
 # The kernels that are not the exact fp32 model (their lm_head may take bf16w).
-REDUCED = ("q4", "q4-bf16in", "q4-i16in", "bf16", "gguf-i16in")
-# What a 4-bit kernel's decode rows take as inputs: fp32 (q4_kernel) or
-# 16-bit integers (i16in_kernel).
-DECODE_INPUTS = {"q4-i16in": "i16", "gguf-i16in": "i16"}
+REDUCED = ("q4", "q4-i16in", "bf16", "gguf-i16in")
 # What an engine's passes run, so what its weights are laid out for
 # (linear_kernel.prepare): "both" (colocated), "prompts" (a prefill worker:
 # the prompt kernel's packing only), "decode" (a decode worker: the decode
 # packing only; the prompts it recomputes after a preemption run the decode
-# kernel, Q4Linear's docstring says why).
+# kernel, format_linear.CodedLinear's docstring says why).
 RUNS = ("both", "prompts", "decode")
 HEAD_KERNELS = ("fp32", "bf16w", "bf16-in", "q8-i16in")
 # lm_head kernels that run each row alone, the same operations whatever its
@@ -31,8 +28,6 @@ ROW_BY_ROW_HEADS = ("q8-i16in", "bf16w", "bf16-in")
 # What /server_info says each kernel computes in (the lm_head: HEAD_PRECISION).
 MATMUL_PRECISION = {"aten": "fp32", "onednn": "fp32",
                     "q4": "fp32 (decode rows read the 4-bit weights, rebuilt exactly)",
-                    "q4-bf16in": "prompts bf16 inputs and weights (the 4-bit weights rounded to bf16), fp32 sums "
-                                 "and outputs; decode rows as q4",
                     "q4-i16in": "prompts bf16 inputs and weights, fp32 sums and outputs; decode rows inputs as "
                                 "16-bit integers per group of 32, 4-bit weights rebuilt exactly, exact int32 sums, "
                                 "fp32 scales (read as the file's fp16 for Q4_0 and Q4_1)",

@@ -3,30 +3,22 @@ CPU's features) to (prompt kernel, decode kernel, lm_head kernel). Torch-free,
 so the command line and the router can read it.
 
 A format's rows are tried top to bottom; the first whose CPU features this
-machine has and whose kernels run here (their C library builds, the weights
-pack exactly: bulkhead.model.linear_kernel.runs) wins. Every format ends on
-the exact fp32 path (EXACT), which is also what `--precision exact` runs
-everywhere. `linear` is the name the engine and /server_info know a row's
-prompt and decode kernels by (kernel_names.MATMUL_PRECISION says what each
-computes in). The lm_head column's `q8-i16in` is for an lm_head stored as
-Q8_0 (the bundled SmolLM2's tied embedding); another lm_head in that row
-takes `bf16w` (head_linear.choose_head).
+machine has and whose kernels run here (linear_kernel.runs) wins. Every
+format ends on the exact fp32 path (EXACT), which is also what `--precision
+exact` runs everywhere. `linear` is the name the engine and /server_info
+know a row's prompt and decode kernels by (kernel_names.MATMUL_PRECISION).
+The lm_head column's `q8-i16in` is for an lm_head stored as Q8_0 (the
+bundled SmolLM2's tied embedding); another lm_head takes `bf16w`
+(head_linear.choose_head).
 
+Kernels (docs/performance.md "Kernel flags"): `bf16-in` bf16 inputs and
+weights, fp32 sums (csrc/linear_bf16.h); `q4-f32in` the 4-bit grid rebuilt
+exactly, fp32 inputs (csrc/linear_q4.h); `q4-i16in`, `q8-i16in` and
+`q8a-i16in` the stored codes, inputs as 16-bit integers per group, exact
+int32 sums (csrc/linear_i16in.h, linear_q8a.h); `onednn-fp32` oneDNN's fp32
+GEMM; lm_head `bf16w` bf16 weights, fp32 inputs (csrc/linear_bf16w.h).
 `gguf-i16in` (format_linear) runs each tensor group of a GGUF file on its
-own format's decode kernel: `q4-i16in`, `q8-i16in` over int8 codes with a
-scale per 32 (csrc/linear_i16in.h), `q8a-i16in` int8 codes with a scale per
-16 and an offset per 32 (csrc/linear_q8a.h); a file whose groups differ
-(Q4_K_M) takes it where `per_group` says every group has such a row.
-
-Kernels: `bf16-in` bf16 inputs and weights, fp32 sums (csrc/linear_bf16.h;
-a bf16 checkpoint's lm_head too, its logits fp32); `q4-f32in` the 4-bit grid
-rebuilt exactly, fp32 inputs and sums (csrc/linear_q4.h); `q4-i16in` the same
-weights, inputs as 16-bit integers per group, exact int32 sums
-(csrc/linear_i16in.h); `onednn-fp32` oneDNN's fp32 GEMM (aten's F.linear
-where this torch has no oneDNN); lm_head `bf16w` bf16 weights, fp32 inputs
-and logits (csrc/linear_bf16w.h), `q8-i16in` 8-bit weights exactly, 16-bit
-integer inputs (csrc/linear_q8a.h's linear_q8_0_i16in, over the file's fp16
-scales), `fp32` oneDNN fp32.
+own format's decode kernel, where `per_group` says every group has one.
 """
 
 from __future__ import annotations
@@ -58,7 +50,6 @@ BF16_ROW = ("BF16", "F16")
 TABLE = (
     #   formats      CPU features  linear       prompt         decode        lm_head
     Row(GRID_4BIT, (BF16, VNNI), "q4-i16in",  "bf16-in",     "q4-i16in",   "q8-i16in"),
-    Row(GRID_4BIT, (BF16,),      "q4-bf16in", "bf16-in",     "q4-f32in",   "bf16w"),
     Row(GRID_4BIT, (),           "q4",        "onednn-fp32", "q4-f32in",   "bf16w"),
     Row(GRID_8BIT, (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8-i16in",   "q8-i16in"),
     Row(SCALE_16,  (BF16, VNNI), "gguf-i16in", "bf16-in",    "q8a-i16in",  "q8-i16in"),

@@ -1,31 +1,24 @@
 """Which kernel runs the linear layers, and the weights laid out for it.
 
-The choice is bulkhead.model.kernel_table's: one table from the weights'
-stored format and the CPU's features to a prompt kernel, a decode kernel
-and an lm_head kernel. `choose` and `choose_head` read it; `runs` says
-whether a row's kernels run here for these weights (their C library builds,
-the weights pack exactly); the layer classes below hold each kernel's
-packing. What each kernel computes in is kernel_names.MATMUL_PRECISION (what
-/server_info says); docs/performance.md "Kernel flags" has the table and
-"Quality" each kernel's measured distance from the exact model.
+The choice is bulkhead.model.kernel_table's (`choose`, `choose_head`);
+`runs` says whether a row's kernels run here for these weights (their C
+library builds, the weights pack exactly); the layer classes below hold each
+kernel's packing. What each computes in: kernel_names.MATMUL_PRECISION
+(/server_info) and docs/performance.md "Kernel flags" and "Quality".
 
-The exact fp32 path (`--precision exact`, `--linear-kernel exact`) is
-oneDNN over a weight laid out for it once (`onednn`) where this torch build
-has oneDNN, else aten's F.linear (`aten`). Why oneDNN: on this project's
-2-core AMD EPYC machine MKL's sgemm runs the whole model's linear layers
-3.7x slower at 4 rows than oneDNN's kernel over a weight laid out for it
-ahead of time, which is also what vLLM's CPU build runs.
+The exact fp32 path (`--precision exact`) is oneDNN over a weight laid out
+for it once (`onednn`), else aten's F.linear (`aten`). Why oneDNN: on this
+project's 2-core AMD EPYC machine MKL's sgemm runs the model's linear layers
+3.7x slower at 4 rows than oneDNN over a weight laid out ahead of time,
+which is also what vLLM's CPU build runs.
 
 Every kernel's outputs are fp32, and so are the lm_head's inputs, sums and
 logits whatever its weights: bf16 keeps 8 bits of a logit, steps of 0.125
-at 20, and with a bf16 GEMM lm_head the README's question was answered in
-French (0.08 nats from a tie in fp32).
-
-Batch invariance is not assumed of any kernel: the engine measures at
-start-up, through the decode path of these weights, which decode row counts
-give a row the same numbers whatever its batch-mates
-(bulkhead.model.row_invariance). A request's decode rows always take the
-decode kernel, whatever the batch size, so the choice itself never depends on
+at 20, and with a bf16 GEMM lm_head (oneDNN's, which rounds output and
+inputs) the README's question was answered in French (fp32 puts "The" 0.08
+nats above "L"). Batch invariance is not assumed of any kernel: the engine
+measures it at start-up (bulkhead.model.row_invariance); a request's decode
+rows always take the decode kernel, so the choice never depends on
 batch-mates.
 """
 
@@ -37,13 +30,15 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from bulkhead.model import bf16in_kernel, c_linear, format_linear, i16in_kernel, kernel_table, q4_kernel, q4_scales
+from bulkhead.model import bf16in_kernel, c_linear, format_linear, head_linear, i16in_kernel, kernel_table, q4_kernel, \
+    q4_scales
 from bulkhead.model.bf16_embedding import BF16Embedding
+from bulkhead.model.gguf_codes import Q4Codes
 from bulkhead.model.head_linear import (  # noqa: F401  (re-exported)
     BF16InputHead, BF16WeightLinear, Q8I16InLinear, choose_head,
 )
 from bulkhead.model.kernel_names import (  # noqa: F401  (torch-free: the command line reads them too)
-    BF16_INPUT_PROMPTS, DECODE_INPUTS, EXACT_KERNELS, HEAD_KERNELS, HEAD_PRECISION, KERNELS, MATMUL_PRECISION,
+    BF16_INPUT_PROMPTS, EXACT_KERNELS, HEAD_KERNELS, HEAD_PRECISION, KERNELS, MATMUL_PRECISION,
     Q4_KERNELS, REDUCED, ROW_BY_ROW_HEADS, RUNS,
 )
 from bulkhead.model.linear import Linear
@@ -82,67 +77,37 @@ class OneDNNLinear(Linear):
 
 
 class Q4Linear(Linear):
-    """Decode rows through a kernel over the 4-bit packing: by
-    `decode_inputs`, fp32 inputs and sums over q4_kernel.pack's fp32 scales
-    (bulkhead.model.q4_kernel), or 16-bit integer inputs over the file's
-    own scales (q4_scales.pack: fp16 for Q4_0 and Q4_1; i16in_kernel);
-    other rows through `prefill` (a layer over the same weight). `weights`
-    holds the packed tensors; `packed` the two the C decode layers pass its
-    kernel (linear_q4's signature): the tensors themselves under fp32
-    inputs, linear_coded's descriptor twice under 16-bit ones (the layers
-    call one function, and a model's layers may differ in layout).
+    """`q4`'s layer: decode rows through linear_q4 (fp32 inputs and sums over
+    q4_kernel.pack_grid's layout, `packed`, which the C decode layers pass it
+    too), other rows through `prefill` (oneDNN fp32 over the same weight).
+    `q4-i16in`'s layers are format_linear.CodedLinear over the 4-bit codes."""
 
-    prefill None (a decode worker's layout, RUNS "decode"): prompt rows run
-    the decode kernel too, over the same 4-bit codes, so the worker holds no
-    bf16 copy of the weights (1,856 MiB of a 1B model). A decode worker runs
-    prompts only to recompute a request it preempted. Why the decode kernel
-    and not a bf16 copy made for it: it reads the stored codes exactly and
-    computes each row alone (csrc/linear_i16in.h), and on a 1B model's
-    shapes at 64 and 256 rows, one thread, it takes 1.0-1.6x the bf16 prompt
-    kernel's time (bench/prompt_kernels.py), for the rare recompute."""
+    decode_inputs = "fp32"  # decode_layers refuses layers that mix decode kernels
 
-    # decode_inputs -> (the module that loads the C library, its function with linear_q4's signature)
-    _KERNEL = {"fp32": (q4_kernel, "linear_q4"), "i16": (i16in_kernel, "linear_coded")}
-
-    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear | None,
-                 decode_inputs: str = "fp32"):
-        if decode_inputs not in self._KERNEL:
-            raise ValueError(f"decode inputs must be one of {tuple(self._KERNEL)}, not {decode_inputs!r}")
-        if decode_inputs == "fp32" and packed[0].shape[2] != q4_kernel.BLOCK // 2:
-            raise ValueError("the fp32-input 4-bit kernel reads q4_kernel.pack's layout, not q4_scales.pack's")
-        self.weights = packed
-        self.packed = packed if decode_inputs == "fp32" else (q4_scales.descriptor(packed),) * 2
-        self.prefill = prefill
-        self.decode_inputs = decode_inputs
-        qs = packed[0]  # [N / NB, K, NB / 2] (q4_kernel.pack) or [N / NB, K / 4, 2 NB] (q4_scales.pack)
-        self.out_features = qs.shape[0] * q4_kernel.BLOCK
-        self.in_features = qs.shape[1] * qs.shape[2] * 2 // q4_kernel.BLOCK
+    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], prefill: Linear):
+        qs = packed[0]  # [N / NB, K, NB / 2]
+        if qs.shape[2] != q4_kernel.BLOCK // 2:
+            raise ValueError("the fp32-input 4-bit kernel reads q4_kernel.pack_grid's layout, not q4_scales.pack's")
+        self.packed, self.prefill = packed, prefill
+        self.out_features, self.in_features = qs.shape[0] * q4_kernel.BLOCK, qs.shape[1]
 
     def decode_fn(self):
-        """The C function decode rows run (linear_q4's signature; the C decode
-        layers call it too), or None where its library cannot be loaded here."""
-        module, name = self._KERNEL[self.decode_inputs]
-        lib = module.load()
-        return None if lib is None else getattr(lib, name)
+        """linear_q4 (the C decode layers call it too), or None where its library cannot be loaded here."""
+        lib = q4_kernel.load()
+        return None if lib is None else lib.linear_q4
 
     def __call__(self, x, b=None, decode=False):
-        if not decode and self.prefill is not None:
+        if not decode:
             return self.prefill(x, b)
-        fn = self.decode_fn()
-        if fn is None:
-            raise RuntimeError(f"the {self.decode_inputs}-input 4-bit decode kernel is not available here")
+        fn = c_linear.needed(q4_kernel.load(), "the 4-bit decode kernel").linear_q4
         y = c_linear.call(fn, x.float(), self.in_features, self.out_features, *self.packed)
         return (y if b is None else y + b.float()).to(x.dtype)
 
-    def silu_mul(self, x):
-        # prompt rows: the prompt kernel's; None (two calls) where the decode kernel runs them
-        return None if self.prefill is None else self.prefill.silu_mul(x)
-
 
 class BF16InLinear(Linear):
-    """Prompt rows through bf16 weights with bf16 inputs and fp32 sums and
-    outputs (bulkhead.model.bf16in_kernel); `wb` the packed weight. Rows
-    already bf16 (silu_mul's) are read as they are, with float32 out."""
+    """Prompt rows through bf16 weights and inputs, fp32 sums and outputs
+    (bf16in_kernel); `wb` the packed weight. Rows already bf16 (silu_mul's)
+    are read as they are, with float32 out."""
 
     def __init__(self, wb: torch.Tensor):
         self.wb = wb
@@ -155,19 +120,15 @@ class BF16InLinear(Linear):
         return y if rounded else y.to(x.dtype)
 
     def silu_mul(self, x):
-        """bfloat16, rounded as this kernel rounds a layer's input: for the
-        down projection's prompt kernel, which reads it as it is."""
         if not bf16in_kernel.silu_mul_fits(self.wb):
             return None
         return bf16in_kernel.linear_bf16in_silu_mul(x.float(), self.wb)
 
 
 class BF16Linear(Linear):
-    """A bf16 checkpoint's layer (`bf16`): its weights held once, in bf16 as
-    stored (bf16in_kernel.pack rounds nothing), prompt rows through
-    BF16InLinear, decode rows through bf16in_kernel.linear_bf16_bf16in (bf16
-    inputs, fp32 sums: each row's numbers the prompt kernel's), which the C
-    decode layers call too."""
+    """A bf16 checkpoint's layer (`bf16`): its weights held once, as stored,
+    prompt rows through BF16InLinear, decode rows through
+    bf16in_kernel.linear_bf16_bf16in (each row's numbers the prompt kernel's)."""
 
     decode_inputs = "bf16"  # decode_layers refuses layers that mix decode kernels
 
@@ -194,12 +155,11 @@ class BF16Linear(Linear):
 def bf16_usable(weights, dtype: torch.dtype) -> bool:
     """The bf16 kernels build here and every linear weight is held as a
     16-bit checkpoint stored it (bf16, or fp16 that packing rounds to bf16
-    once: the kernel table's choice for F16) or is fp32 holding a bf16 value
-    exactly, in a shape they take."""
+    once) or is an fp32 bf16 value, in a shape they take."""
     if dtype != torch.float32 or bf16in_kernel.load() is None or weights is None:
         return False
     return all(bf16in_kernel.fits(w) and (w.dtype in HELD_AS_STORED or torch.equal(w.bfloat16().float(), w))
-               for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+               for w in format_linear.linears(weights))
 
 
 def q4_usable(weights) -> bool:
@@ -207,8 +167,7 @@ def q4_usable(weights) -> bool:
     lies exactly on a 4-bit grid (q4_kernel.grid)."""
     if q4_kernel.load() is None or weights is None:
         return False
-    return all(q4_kernel.grid(w) is not None
-               for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    return all(q4_kernel.grid(w) is not None for w in format_linear.linears(weights))
 
 
 def onednn_usable(dtype: torch.dtype) -> bool:
@@ -224,11 +183,9 @@ def onednn_usable(dtype: torch.dtype) -> bool:
 
 def layer_format(weights, stored: str | None) -> str:
     """The format the table looks the linear layers up by: `stored`
-    (bulkhead.model.weight_format.linear_format) for a bf16 or fp16 checkpoint;
-    a 4-bit grid format where every weight rebuilds exactly from one
-    (q4_kernel.grid: a GGUF import dequantizes to fp32, so the values say
-    it, also for an import that recorded no format); else `stored`, or
-    "F32"."""
+    (weight_format.linear_format) for a bf16 or fp16 checkpoint; a 4-bit
+    grid format where every weight rebuilds exactly from one (q4_kernel.grid:
+    also an import that recorded no format); else `stored`, or "F32"."""
     if stored in ("BF16", "F16"):
         return stored
     if weights is not None and q4_usable(weights):
@@ -243,9 +200,8 @@ def runs(kernel: str, dtype: torch.dtype, weights) -> bool:
     for an fp32 lm_head where bf16w cannot run."""
     fp32 = dtype == torch.float32
     if kernel == "q4-i16in":
-        return fp32 and i16in_kernel.load() is not None and runs("q4-bf16in", dtype, weights)
-    if kernel == "q4-bf16in":
-        return fp32 and bf16in_kernel.load() is not None and runs("q4", dtype, weights)
+        return fp32 and i16in_kernel.load() is not None and bf16in_kernel.load() is not None \
+            and runs("q4", dtype, weights)
     if kernel == "q4":
         return fp32 and onednn_usable(dtype) and weights is not None and q4_usable(weights)
     if kernel == "bf16":
@@ -260,7 +216,6 @@ def runs(kernel: str, dtype: torch.dtype, weights) -> bool:
 
 # Why a developer's --linear-kernel cannot run here, by kernel.
 _REFUSED = {"q4": "its C kernel cannot be built here, --dtype is not float32",
-            "q4-bf16in": "this CPU has no AVX-512 BF16, --dtype is not float32",
             "q4-i16in": "this CPU has no AVX-512 BF16 or no AVX-512 VNNI, --dtype is not float32",
             "bf16": "its C kernel cannot be built here (no AVX-512 BF16), --dtype is not float32",
             "gguf-i16in": "this CPU has no AVX-512 BF16 or no AVX-512 VNNI, --dtype is not float32",
@@ -311,7 +266,7 @@ def prepare_one(w: torch.Tensor, kernel: str, runs: str = "both") -> Linear:
     """One [out, in] weight laid out for a chosen kernel, for the passes
     `runs` names (kernel_names.RUNS): a prefill worker's 4-bit layers keep
     only the prompt kernel's bf16 packing, a decode worker's only the 4-bit
-    one (Q4Linear runs its prompt rows then). Kernels with one packing for
+    one (CodedLinear runs its prompt rows then). Kernels with one packing for
     both (bf16, the exact ones) lay it out whatever `runs`."""
     if runs not in RUNS:
         raise ValueError(f"runs must be one of {RUNS}, not {runs!r}")
@@ -324,40 +279,29 @@ def prepare_one(w: torch.Tensor, kernel: str, runs: str = "both") -> Linear:
     if kernel == "gguf-i16in":
         return format_linear.prepare_one(w, runs)
     if kernel in Q4_KERNELS:
-        if kernel in BF16_INPUT_PROMPTS and runs == "prompts":  # never a decode row: no 4-bit packing
+        if kernel == "q4-i16in" and runs == "prompts":  # never a decode row: no 4-bit packing
             return BF16InLinear(bf16in_kernel.pack(w))
         found = q4_kernel.grid(w)
         if found is None:
             raise ValueError(f"{kernel}: weight {tuple(w.shape)} is not exactly on a 4-bit grid (see choose())")
-        inputs = DECODE_INPUTS.get(kernel, "fp32")
-        packed = q4_scales.pack(*found) if inputs == "i16" else q4_kernel.pack_grid(*found)
-        if kernel in BF16_INPUT_PROMPTS:  # no fp32 copy of the weight: prompts read it in bf16
-            prompts = None if runs == "decode" else BF16InLinear(bf16in_kernel.pack(w))
-            return Q4Linear(packed, prompts, inputs)
-        return Q4Linear(packed, OneDNNLinear(w, w.dtype))
+        if kernel == "q4":
+            return Q4Linear(q4_kernel.pack_grid(*found), OneDNNLinear(w, w.dtype))
+        # No fp32 copy of the weight: prompts read it in bf16, a decode worker's (runs "decode") the codes.
+        prompts = None if runs == "decode" else BF16InLinear(bf16in_kernel.pack(w))
+        return format_linear.CodedLinear(Q4Codes(*found), prompts)
     raise ValueError(f"prepare_one() takes a chosen kernel, not {kernel!r} (see choose())")
 
 
 def prepare(weights, kernel: str, head: str | None = None, release: bool = False, runs: str = "both"):
-    """The model's weights with every linear layer's laid out for `kernel`
-    (a ModelWeights; returned as a new one), the lm_head's for `head`
-    (choose_head's answer when None). The laid-out copy replaces the plain
-    one; a tied embedding stays for token lookup, except under a `q8-i16in`
-    or `bf16-in` lm_head, whose packing holds the same numbers
-    (bulkhead.model.q8_embedding, bf16_embedding). A bf16 matrix the loader
-    kept as stored (loader.held_as_stored) is widened, one at a time, to the
-    model's dtype for every kernel but `bf16`'s. release=True empties
-    `weights.layers` layer by layer as each is laid out (the loader's
-    weights, dropped after), so that the plain weights and the laid-out ones
-    are never both held whole; otherwise the input is not changed. runs:
-    the passes the engine runs (prepare_one; the lm_head serves both).
-
-    The lm_head's outputs stay fp32 on every kernel: they are the logits,
-    and bf16 keeps 8 bits of them, steps of 0.125 at a logit of 20. Measured
-    on the README's question: fp32 puts "The" 0.08 nats above "L"; with a
-    bf16 GEMM lm_head (oneDNN's, which rounds output and inputs) they tie and
-    greedy decoding answers in French. `bf16w` rounds only the weights,
-    `bf16-in` the weights and its inputs, never the logits."""
+    """A new ModelWeights with every linear layer laid out for `kernel`, the
+    lm_head for `head` (choose_head's answer when None). A tied embedding
+    stays for token lookup, except under a `q8-i16in` or `bf16-in` lm_head,
+    whose packing holds the same numbers (q8_embedding, bf16_embedding). A
+    16-bit matrix the loader kept as stored (loader.held_as_stored) is
+    widened, one at a time, for every kernel but `bf16`. release=True
+    empties `weights.layers` as each is laid out, so that the plain and the
+    laid-out weights are never both held whole; otherwise the input is not
+    changed. runs: the passes the engine runs (prepare_one)."""
     dtype = weights.final_norm.dtype  # the model's (the loader gives norms its dtype)
     layers = []
     for i in range(len(weights.layers)):  # by index: an iterator would hold the last layer while the next is made
@@ -369,21 +313,17 @@ def prepare(weights, kernel: str, head: str | None = None, release: bool = False
             weights.layers[i] = None
     lm_head = _widened(weights.lm_head, kernel, dtype)
     head = choose_head(kernel, lm_head, head)
-    embed = weights.embed
-    if head == "q8-i16in":
-        lm_head = Q8I16InLinear(lm_head)
-        if weights.lm_head is weights.embed:  # tied: token lookup reads the same 8-bit numbers (q8_embedding)
-            from bulkhead.model.q8_embedding import Q8Embedding
-
-            embed = Q8Embedding(lm_head.packed)
-    elif head == "bf16w":
-        lm_head = BF16WeightLinear(lm_head)
-    elif head == "bf16-in":
-        lm_head = BF16InputHead(lm_head)
-        if weights.lm_head is weights.embed:  # tied: token lookup reads the same bf16 pairs
-            embed = BF16Embedding(pairs=lm_head.packed)
+    embed, tied = weights.embed, weights.lm_head is weights.embed
+    if head in head_linear.LAYERS:
+        lm_head = head_linear.LAYERS[head](lm_head)
     else:
         lm_head = prepare_one(weights.lm_head.to(dtype), "onednn" if kernel in REDUCED else kernel)
+    if tied and head == "q8-i16in":  # token lookup reads the same 8-bit numbers (q8_embedding)
+        from bulkhead.model.q8_embedding import Q8Embedding
+
+        embed = Q8Embedding(lm_head.packed)
+    elif tied and head == "bf16-in":  # token lookup reads the same bf16 pairs
+        embed = BF16Embedding(pairs=lm_head.packed)
     if embed is weights.embed and embed.dtype != dtype:  # a bf16 checkpoint's, held as stored: fp32 rows on lookup
         embed = BF16Embedding(rows=embed.clone())  # a copy of its own: the file's mapping goes
     return dataclasses.replace(weights, embed=embed, layers=layers, lm_head=lm_head)

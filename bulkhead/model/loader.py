@@ -5,6 +5,7 @@ safetensors directory, or one whose weights stay in a GGUF file
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,17 +47,14 @@ def held_as_stored(t: torch.Tensor, dtype: torch.dtype) -> bool:
 def _taker(tensors: dict[str, torch.Tensor], dtype: torch.dtype, mapped: bool):
     def take(name: str, own: bool = True) -> torch.Tensor:
         """The tensor in `dtype`, but for a bf16 or fp16 matrix under an fp32
-        model (a 16-bit checkpoint's linear layers and embedding), which stays
-        as stored and uncopied: linear_kernel.prepare lays each one out (bf16
-        kernels pack it, rounding fp16 to bf16 once; the exact path widens it
-        layer by layer, exactly), so the
-        model is never held whole in fp32 (a 1B model's 4.3 GB; two such
-        workers ran out of memory). own=True copies the rest out of the file's
-        mapping where it still reads it (an fp32 tensor of an fp32 file), so
-        that the whole mapping goes once the weights are laid out: an
-        embedding that kept it alive held the file's 540 MB resident in
-        every worker. own=False: the caller copies it (torch.cat).
-        mapped=False: `tensors` are in memory of their own (a GGUF's, decoded), none is copied."""
+        model, which stays as stored and uncopied: linear_kernel.prepare lays
+        each one out, so the model is never held whole in fp32 (a 1B model's
+        4.3 GB; two such workers ran out of memory). own=True copies the rest
+        out of the file's mapping where it still reads it, so that the whole
+        mapping goes once the weights are laid out (an embedding that kept it
+        alive held the file's 540 MB resident in every worker). own=False:
+        the caller copies it (torch.cat). mapped=False: `tensors` are in
+        memory of their own (a GGUF's, decoded), none is copied."""
         try:
             t = tensors.pop(name)
         except KeyError:
@@ -109,8 +107,8 @@ class GGUFLayers(Sequence):
     for and not kept: linear_kernel.prepare(release=True) lays them out one
     at a time, so a start holds one layer's fp32 values and codes beside the
     laid-out weights, not the whole model's (a 1B Q4_0 peaked at 7.2 GB, its
-    laid-out weights 2.6 GB). Each access decodes again; `representatives`
-    gives the kernel choice one layer per distinct mix of stored types.
+    laid-out weights 2.6 GB). `representatives` gives the kernel choice one
+    layer per distinct mix of stored types.
 
     codes_only: a coded matrix's values are a placeholder of its shape on
     torch's "meta" device, carrying its codes (format_linear.remember) and
@@ -178,12 +176,8 @@ def load_weights(model_dir: Path, dtype: torch.dtype = torch.float32,
     pointer = gguf_pointer(model_dir)
     if pointer is None:
         return config, build_weights(config, _read_tensors(model_dir), dtype)
-    if lazy:
-        return config, _gguf_weights(config, pointer, dtype)
-    decoded = gguf_weights.read(pointer["gguf"], config.num_heads, config.num_kv_heads, pointer.get("table"))
-    weights = build_weights(config, {name: d.values() for name, d in decoded.items()}, dtype, mapped=False)
-    gguf_weights.remember_codes(weights, decoded)
-    return config, weights
+    weights = _gguf_weights(config, pointer, dtype)
+    return config, weights if lazy else dataclasses.replace(weights, layers=list(weights.layers))
 
 
 def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear_kernel: str = "aten",

@@ -16,7 +16,7 @@ the values torch's indexed write stores (a NaN as a NaN), ~3 ms less a
 256-token pass (docs/performance.md).
 
 `choose` takes it ("bf16") where prompts already round their inputs to bf16
-(`--linear-kernel q4-bf16in`, `q4-i16in` or `bf16`) and it builds here;
+(`--linear-kernel q4-i16in`, `gguf-i16in` or `bf16`) and it builds here;
 "torch" (fp32 SDPA) everywhere else, so the exact kernels keep exact
 attention.
 """

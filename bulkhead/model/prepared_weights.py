@@ -1,23 +1,17 @@
 """The model's weights laid out for the chosen kernels, cached per machine.
 
 Why: laying out the bundled SmolLM2 for the default kernels means reading
-its GGUF's codes as stored (bulkhead.model.gguf_weights; a safetensors
-checkpoint's 4-bit grid is searched for in its fp32 values instead,
-q4_kernel.grid), packing every linear weight twice (4-bit for decode rows,
-bf16 for prompt rows) and the lm_head once (8-bit): most of a warm start's
-time, in each worker, every start, for the same answer. A start that finds this
+its GGUF's codes, packing every linear weight twice (4-bit for decode rows,
+bf16 for prompt rows) and the lm_head once: most of a warm start's time, in
+each worker, every start, for the same answer. A start that finds this
 machine's entry (bulkhead.model.machine_cache: keyed by the CPU, the model's
 files, bulkhead/model's sources and the kernel asked for) reads the packed
 tensors instead, and never holds the fp32 weights at all.
 
-Only the C kernels' layouts are cached (the bf16-input prompt kernels,
-`linear_kernel.BF16_INPUT_PROMPTS`: the 4-bit grid's, a GGUF file's
-per-format codes (`gguf-i16in`, a Q4_K_M file's) and a bf16 checkpoint's
-`bf16`, with a `q8-i16in`, `bf16w` or `bf16-in` lm_head): plain tensors,
-read back onto huge pages (machine_cache._read_each), which a one-row
-decode step streams. The exact fp32 paths (`--linear-kernel onednn`, `aten`, or
-`--dtype`/kernels that lay weights out inside oneDNN) are built from the
-fp32 weights on every start, as before; they are not the default.
+Only the C kernels' layouts are cached (`cacheable`): plain tensors, read
+back onto huge pages (machine_cache._read_each), which a one-row decode step
+streams. The exact fp32 paths, which lay weights out inside oneDNN, are
+built from the fp32 weights on every start.
 """
 
 from __future__ import annotations
@@ -29,13 +23,13 @@ from pathlib import Path
 import torch
 
 from bulkhead.model import bf16in_kernel, head_kernel, i16in_kernel, linear_kernel, machine_cache
-from bulkhead.model import q4_kernel, weight_format
+from bulkhead.model import weight_format
 from bulkhead.model.config import ModelConfig, load_model_config
 from bulkhead.model.gguf_import import heartbeat
 from bulkhead.model.bf16_embedding import BF16Embedding
 from bulkhead.model.format_linear import CodedLinear
 from bulkhead.model.head_linear import BF16InputHead
-from bulkhead.model.linear_kernel import BF16InLinear, BF16Linear, BF16WeightLinear, Q4Linear, Q8I16InLinear
+from bulkhead.model.linear_kernel import BF16InLinear, BF16Linear, BF16WeightLinear, Q8I16InLinear
 from bulkhead.model.llama import LayerWeights, ModelWeights
 from bulkhead.model.q8_embedding import Q8Embedding
 
@@ -44,11 +38,10 @@ log = logging.getLogger(__name__)
 CACHED_HEADS = ("q8-i16in", "bf16w", "bf16-in")
 LINEARS = ("qkv", "o", "gate_up", "down")
 # The C libraries each cached kernel needs: a hit is used only where they load here.
-LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "q4-bf16in": (bf16in_kernel, q4_kernel),
-             "gguf-i16in": (bf16in_kernel, i16in_kernel), "bf16": (bf16in_kernel,),
-             "q8-i16in": (i16in_kernel,), "bf16w": (head_kernel,), "bf16-in": (bf16in_kernel,)}
+LIBRARIES = {"q4-i16in": (bf16in_kernel, i16in_kernel), "gguf-i16in": (bf16in_kernel, i16in_kernel),
+             "bf16": (bf16in_kernel,), "q8-i16in": (i16in_kernel,), "bf16w": (head_kernel,), "bf16-in": (bf16in_kernel,)}
 # The kernels whose decode-only layout reads a GGUF's codes and never its values (linear_kernel.prepare_one).
-CODES_ONLY = ("q4-bf16in", "q4-i16in", "gguf-i16in")
+CODES_ONLY = ("q4-i16in", "gguf-i16in")
 # Counted for tests: how many builds read an entry and how many wrote one.
 stats = {"hits": 0, "writes": 0}
 
@@ -76,7 +69,6 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str,
     kernel, head = meta["kernel"], meta["head"]
     if not all(lib.load() is not None for lib in (*LIBRARIES[kernel], *LIBRARIES[head])):
         return None
-    inputs = linear_kernel.DECODE_INPUTS.get(kernel, "fp32")
     formats = meta.get("formats", {})
 
     def linear(prefix: str):
@@ -85,10 +77,7 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str,
             return BF16Linear(prompts)
         if prefix + ".qs" not in tensors:  # a prefill worker's: prompts only
             return prompts
-        packed = (tensors[prefix + ".qs"], tensors[prefix + ".dm"])
-        if kernel == "gguf-i16in":  # each group its own format's decode kernel
-            return CodedLinear.from_packed(formats[prefix], packed, prompts)
-        return Q4Linear(packed, prompts, inputs)
+        return CodedLinear.from_packed(formats[prefix], (tensors[prefix + ".qs"], tensors[prefix + ".dm"]), prompts)
 
     layers = [LayerWeights(input_norm=tensors[f"layers.{i}.input_norm"], qkv=linear(f"layers.{i}.qkv"),
                            qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=linear(f"layers.{i}.o"),
@@ -105,10 +94,8 @@ def load(model_dir: Path, dtype: torch.dtype, asked: str,
 
 def _head(tensors: dict, head: str):
     if head == "q8-i16in":
-        return Q8I16InLinear.from_packed((tensors["lm_head.qb"], tensors["lm_head.d"]))
-    if head == "bf16-in":
-        return BF16InputHead.from_packed(tensors["lm_head.packed"])
-    return BF16WeightLinear.from_packed(tensors["lm_head.packed"])
+        return Q8I16InLinear((tensors["lm_head.qb"], tensors["lm_head.d"]))
+    return (BF16InputHead if head == "bf16-in" else BF16WeightLinear)(tensors["lm_head.packed"])
 
 
 # How save() kept the token embedding, by save's name for it (`embed` in the entry's metadata).
@@ -135,9 +122,10 @@ def _linear_tensors(prefix: str, w) -> tuple[dict, str | None]:
     """({name: tensor} of one laid-out layer, its decode kernel where it is a CodedLinear)."""
     prompts = w if isinstance(w, BF16InLinear) else w.prefill
     tensors = {} if prompts is None else {prefix + ".wb": prompts.wb}
-    if isinstance(w, (Q4Linear, CodedLinear)):
+    if isinstance(w, CodedLinear):
         tensors[prefix + ".qs"], tensors[prefix + ".dm"] = w.weights  # its own layout
-    return tensors, w.format if isinstance(w, CodedLinear) else None
+        return tensors, w.format
+    return tensors, None
 
 
 def save(model_dir: Path, dtype: torch.dtype, asked: str, weights: ModelWeights, kernel: str, head: str,

@@ -6,7 +6,7 @@ output holds w = q * d + m with q in 0..15. A Q4_0 file's groups hold
 w = d * (q - 8), the same form with m = -8 d (packed with d > 0 and m the
 group's minimum, as below). Packed that way a decode step
 reads 4 bits a weight, as torch's int4 kernel does, but nothing else is
-rounded: `pack` refuses a weight it cannot rebuild bit for bit, and the
+rounded: `grid` refuses a weight it cannot rebuild bit for bit, and the
 kernel keeps the inputs and every sum in fp32. So the decode rows compute
 the exact model's numbers (up to the order of a sum), not torch's int4
 kernel's bf16 inputs and bf16-rounded scales.
@@ -101,12 +101,6 @@ def remember_grid(w: torch.Tensor, found: tuple[torch.Tensor, torch.Tensor, torc
         _GRIDS[w] = found
 
 
-def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """w [N, K] laid out for the kernel (pack_grid), or None if w is not exactly on a 4-bit grid."""
-    found = grid(w)
-    return None if found is None else pack_grid(*found)
-
-
 def pack_grid(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """grid()'s (q [N, K/G, G], d and m [N, K/G, 1]) laid out for the kernel:
     (qs uint8 [N/NB, K, NB/2], dm fp32 [N/NB, K/G, 2, NB])."""
@@ -115,18 +109,3 @@ def pack_grid(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     qs = (q[..., : BLOCK // 2] | (q[..., BLOCK // 2:] << 4)).contiguous()
     dm = torch.stack([d.reshape(n // BLOCK, BLOCK, -1), m.reshape(n // BLOCK, BLOCK, -1)], 1)  # [blocks, 2, NB, K/G]
     return qs, dm.permute(0, 3, 1, 2).contiguous()
-
-
-def linear_q4(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, K] float32 @ w.T -> [M, N] float32, packed = pack(w)."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the 4-bit decode kernel is not available")
-    return call_packed(lib.linear_q4, x, packed)
-
-
-def call_packed(fn, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """c_linear.call for a kernel with linear_q4's signature over pack(w)'s two tensors."""
-    qs, dm = packed
-    blocks, k, _ = qs.shape
-    return c_linear.call(fn, x, k, blocks * BLOCK, qs, dm)

@@ -23,11 +23,9 @@ group's integer m / d, and packs the codes as they then stand.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-from bulkhead.model import c_linear, q4_kernel
+from bulkhead.model import q4_kernel
 
 # layout -> (the C entry point, csrc/linear.c's CODED_* tag for linear_coded)
 LAYOUTS = {"f32": ("linear_q4_i16in", 0), "q4_1": ("linear_q4_1_i16in", 3), "q4_0": ("linear_q4_0_i16in", 4)}
@@ -96,7 +94,7 @@ def layout_of(packed: tuple[torch.Tensor, torch.Tensor]) -> str:
     qs, scales = packed
     if qs.dim() != 3 or qs.shape[2] != 2 * q4_kernel.BLOCK:
         raise ValueError(f"4-bit codes {tuple(qs.shape)} are not pack_quads' [N/NB, K/4, 64] "
-                         "(q4_kernel.pack's are the fp32-input kernel's)")
+                         "(q4_kernel.pack_grid's are the fp32-input kernel's)")
     if scales.dtype == torch.float32 and scales.dim() == 4:
         return "f32"
     if scales.dtype == torch.float16 and scales.dim() in (3, 4):
@@ -110,24 +108,8 @@ def shape_of(packed: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:
     return qs.shape[0] * q4_kernel.BLOCK, qs.shape[1] * 4
 
 
-def bytes_per_weight(packed: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """What one decode row reads per weight: the codes and the scales."""
-    n, k = shape_of(packed)
-    return sum(t.nbytes for t in packed) / (n * k)
-
-
-def entry_point(lib: ctypes.CDLL, packed: tuple[torch.Tensor, torch.Tensor]):
-    """The C function of packed's layout (linear_q4's signature)."""
-    return getattr(lib, LAYOUTS[layout_of(packed)][0])
-
-
 def descriptor(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """linear_coded's int64 [tag, codes, scales] for `packed`: the C decode
     layers call one function for every layer, whatever each one's layout."""
     return torch.tensor([LAYOUTS[layout_of(packed)][1], *(t.data_ptr() for t in packed)], dtype=torch.int64)
 
-
-def linear(lib: ctypes.CDLL, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, K] float32 @ w.T -> [M, N] float32 through packed's layout's kernel."""
-    n, k = shape_of(packed)
-    return c_linear.call(entry_point(lib, packed), x, k, n, *packed)

@@ -12,6 +12,7 @@ import torch
 
 from bulkhead.model import bf16in_kernel, c_linear, head_kernel, head_linear, i16in_kernel, q4_kernel
 from tests.model.grid_weights import gguf_q4_1, gguf_q8_0
+from tests.model import kernel_calls
 
 ROWS = tuple(range(1, 14))
 N, K = 96, 128
@@ -37,9 +38,9 @@ def outputs(kernel: str) -> list[torch.Tensor]:
     xs = [torch.randn(m, K, generator=gen) for m in ROWS]
     xs[-1][-2, 5], xs[-1][-1, 9] = float("nan"), float("inf")
     run = {
-        "linear_q4": lambda x: q4_kernel.linear_q4(x, q4_kernel.pack(w4)),
-        "linear_q4_i16in": lambda x: i16in_kernel.linear_q4_i16in(x, i16in_kernel.pack_q4(w4)),
-        "linear_q8_i16in": lambda x: i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w8)),
+        "linear_q4": lambda x: kernel_calls.linear_q4(x, kernel_calls.q4_pack(w4)),
+        "linear_q4_i16in": lambda x: kernel_calls.linear_q4_i16in(x, kernel_calls.i16in_pack_q4(w4)),
+        "linear_q8_i16in": lambda x: kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(w8)),
         "linear_q8_0_i16in": lambda x: head_linear.linear_q8_0_i16in(x, head_linear.pack_q8_0(w8)),
         "linear_bf16w": lambda x: head_kernel.linear_bf16w(x, head_kernel.pack(w4)),
         "linear_bf16in": lambda x: bf16in_kernel.linear_bf16in(x, bf16in_kernel.pack(w4)),

@@ -15,6 +15,7 @@ from bulkhead.model import decode_layers, format_linear, gguf_codes, gguf_import
 from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
 from tests.model.test_gguf_kquants import random_tensor
 from tests.model.test_weight_format import SHAPES, assert_close_to_exact, build, build_exact
+from tests.model import kernel_calls
 
 gguf = pytest.importorskip("gguf")
 needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None, reason="no AVX-512 VNNI or no compiler here")
@@ -94,10 +95,10 @@ def test_the_4_and_8_bit_codes_run_their_own_kernels_through_the_dispatch():
     x = torch.randn(7, 128)
     q4 = dyadic_codes("q4", 64, 128, seed=2)
     lin, _ = coded(q4)
-    assert torch.equal(lin(x, decode=True), i16in_kernel.linear_q4_i16in(x, format_linear.pack(q4)))
+    assert torch.equal(lin(x, decode=True), kernel_calls.linear_q4_i16in(x, format_linear.pack(q4)))
     q8 = dyadic_codes("q8", 64, 128, seed=3)
     lin, _ = coded(q8)
-    assert torch.equal(lin(x, decode=True), i16in_kernel.linear_q8_i16in(x, format_linear.pack(q8)))
+    assert torch.equal(lin(x, decode=True), kernel_calls.linear_q8_i16in(x, format_linear.pack(q8)))
 
 
 def test_every_codes_type_rewrites_into_the_scale_per_16_form_with_the_same_values():

@@ -2,16 +2,15 @@
 the codes the kernels pack are, bit for bit, what the grid search over the
 dequantized values found before, and the values are gguf-py's dequantize."""
 
-import sys
-import types
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from bulkhead.model import gguf_codes, i16in_kernel, q4_kernel
+from bulkhead.model import gguf_codes, gguf_kquants, i16in_kernel, q4_kernel
 from bulkhead.model.gguf_codes import Q4Codes, Q8Codes, Values
+from tests.model import kernel_calls
 
 
 def stored(type_name: str, rows: int = 64, cols: int = 256, seed: int = 0, scale: float = 0.05) -> np.ndarray:
@@ -38,7 +37,7 @@ def test_4bit_blocks_pack_as_the_grid_search_packs_them(type_name, seed):
     assert isinstance(found, Q4Codes)
     ref = dequantized(raw, type_name)
     assert torch.equal(found.values(), ref)  # equal values (-0.0 == 0.0: a Q4_0 zero under a negative scale)
-    searched = q4_kernel.pack(ref)
+    searched = kernel_calls.q4_pack(ref)
     assert searched is not None
     direct = q4_kernel.pack_grid(found.q, found.d, found.m)
     assert all(same_bits(a, b) for a, b in zip(direct, searched))
@@ -66,29 +65,13 @@ def test_float_tensors_are_their_stored_values(type_name):
 
 
 def test_a_type_with_no_decoder_is_dequantized_by_gguf_py_and_named(caplog, monkeypatch):
-    monkeypatch.setattr(gguf_codes, "_kquant_decoders", dict)  # as if gguf_kquants had no Q5_0 decoder
+    monkeypatch.delitem(gguf_kquants.DECODERS, "Q5_0")  # as if there were no Q5_0 decoder
     raw = stored("Q5_0")
     assert gguf_codes.fallback_types(["Q4_1", "Q5_0", "F32"]) == ["Q5_0"]
     found = gguf_codes.decode(raw, "Q5_0", (64, 256))
     assert isinstance(found, Values)
     assert same_bits(found.w, dequantized(raw, "Q5_0"))
     assert "no decoder for GGUF type Q5_0" in caplog.text
-
-
-def test_the_kquants_module_plugs_its_decoders_into_the_table(monkeypatch):
-    """bulkhead.model.gguf_kquants (another branch) adds decoders through its DECODERS dict."""
-    calls = []
-
-    def decode_q5_0(raw):
-        calls.append(raw.shape)
-        return Values(torch.zeros(raw.shape[0], 256))
-
-    fake = types.ModuleType(gguf_codes.KQUANTS_MODULE)
-    fake.DECODERS = {"Q5_0": decode_q5_0}
-    monkeypatch.setitem(sys.modules, gguf_codes.KQUANTS_MODULE, fake)
-    assert gguf_codes.fallback_types(["Q5_0"]) == []
-    gguf_codes.decode(stored("Q5_0"), "Q5_0", (64, 256))
-    assert calls == [(64, 8 * 22)]  # the stored bytes: 8 blocks of 22 a row
 
 
 def test_a_q4_0_group_under_a_negative_scale_counts_up_from_its_smallest_value():

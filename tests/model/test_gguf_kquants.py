@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from bulkhead.model import gguf_kquants, i16in_kernel, q4_kernel
-from bulkhead.model.gguf_kquants import BLOCKS, DECODERS, EXACT, Q4_GRID, Q8_GRID, KQuantShapeError
+from bulkhead.model.gguf_codes import Q4Codes, Q8ACodes, Q8Codes
+from bulkhead.model.gguf_kquants import BLOCKS, DECODERS, KQuantShapeError
+from tests.model import kernel_calls
 
 gguf = pytest.importorskip("gguf")
 
@@ -80,7 +82,7 @@ def test_gguf_pys_q5_0_and_q5_1_quantizers_output_decodes_to_its_values(type_nam
 
 def test_q5_0_is_the_8_bit_kernels_grid():
     found = gguf_kquants.decode_q5_0(random_tensor("Q5_0", 4, 64), (4, 64))
-    assert found.family == Q8_GRID and found.q.dtype == torch.int8 and found.q.shape == (4, 2, 32)
+    assert isinstance(found, Q8Codes) and found.q.dtype == torch.int8 and found.q.shape == (4, 2, 32)
     assert int(found.q.min()) == -16 and int(found.q.max()) == 15
     assert torch.equal(found.d.half().float(), found.d)  # fp16 precision: q * d is one exact product
 
@@ -93,7 +95,7 @@ def assert_products_exact(q: torch.Tensor, d: torch.Tensor):
 def test_q4_k_is_q4_kernels_grid_with_fp32_scales():
     raw = random_tensor("Q4_K", 4, 512)
     found = gguf_kquants.decode_q4_k(raw, (4, 512))
-    assert found.family == Q4_GRID
+    assert isinstance(found, Q4Codes)
     assert found.q.dtype == torch.uint8 and found.q.shape == (4, 16, q4_kernel.GROUP) and int(found.q.max()) <= 15
     assert found.d.dtype == found.m.dtype == torch.float32 and found.d.shape == found.m.shape == (4, 16, 1)
     assert_products_exact(found.q, found.d)
@@ -103,16 +105,17 @@ def test_q4_k_is_q4_kernels_grid_with_fp32_scales():
 
 def test_q5_k_codes_take_five_bits_and_their_products_are_exact():
     found = gguf_kquants.decode_q5_k(random_tensor("Q5_K", 4, 512), (4, 512))
-    assert found.family == EXACT and found.q.shape == (4, 16, 32)
+    assert isinstance(found, Q8ACodes) and found.q.shape == (4, 16, 32)
     assert int(found.q.max()) == 31 and int(found.q.min()) == 0
-    assert_products_exact(found.q, found.d)
+    assert_products_exact(found.q.reshape(4, -1, 16), found.d)
 
 
 def test_q6_k_codes_are_six_bit_signed_per_group_of_16_and_exact():
     found = gguf_kquants.decode_q6_k(random_tensor("Q6_K", 4, 512), (4, 512))
-    assert found.family == EXACT and found.q.dtype == torch.int8 and found.q.shape == (4, 32, 16)
+    assert isinstance(found, Q8ACodes) and found.q.dtype == torch.int8 and found.q.shape == (4, 16, 32)
+    assert found.d.shape == (4, 32, 1)  # a scale per 16 inputs
     assert int(found.q.min()) == -32 and int(found.q.max()) == 31
-    assert_products_exact(found.q, found.d)
+    assert_products_exact(found.q.reshape(4, -1, 16), found.d)
 
 
 def test_a_hand_built_q4_k_block_puts_each_scale_and_code_where_ggml_does():
@@ -139,9 +142,9 @@ def test_q8_k_is_ggmls_d_times_q_and_a_q8_grid_only_with_fp16_precision_scales()
     sums = q.reshape(2, 16, 16).sum(-1, dtype=np.int16)
     raw = np.concatenate([d.view(np.uint8).reshape(2, 4), q.view(np.uint8), sums.view(np.uint8)], 1)
     found = gguf_kquants.decode_q8_k(raw.reshape(1, -1), (1, 512))
-    assert found.family == EXACT and found.q.shape == (1, 16, 32)
+    assert not isinstance(found, Q8Codes)  # its codes reach -128: the fp32 values
     assert_bitwise(found.values(), torch.from_numpy((q * d[:, None]).reshape(1, 512)))
-    assert gguf_kquants.decode_q8_k(raw[:1], (1, 256)).family == Q8_GRID
+    assert isinstance(gguf_kquants.decode_q8_k(raw[:1], (1, 256)), Q8Codes)
 
 
 def test_bytes_that_are_not_whole_super_blocks_of_the_shape_are_refused():
@@ -155,12 +158,6 @@ def test_bytes_that_are_not_whole_super_blocks_of_the_shape_are_refused():
     assert gguf_kquants.decode_q4_k(raw).values().shape == (2, 512)  # the reader's [rows, bytes] alone
 
 
-def test_rows_selects_whole_rows_of_codes_and_scales():
-    found = gguf_kquants.decode_q6_k(random_tensor("Q6_K", 6, 256), (6, 256))
-    index = torch.tensor([4, 1])
-    assert_bitwise(found.rows(index).values(), found.values()[index])
-
-
 needs_q4 = pytest.mark.skipif(q4_kernel.load() is None, reason="the 4-bit kernel cannot be built here")
 
 
@@ -172,7 +169,7 @@ def test_the_4_bit_kernel_runs_q4_k_codes_as_they_are(monkeypatch):
     w = found.values()
     monkeypatch.setitem(q4_kernel._GRIDS, w, (found.q, found.d, found.m))  # what gguf-direct's remember_grid does
     x = torch.randn(3, 256)
-    y = q4_kernel.linear_q4(x, q4_kernel.pack(w))
+    y = kernel_calls.linear_q4(x, kernel_calls.q4_pack(w))
     torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-4)  # fp32 sums in another order
 
 
@@ -186,7 +183,7 @@ def test_the_8_bit_kernel_runs_q5_0_codes_as_they_are(monkeypatch):
     w = found.values()
     monkeypatch.setitem(i16in_kernel._Q8_GRIDS, w, (found.q, found.d))  # what gguf-direct's remember_q8_grid does
     x = torch.randn(3, 576)
-    y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
+    y = kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(w))
     # Its inputs are rounded to 16 bits per group of 32 (tests/model/test_i16in_kernel.py bounds that).
     torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
 

@@ -16,6 +16,7 @@ from bulkhead.model.gguf_codes import Q4Codes, Q8Codes, Values
 from bulkhead.model.loader import build_weights, load_weights
 from bulkhead.model.llama import ModelWeights
 from tests.model.test_weight_format import SHAPES, assert_close_to_exact, build, build_exact
+from tests.model import kernel_calls
 
 # One matrix kind per type the reader decodes (Q5_0 through gguf_kquants, onto the 8-bit grid), so a mislabel shows.
 MIXED = {"attn_q": "Q4_1", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "F16", "ffn_gate": "BF16",
@@ -96,8 +97,8 @@ def test_stored_codes_pack_as_the_grid_search_over_the_values_packs(q4_0_gguf):
     for layer in direct.layers:
         for field in ("qkv", "o", "gate_up", "down"):
             w = getattr(layer, field)
-            searched = q4_kernel.pack(w.clone())  # a new tensor: nothing remembered for it, so searched
-            assert all(torch.equal(x, y) for x, y in zip(q4_kernel.pack(w), searched))
+            searched = kernel_calls.q4_pack(w.clone())  # a new tensor: nothing remembered for it, so searched
+            assert all(torch.equal(x, y) for x, y in zip(kernel_calls.q4_pack(w), searched))
     assert all(torch.equal(x, y) for x, y in zip(i16in_kernel.pack_q8(direct.lm_head),
                                                  i16in_kernel.pack_q8(direct.lm_head.clone())))
 
@@ -115,7 +116,7 @@ def test_the_bundled_file_decodes_to_gguf_pys_values_and_the_searched_packing():
         ref = torch.from_numpy(np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type)))
         assert torch.equal(found.values(), ref.reshape(found.values().shape)), gguf_name
         if isinstance(found, Q4Codes):
-            searched = q4_kernel.pack(ref.clone())
+            searched = kernel_calls.q4_pack(ref.clone())
             assert all(torch.equal(x, y) for x, y in zip(q4_kernel.pack_grid(found.q, found.d, found.m), searched))
         if isinstance(found, Q8Codes):
             direct = i16in_kernel.pack_q8_grid(found.q, found.d)

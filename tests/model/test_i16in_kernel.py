@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from bulkhead.model import bf16in_kernel, i16in_kernel, q4_kernel
-from bulkhead.model.linear_kernel import BF16InLinear, Q4Linear, Q8I16InLinear, choose, choose_head, prepare, \
+from bulkhead.model.format_linear import CodedLinear
+from bulkhead.model.linear_kernel import BF16InLinear, Q8I16InLinear, choose, choose_head, prepare, \
     prepare_one
 from tests.model.grid_weights import gguf_q4_1, gguf_q8_0, one_layer_model
 from tests.model.row_checks import assert_rows_independent
+from tests.model import kernel_calls
 
 needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None or q4_kernel.load() is None,
                                  reason="no AVX-512 VNNI here, or the kernels cannot be built")
@@ -21,7 +23,7 @@ GROUP = q4_kernel.GROUP
 
 
 def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return i16in_kernel.linear_q4_i16in(x, i16in_kernel.pack_q4(w))
+    return kernel_calls.linear_q4_i16in(x, kernel_calls.i16in_pack_q4(w))
 
 
 def what_it_computes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -59,8 +61,8 @@ def test_it_quantizes_the_inputs_per_group_and_nothing_else(rows):
 
 @needs_i16in
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    packed = i16in_kernel.pack_q4(gguf_q4_1(64, 96))
-    assert_rows_independent(lambda x: i16in_kernel.linear_q4_i16in(x, packed), torch.randn(20, 96))
+    packed = kernel_calls.i16in_pack_q4(gguf_q4_1(64, 96))
+    assert_rows_independent(lambda x: kernel_calls.linear_q4_i16in(x, packed), torch.randn(20, 96))
 
 
 @needs_i16in
@@ -88,27 +90,27 @@ def test_shapes_it_does_not_take_are_refused():
         run(torch.randn(2, 64), w)
     qs = torch.zeros(2, 12, 2 * q4_kernel.BLOCK, dtype=torch.uint8)  # K = 48: not whole groups
     with pytest.raises(ValueError, match="refused"):
-        i16in_kernel.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
+        kernel_calls.linear_q4_i16in(torch.randn(2, 48), (qs, torch.zeros(2, 2, 2, q4_kernel.BLOCK)))
     with pytest.raises(ValueError, match="pack_quads"):  # the fp32-input kernel's packing is not this one's
-        i16in_kernel.linear_q4_i16in(torch.randn(2, 96), q4_kernel.pack(w))
+        kernel_calls.linear_q4_i16in(torch.randn(2, 96), kernel_calls.q4_pack(w))
 
 
 @needs_i16in
 @pytest.mark.skipif(bf16in_kernel.load() is None, reason="no AVX-512 BF16 here")
-def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_q4_bf16ins():
+def test_under_q4_i16in_decode_rows_take_it_and_prompt_rows_are_the_bf16_prompt_kernels():
     w = gguf_q4_1(64, 96)
-    ours, bf16in = prepare_one(w, "q4-i16in"), prepare_one(w, "q4-bf16in")
-    assert isinstance(ours, Q4Linear) and isinstance(ours.prefill, BF16InLinear) and ours.decode_inputs == "i16"
+    ours, bf16in = prepare_one(w, "q4-i16in"), BF16InLinear(bf16in_kernel.pack(w))
+    assert isinstance(ours, CodedLinear) and isinstance(ours.prefill, BF16InLinear) and ours.decode_inputs == "i16"
     x, b = torch.randn(9, 96), torch.randn(64)
     torch.testing.assert_close(ours(x, b, decode=True), run(x, w) + b, rtol=0, atol=0)
     assert torch.equal(ours(x, b, decode=False), bf16in(x, b, decode=False))
     assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-i16in"
 
 
-def test_without_vnni_auto_keeps_q4_bf16in_and_asking_for_it_is_an_error(monkeypatch):
+def test_without_vnni_auto_keeps_q4_and_asking_for_q4_i16in_is_an_error(monkeypatch):
     monkeypatch.setattr(i16in_kernel, "load", lambda: None)
-    if bf16in_kernel.load() is not None and q4_kernel.load() is not None:
-        assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4-bf16in"
+    if q4_kernel.load() is not None:
+        assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == "q4"
     with pytest.raises(RuntimeError, match="q4-i16in: .*VNNI"):
         choose("q4-i16in", torch.float32, one_layer_model(gguf_q4_1))
 
@@ -150,7 +152,7 @@ def test_the_8_bit_kernel_quantizes_the_inputs_and_keeps_the_weights_exact(rows)
     w = gguf_q8_0(160, 192)
     x = torch.randn(rows, 192)
     x[:, 70] *= 40
-    y = i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w)).double()
+    y = kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(w)).double()
     model, exact = q8_what_it_computes(x, w), F.linear(x.double(), w.double())
     torch.testing.assert_close(y, model, rtol=1e-5, atol=1e-4)
     assert (y - model).abs().max() * 5 < (model - exact).abs().max()
@@ -162,7 +164,7 @@ def test_the_8_bit_kernel_quantizes_the_inputs_and_keeps_the_weights_exact(rows)
 @needs_i16in
 def test_the_8_bit_kernels_rows_do_not_depend_on_their_batch_mates_and_non_finite_input_reaches_its_row():
     packed = i16in_kernel.pack_q8(gguf_q8_0(64, 96))
-    run8 = lambda x: i16in_kernel.linear_q8_i16in(x, packed)  # noqa: E731
+    run8 = lambda x: kernel_calls.linear_q8_i16in(x, packed)  # noqa: E731
     x = torch.randn(20, 96)
     assert_rows_independent(run8, x)
     x[1, 5], x[2, 40], x[3] = float("nan"), float("inf"), 0
@@ -179,11 +181,11 @@ def test_under_q4_i16in_an_8_bit_lm_head_takes_it_and_any_other_bf16w():
     w = one_layer_model(gguf_q4_1)
     lm_head = gguf_q8_0(96, 64)
     assert choose_head("q4-i16in", lm_head) == "q8-i16in"
-    assert choose_head("q4-bf16in", lm_head) != "q8-i16in"  # only beside 16-bit-integer decode rows
+    assert choose_head("q4", lm_head) != "q8-i16in"  # only beside 16-bit-integer decode rows
     assert choose_head("q4-i16in", torch.randn(96, 64)) != "q8-i16in"  # not on the grid
     head = prepare(dataclasses.replace(w, lm_head=lm_head), "q4-i16in").lm_head
     assert isinstance(head, Q8I16InLinear)
     x = torch.randn(3, 64)
-    assert torch.equal(head(x), i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(lm_head)))
+    assert torch.equal(head(x), kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(lm_head)))
     with pytest.raises(RuntimeError, match="q8-i16in"):
         choose_head("q4-i16in", torch.randn(96, 64), "q8-i16in")

@@ -27,7 +27,7 @@ def test_asking_for_onednn_where_it_cannot_run_is_an_error_not_a_fallback(monkey
 
 
 def test_an_unknown_or_retired_kernel_is_refused():
-    for kernel in ("mkl", "int4", "q4-bf16in-all", "q4-bf16-prefill", "onednn-bf16"):
+    for kernel in ("mkl", "int4", "q4-bf16in-all", "q4-bf16-prefill", "onednn-bf16", "q4-bf16in"):
         with pytest.raises(ValueError, match="linear kernel must be one of"):
             choose(kernel, torch.float32)
 
@@ -53,8 +53,7 @@ def test_every_format_ends_on_the_exact_path_and_every_row_names_a_known_kernel(
 
 def test_a_cpu_without_the_features_skips_their_rows():
     assert [r.linear for r in kernel_table.rows_for("Q4_1", frozenset())] == ["q4", "onednn"]
-    assert [r.linear for r in kernel_table.rows_for("Q4_1", frozenset({"avx512_bf16"}))] == \
-        ["q4-bf16in", "q4", "onednn"]
+    assert [r.linear for r in kernel_table.rows_for("Q4_1", frozenset({"avx512_bf16"}))] == ["q4", "onednn"]
     assert [r.linear for r in kernel_table.rows_for("BF16", frozenset())] == ["onednn"]
 
 
@@ -68,8 +67,7 @@ def test_cpu_features_come_from_proc_cpuinfo(tmp_path):
 @needs_q4
 def test_auto_follows_the_table_for_4_bit_grid_weights(monkeypatch):
     grid = one_layer_model(gguf_q4_1)
-    expected = ("q4-i16in" if i16in_kernel.load() and bf16in_kernel.load() else
-                "q4-bf16in" if bf16in_kernel.load() else "q4")
+    expected = "q4-i16in" if i16in_kernel.load() and bf16in_kernel.load() else "q4"
     assert choose("auto", torch.float32, grid) == expected
     assert choose("auto", torch.float32, grid, "Q4_0") == expected
     monkeypatch.setattr(kernel_table, "cpu_features", lambda: frozenset())  # a CPU without AVX-512
@@ -84,6 +82,6 @@ def test_a_row_whose_kernel_does_not_build_falls_to_the_next(monkeypatch):
     grid = one_layer_model(gguf_q4_1)
     monkeypatch.setattr(kernel_table, "cpu_features", lambda: frozenset(kernel_table.CPU_FEATURES))
     monkeypatch.setattr(i16in_kernel, "load", lambda: None)
-    assert choose("auto", torch.float32, grid) == ("q4-bf16in" if bf16in_kernel.load() else "q4")
+    assert choose("auto", torch.float32, grid) == "q4"
     with pytest.raises(RuntimeError, match="q4-i16in: this CPU has no AVX-512 BF16 or no AVX-512 VNNI"):
         choose("q4-i16in", torch.float32, grid)

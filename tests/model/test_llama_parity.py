@@ -5,7 +5,7 @@ Tolerance: 1e-4 absolute on logits for the tiny models and 1e-3 for SmolLM2
 (fused QKV and gate/up matmuls, SDPA or the C decode kernel) and are far below
 what changes a greedy token in practice.
 
-The reduced-precision linear kernels (q4-bf16in, q4-i16in) are not the fp32
+The reduced-precision linear kernels (q4-i16in) are not the fp32
 model: for them the bar is the distribution, KL(transformers || ours) per
 position, and the greedy token.
 """
@@ -152,16 +152,13 @@ def test_smollm2_on_a_bf16_kv_cache_keeps_the_distribution(smollm2_dir, decode_a
 
 
 @pytest.mark.parametrize("kernel,max_kl", [
-    # Prompts' inputs and weights rounded to bf16 (the default where the CPU has AVX-512 BF16 but no VNNI).
-    pytest.param("q4-bf16in", 0.01, marks=pytest.mark.skipif(not (q4_usable_here() and bf16in_kernel.load()),
-                                                            reason="no AVX-512 BF16 or no 4-bit kernel here")),
-    # And decode rows' inputs as 16-bit integers per group (the default with VNNI too).
+    # Prompts' inputs and weights rounded to bf16, decode rows' inputs as 16-bit integers per group.
     pytest.param("q4-i16in", 0.01, marks=pytest.mark.skipif(
         not (q4_usable_here() and bf16in_kernel.load() and i16in_kernel.load()),
         reason="no AVX-512 BF16 or VNNI, or no 4-bit kernel here")),
 ])
 def test_smollm2_on_a_reduced_precision_kernel_keeps_the_distribution(smollm2_dir, kernel, max_kl):
-    # Prompts' attention as the engine picks it for this kernel (bf16 beside q4-bf16in).
+    # Prompts' attention as the engine picks it for this kernel (bf16 beside q4-i16in).
     ours = paged_logits(smollm2_dir, IDS, 13, kernel, "c" if decode_kernel.load(64, 3, 16) else "torch",
                         prompt_attention=prefill_attention.choose("auto", kernel, 64))
     ref = reference_logits(smollm2_dir, IDS)

@@ -110,10 +110,10 @@ def test_shapes_it_does_not_take_are_refused():
 def test_auto_takes_it_only_beside_bf16_input_prompts():
     assert prefill_attention.choose("auto", "q4", 64) == "torch"
     assert prefill_attention.choose("auto", "onednn", 64) == "torch"
-    assert prefill_attention.choose("torch", "q4-bf16in", 64) == "torch"
+    assert prefill_attention.choose("torch", "q4-i16in", 64) == "torch"
     expected = "bf16" if prefill_attention.load() is not None else "torch"
-    assert prefill_attention.choose("auto", "q4-bf16in", 64) == expected
-    assert prefill_attention.choose("auto", "q4-bf16in", 128) == "torch"
+    assert prefill_attention.choose("auto", "q4-i16in", 64) == expected
+    assert prefill_attention.choose("auto", "q4-i16in", 128) == "torch"
     with pytest.raises(RuntimeError, match="bf16"):
         prefill_attention.choose("bf16", "q4", 128)
     with pytest.raises(ValueError):

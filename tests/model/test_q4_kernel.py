@@ -8,6 +8,7 @@ from bulkhead.model import bf16in_kernel, i16in_kernel, linear_kernel, q4_kernel
 from bulkhead.model.linear_kernel import Q4Linear, choose, onednn_usable, prepare_one
 from tests.model.grid_weights import gguf_q4_1, one_layer_model
 from tests.model.row_checks import assert_rows_independent
+from tests.model import kernel_calls
 
 needs_q4 = pytest.mark.skipif(q4_kernel.load() is None or not onednn_usable(torch.float32),
                               reason="the 4-bit kernel cannot be built here (no compiler or no libgomp torch)")
@@ -51,15 +52,15 @@ def test_weights_it_cannot_rebuild_exactly_are_refused():
 def test_it_computes_the_fp32_linear_of_the_weight(rows):
     w = gguf_q4_1(96, 128)
     x = torch.randn(rows, 128)
-    y = q4_kernel.linear_q4(x, q4_kernel.pack(w))
+    y = kernel_calls.linear_q4(x, kernel_calls.q4_pack(w))
     assert y.dtype == torch.float32
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)  # fp32 sums, another order
 
 
 @needs_q4
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates_or_place():
-    packed = q4_kernel.pack(gguf_q4_1(64, 96))
-    assert_rows_independent(lambda x: q4_kernel.linear_q4(x, packed), torch.randn(16, 96), shift=3)
+    packed = kernel_calls.q4_pack(gguf_q4_1(64, 96))
+    assert_rows_independent(lambda x: kernel_calls.linear_q4(x, packed), torch.randn(16, 96), shift=3)
 
 
 @needs_q4
@@ -67,7 +68,7 @@ def test_non_finite_input_reaches_the_output():
     w = gguf_q4_1(32, 64)
     x = torch.zeros(2, 64)
     x[1, 5] = float("nan")
-    y = q4_kernel.linear_q4(x, q4_kernel.pack(w))
+    y = kernel_calls.linear_q4(x, kernel_calls.q4_pack(w))
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
 
 
@@ -83,18 +84,17 @@ def test_decode_rows_take_the_4_bit_kernel_and_prompt_rows_onednn():
         prepare_one(torch.randn(64, 96), "q4")
 
 
-# What auto takes for a 4-bit grid model: prompts through bf16 inputs where
-# this CPU has AVX-512 BF16, and then decode rows through 16-bit integer
-# inputs where it has AVX-512 VNNI too; else q4 (fp32 prompts and decode rows).
-AUTO_Q4 = ("q4-i16in" if i16in_kernel.load() is not None else "q4-bf16in") if bf16in_kernel.load() is not None \
-    else "q4"
+# What auto takes for a 4-bit grid model: prompts through bf16 inputs and
+# decode rows through 16-bit integer inputs where this CPU has AVX-512 BF16
+# and VNNI; else q4 (fp32 prompts and decode rows).
+AUTO_Q4 = "q4-i16in" if i16in_kernel.load() is not None and bf16in_kernel.load() is not None else "q4"
 
 
 @needs_q4
 def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
     assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) == AUTO_Q4
     off = one_layer_model(lambda n, k: gguf_q4_1(n, k) + 1e-3 * torch.randn(n, k))
-    assert choose("auto", torch.float32, off) not in ("q4", "q4-bf16in", "q4-i16in")
+    assert choose("auto", torch.float32, off) not in ("q4", "q4-i16in")
     with pytest.raises(RuntimeError, match="not exactly on a 4-bit grid"):
         choose("q4", torch.float32, off)
     assert choose("onednn", torch.float32, one_layer_model(gguf_q4_1)) == "onednn"  # asked for by name: honoured
@@ -102,4 +102,4 @@ def test_auto_takes_q4_only_for_weights_exactly_on_a_4_bit_grid():
 
 def test_where_the_kernel_cannot_be_built_auto_does_not_take_it(monkeypatch):
     monkeypatch.setattr(q4_kernel, "load", lambda: None)
-    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-bf16in", "q4-i16in")
+    assert choose("auto", torch.float32, one_layer_model(gguf_q4_1)) not in ("q4", "q4-i16in")

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from bulkhead.model import gguf_codes, i16in_kernel, q4_kernel, q4_scales
-from bulkhead.model.linear_kernel import Q4Linear, prepare_one
+from bulkhead.model.format_linear import CodedLinear
+from bulkhead.model.linear_kernel import prepare_one
+from tests.model import kernel_calls
 
 needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None, reason="no AVX-512 VNNI here, or no C build")
 N, K = 96, 256
@@ -33,14 +35,14 @@ def test_a_file_weight_is_held_in_the_files_own_bytes(type_name, layout, nbytes)
     codes, _ = stored_codes(type_name)
     packed = q4_scales.pack(codes.q, codes.d, codes.m)
     assert q4_scales.layout_of(packed) == layout
-    assert q4_scales.bytes_per_weight(packed) == nbytes / 32  # the fp32 scale and offset held 24
+    assert kernel_calls.bytes_per_weight(packed) == nbytes / 32  # the fp32 scale and offset held 24
 
 
 def test_scales_wider_than_fp16_keep_fp32():
     codes, _ = stored_codes("Q4_1")
     d = codes.d * (1 + 2 ** -20)  # off fp16's grid (as a Q4_K scale may be)
     packed = q4_scales.pack(codes.q, d, codes.m)
-    assert q4_scales.layout_of(packed) == "f32" and q4_scales.bytes_per_weight(packed) == 24 / 32
+    assert q4_scales.layout_of(packed) == "f32" and kernel_calls.bytes_per_weight(packed) == 24 / 32
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -74,12 +76,12 @@ def test_outputs_stay_within_the_input_rounding_of_the_exact_answer(type_name, r
     packed = q4_scales.pack(codes.q, codes.d, codes.m)
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
     x[:, 7] *= 40  # an outlier: its group's step is 40 times the others'
-    y = i16in_kernel.linear_q4_i16in(x, packed)
+    y = kernel_calls.linear_q4_i16in(x, packed)
     error = (y.double() - F.linear(x.double(), ref.double())).abs()
     assert bool((error <= quantization_bound(x, ref)).all())
     if type_name == "Q4_1":  # the file's fp16 d and m are the fp32 layout's numbers: the same bits
         dm = q4_kernel.pack_grid(codes.q, codes.d, codes.m)[1]
-        assert torch.equal(y, i16in_kernel.linear_q4_i16in(x, (packed[0], dm)))
+        assert torch.equal(y, kernel_calls.linear_q4_i16in(x, (packed[0], dm)))
 
 
 @needs_i16in
@@ -89,8 +91,8 @@ def test_q4_0_offset_is_taken_off_in_integers_not_as_a_cancelling_float_sum():
     codes, ref = stored_codes("Q4_0")
     x = torch.randn(16, K, generator=torch.Generator().manual_seed(3))
     exact = F.linear(x.double(), ref.double())
-    centred = i16in_kernel.linear_q4_i16in(x, q4_scales.pack(codes.q, codes.d, codes.m))
-    affine = i16in_kernel.linear_q4_i16in(x, (q4_scales.pack_quads(codes.q),
+    centred = kernel_calls.linear_q4_i16in(x, q4_scales.pack(codes.q, codes.d, codes.m))
+    affine = kernel_calls.linear_q4_i16in(x, (q4_scales.pack_quads(codes.q),
                                                q4_kernel.pack_grid(codes.q, codes.d, codes.m)[1]))
     assert (centred.double() - exact).norm() < (affine.double() - exact).norm()
 
@@ -100,10 +102,10 @@ def test_q4_i16in_layers_hold_the_files_bytes_and_run_through_the_descriptor():
     codes, ref = stored_codes("Q4_0")
     q4_kernel.remember_grid(ref, (codes.q, codes.d, codes.m))
     layer = prepare_one(ref, "q4-i16in", runs="decode")
-    assert isinstance(layer, Q4Linear) and q4_scales.layout_of(layer.weights) == "q4_0"
+    assert isinstance(layer, CodedLinear) and q4_scales.layout_of(layer.weights) == "q4_0"
     assert sum(t.nbytes for t in layer.weights) == N * K * 18 // 32
     x = torch.randn(2, K)
-    assert torch.equal(layer(x, decode=True), i16in_kernel.linear_q4_i16in(x, layer.weights))
+    assert torch.equal(layer(x, decode=True), kernel_calls.linear_q4_i16in(x, layer.weights))
 
 
 @needs_i16in
@@ -123,7 +125,7 @@ def test_the_c_decode_layers_read_each_layers_own_layout(smollm2_dir):
     model = load_model(smollm2_dir, linear_kernel="q4-i16in", decode_attention="c", decode_glue="c")
     layer = model.weights.layers[0]
     assert q4_scales.layout_of(layer.qkv.weights) == "q4_1"
-    wide = {name: Q4Linear((lin.weights[0], lin.weights[1].float()), lin.prefill, "i16")
+    wide = {name: CodedLinear.from_packed("q4-i16in", (lin.weights[0], lin.weights[1].float()), lin.prefill)
             for name in ("qkv", "o", "gate_up", "down") for lin in [getattr(layer, name)]}
     layers = [dataclasses.replace(layer, **wide), *model.weights.layers[1:]]
     mixed = LlamaModel(model.config, dataclasses.replace(model.weights, layers=layers), "c", "c")

@@ -10,6 +10,7 @@ from bulkhead.model import head_linear, i16in_kernel, q4_kernel
 from bulkhead.model.head_linear import Q8I16InLinear
 from tests.model.grid_weights import gguf_q8_0
 from tests.model.row_checks import assert_rows_independent
+from tests.model import kernel_calls
 
 needs_i16in = pytest.mark.skipif(i16in_kernel.load() is None, reason="no AVX-512 VNNI here")
 
@@ -25,18 +26,18 @@ def test_the_lm_head_holds_the_files_fp16_scales_one_and_one_sixteenth_bytes_a_w
 @needs_i16in
 def test_fp16_scales_give_the_fp32_scale_kernels_bits_row_by_row():
     w = gguf_q8_0(96, 128, seed=4)
-    head = Q8I16InLinear(w)
+    head = Q8I16InLinear.of(w)
     x = torch.randn(13, 128)
     x[11, 5], x[12, 9] = float("nan"), float("inf")
     y = head(x)
-    assert torch.equal(y[:11], i16in_kernel.linear_q8_i16in(x, i16in_kernel.pack_q8(w))[:11])
+    assert torch.equal(y[:11], kernel_calls.linear_q8_i16in(x, i16in_kernel.pack_q8(w))[:11])
     assert torch.isnan(y[11]).all() and torch.isnan(y[12]).all()  # a non-finite input reaches its row alone
     assert_rows_independent(head, x[:11])
 
 
 @needs_i16in
 def test_the_c_decode_steps_tail_runs_the_fp16_scale_kernel():
-    fn, qb, d = Q8I16InLinear(gguf_q8_0(64, 64)).tail_kernel()
+    fn, qb, d = Q8I16InLinear.of(gguf_q8_0(64, 64)).tail_kernel()
     assert d.dtype == torch.float16
     assert fn is i16in_kernel.load().linear_q8_0_i16in
 
@@ -51,6 +52,6 @@ def test_a_scale_off_fp16_precision_is_refused_not_rounded(monkeypatch):
 
 def test_a_cached_packing_with_fp32_scales_is_refused():
     qb, d = head_linear.pack_q8_0(gguf_q8_0(64, 64))
-    assert Q8I16InLinear.from_packed((qb, d)).packed[1] is d
+    assert Q8I16InLinear((qb, d)).packed[1] is d
     with pytest.raises(ValueError, match="fp16 scales"):
-        Q8I16InLinear.from_packed((qb, d.float()))
+        Q8I16InLinear((qb, d.float()))

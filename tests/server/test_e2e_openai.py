@@ -189,7 +189,7 @@ def test_server_info_and_models_show_the_live_limits(server, client):
     assert info["pool_tokens"] >= info["context_length"]
     assert info["scrub_mode"] == "poison" and info["kv_dtype"] == "bfloat16" and info["page_size"] == 16
     # The kernels say what they compute; prompts' attention is bf16 only beside bf16-input prompts.
-    assert info["linear_kernel"] in ("q4", "q4-bf16in", "q4-i16in") and info["decode_glue"] in ("c", "torch")
+    assert info["linear_kernel"] in ("q4", "q4-i16in") and info["decode_glue"] in ("c", "torch")
     assert info["prefill_attention"] == ("bf16" if info["linear_kernel"] != "q4" and prefill_attention.load()
                                          else "torch")
     models = client.models.list()

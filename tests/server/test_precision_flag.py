@@ -45,6 +45,6 @@ def test_precision_is_in_plain_help_and_the_kernel_overrides_are_not():
 
 
 def test_retired_kernels_are_not_accepted():
-    for kernel in ("int4", "q4-bf16in-all", "q4-bf16-prefill", "onednn-bf16"):
+    for kernel in ("int4", "q4-bf16in-all", "q4-bf16-prefill", "onednn-bf16", "q4-bf16in"):
         with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
             serve_args("--linear-kernel", kernel)

@@ -1,7 +1,7 @@
 /* y = x @ w.T for a prompt's rows: x rounded to bf16, w in bf16 (the 4-bit
  * grid weight rounded once, at load), every product exact and every sum and
- * the output fp32. The prompt kernel of `--linear-kernel q4-bf16in`,
- * `q4-i16in` and `bf16` (bulkhead/model/bf16in_kernel.py); below it, the
+ * the output fp32. The prompt kernel of `--linear-kernel q4-i16in`,
+ * `gguf-i16in` and `bf16` (bulkhead/model/bf16in_kernel.py); below it, the
  * decode rows of `bf16` on the same packing and arithmetic.
  *
  * Why: a prompt's pass is bound by arithmetic, and AVX-512 BF16's dot
