@@ -32,7 +32,6 @@ from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
 from bulkhead.disagg.router_metrics import (RouterCollector, router_fleet_figures, router_info, router_not_ready,
                                             sum_tenant_stats)
 from bulkhead.disagg.ticket import sign
-from bulkhead.disagg.wire_errors import error_from_wire
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
@@ -294,7 +293,7 @@ class DisaggBackend(Backend):
         if worker is None:
             self.send(sender, m.Reregister())
             return
-        handler = m.handler_for(self._handlers, message)
+        handler = self._handlers.get(type(message))
         if handler is None:
             self.signer.stats.dropped_malformed += 1  # a kind no worker sends the router
             log.warning("dropped an unexpected %s from %s", message.kind, sender)
@@ -331,7 +330,7 @@ class DisaggBackend(Backend):
         self.counters["prefill_failed"] += 1
         if self._route_for(sender, failed.request_id, "prefill"):
             # The worker's typed refusal (overloaded, adapter unavailable) reaches the client as itself.
-            self._fail(failed.request_id, error_from_wire(failed.reason, failed.code), "prefill_failed")
+            self._fail(failed.request_id, m.error_from_wire(failed.reason, failed.code), "prefill_failed")
 
     def _on_transfer_failed(self, sender: str, worker: Worker, failed: m.TransferFailed) -> None:
         self.counters["transfer_failed"] += 1

@@ -200,7 +200,7 @@ class WorkerBase:
             self.signer.stats.dropped_malformed += 1
             log.warning("%s dropped a malformed message: %s", self.name, e)
             return
-        handler = m.handler_for(self.handlers(), message)
+        handler = self.handlers().get(type(message))
         if handler is None:
             self.signer.stats.dropped_malformed += 1  # a kind this role never takes
             log.warning("%s dropped an unexpected %s", self.name, message.kind)
