@@ -62,7 +62,7 @@ def _typed(*kinds, what: str = ""):
     return check
 
 
-_INT = _typed(int, what="an integer")
+_INT, _NUMBER = _typed(int, what="an integer"), _typed(int, float, what="a number")
 
 
 def _ints(v):
@@ -120,8 +120,8 @@ _OUTPUT_SKIPS = ("held_pages", "sampler_state")
 # Keyed by the annotation, as the message classes spell it (RequestId: a
 # string on the wire).
 _DECODERS = {
-    "str": _typed(str), "int": _INT, "float": lambda v: float(_typed(int, float, what="a number")(v)), "bool": _typed(bool),
-    "dict": _typed(dict), "list": _typed(list), "RequestId": _typed(str), "Outcome": _outcome,
+    "str": _typed(str), "int": _INT, "float": lambda v: float(_NUMBER(v)), "bool": _typed(bool), "dict": _typed(dict),
+    "list": _typed(list), "RequestId": _typed(str), "Outcome": _outcome,
     "Endpoint": _nested(lambda d: Endpoint(_typed(str)(d["backend"]), d["descriptor"])),
     "tuple[int, ...]": _ints, "str | None": _optional(_typed(str)), "dict | None": _optional(_typed(dict)),
     "SignedTicket": _nested(signed_ticket_from_dict), "Manifest": _nested(Manifest.from_dict),
