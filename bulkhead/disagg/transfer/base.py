@@ -68,6 +68,7 @@ class TransferTarget(ABC):
 
     name: str
     pool: KVPool
+    sees_writes = False  # whether this backend calls the write guard (set_write_guard)
 
     def __init__(self) -> None:
         self.write_lock = threading.Lock()
@@ -86,11 +87,6 @@ class TransferTarget(ABC):
         cannot call it: there, decode's commit-time generation and digest
         checks and drain-before-reuse are the guard (see `sees_writes`)."""
         self._guard = guard
-
-    @property
-    def sees_writes(self) -> bool:
-        """Whether this backend calls the write guard."""
-        return False
 
     @abstractmethod
     def stats(self) -> dict:
@@ -184,16 +180,11 @@ def check_page_lists(src_pages, dst_pages, dst_generations, src_num_pages: int, 
 
 def check_geometry(src: torch.Tensor, dst_shape, dst_dtype: str) -> None:
     """Every dimension but the page count must match, and so must the dtype."""
-    src_shape = tuple(src.shape)
-    dst_shape = tuple(dst_shape)
+    src_shape, dst_shape, src_dtype = tuple(src.shape), tuple(dst_shape), str(src.dtype).removeprefix("torch.")
     if len(src_shape) != 6 or src_shape[1:] != dst_shape[1:]:
         raise TransferError(f"source pool {src_shape} and destination pool {dst_shape} differ in page geometry", drained=True)
-    if dtype_name(src.dtype) != dst_dtype:
-        raise TransferError(f"source pool is {dtype_name(src.dtype)}, destination is {dst_dtype}", drained=True)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    if src_dtype != dst_dtype:
+        raise TransferError(f"source pool is {src_dtype}, destination is {dst_dtype}", drained=True)
 
 
 def torch_dtype(name: str) -> torch.dtype:
