@@ -271,9 +271,7 @@ class DisaggBackend(Backend):
         """One typed message to a worker (bulkhead/disagg/messages.py)."""
         self.link.send(worker, m.encode(message))
 
-    def _on_message(self, sender: str, body: dict) -> None:
-        """A message from a worker (link thread): decoded, then handled by
-        the handler the dispatch table names for its type."""
+    def _on_message(self, sender: str, body: dict) -> None:  # link thread
         try:
             message = m.decode(body)
         except m.MalformedMessage as e:

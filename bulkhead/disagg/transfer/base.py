@@ -79,13 +79,9 @@ class TransferTarget(ABC):
         """JSON-serializable; what a TransferSource needs to write into `pool`."""
 
     def set_write_guard(self, guard: WriteGuard) -> None:
-        """guard(dst_page, dst_generation, request_id) -> allowed.
-
-        Backends whose decode side sees each write (tcp) call it before
-        writing each page and refuse (count and drop) pages it rejects; the
-        source then raises TransferError. One-sided backends (shm, mooncake)
-        cannot call it: there, decode's commit-time generation and digest
-        checks and drain-before-reuse are the guard (see `sees_writes`)."""
+        """Where the backend sees each write (tcp), a page the guard rejects is
+        dropped and counted, and the source raises TransferError; elsewhere see
+        the module's table."""
         self._guard = guard
 
     @abstractmethod
