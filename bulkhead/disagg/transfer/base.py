@@ -106,15 +106,8 @@ class TransferSource(ABC):
         self._lock = threading.Lock()
         self._stats = {"backend": self.name, "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0}
 
-    def write_pages(
-        self,
-        descriptor: dict,
-        request_id: str,
-        src: KVPool,
-        src_pages: list[int],
-        dst_pages: list[int],
-        dst_generations: list[int],
-    ) -> None:
+    def write_pages(self, descriptor: dict, request_id: str, src: KVPool, src_pages: list[int],
+                    dst_pages: list[int], dst_generations: list[int]) -> None:
         """Copy src page src_pages[i] (all layers, K and V) into decode page dst_pages[i].
 
         Returns only when every byte is in decode's pool; raises TransferError
