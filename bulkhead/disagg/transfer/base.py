@@ -84,9 +84,10 @@ class TransferTarget(ABC):
         the module's table."""
         self._guard = guard
 
-    @abstractmethod
     def stats(self) -> dict:
-        """Counters: bytes_received and pages_written (None where one-sided), writes_refused, ..."""
+        """Counters: bytes_received and pages_written (None where one-sided: decode cannot count what lands
+        in its memory), writes_refused, ..."""
+        return {"backend": self.name, "bytes_received": None, "pages_written": None, "writes_refused": 0}
 
     @abstractmethod
     def close(self) -> None:

@@ -108,11 +108,6 @@ class Target(TransferTarget):
     def descriptor(self) -> dict:
         return self._descriptor.to_dict()
 
-    def stats(self) -> dict:
-        # one-sided: decode cannot count what lands in its memory
-        return {"backend": "shm", "bytes_received": None, "pages_written": None, "writes_refused": 0,
-                "path": self.path}
-
     def close(self) -> None:
         self._finalizer()  # unlink; the mapping stays valid for self.pool until dropped
 
