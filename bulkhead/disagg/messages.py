@@ -15,6 +15,7 @@ typed error).
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import MISSING, fields
 
 from bulkhead.disagg.ticket import signed_ticket_from_dict, signed_ticket_to_dict
@@ -55,18 +56,20 @@ def error_from_wire(message: str, code: str | None, status: int | None = None,
 # How a field of each declared type goes to JSON and comes back (checked).
 
 def _typed(*kinds, what: str = ""):
+    no_bool = bool not in kinds  # a bool is an int to isinstance, never on the wire
+
     def check(v):
-        if not isinstance(v, kinds) or (bool not in kinds and isinstance(v, bool)):
+        if not isinstance(v, kinds) or (no_bool and v.__class__ is bool):
             raise MalformedMessage(f"expected {what or kinds[0].__name__}, got {type(v).__name__}")
         return v
     return check
 
 
-_INT, _NUMBER = _typed(int, what="an integer"), _typed(int, float, what="a number")
+_INT, _NUMBER, _LIST = _typed(int, what="an integer"), _typed(int, float, what="a number"), _typed(list)
 
 
 def _ints(v):
-    return tuple(_INT(x) for x in _typed(list)(v))
+    return tuple(_INT(x) for x in _LIST(v))
 
 
 def _optional(parse):
@@ -74,9 +77,11 @@ def _optional(parse):
 
 
 def _nested(from_json, kind=dict):
+    typed = _typed(kind)
+
     def parse(v):
         try:
-            return from_json(_typed(kind)(v))
+            return from_json(typed(v))
         except MalformedMessage:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -137,12 +142,18 @@ _ENCODERS = {
 }
 
 
+@functools.cache
+def _codec(cls, skip=()) -> tuple[tuple[str, object, object, bool], ...]:
+    """(name, encoder or None, decoder, required) per field of cls (a message's codec runs per token)."""
+    return tuple((f.name, _ENCODERS.get(f.type), _DECODERS[f.type], f.default is MISSING)
+                 for f in fields(cls) if f.name not in skip)
+
+
 def _fields(obj, skip=()) -> dict:
     body = {}
-    for f in fields(obj):
-        if f.name not in skip:
-            value, encoder = getattr(obj, f.name), _ENCODERS.get(f.type)
-            body[f.name] = value if encoder is None or value is None else encoder(value)
+    for name, encoder, _, _ in _codec(type(obj), skip):
+        value = getattr(obj, name)
+        body[name] = value if encoder is None or value is None else encoder(value)
     return body
 
 
@@ -150,15 +161,15 @@ def _values(cls, body: dict, what: str, skip=()) -> dict:
     """cls's fields from body, each decoded by its type; a missing field
     takes its default, or is malformed without one."""
     values = {}
-    for f in fields(cls):
-        if f.name not in body or f.name in skip:
-            if f.default is MISSING:
-                raise MalformedMessage(f"{what}: missing {f.name}")
+    for name, _, decoder, required in _codec(cls, skip):
+        if name not in body:
+            if required:
+                raise MalformedMessage(f"{what}: missing {name}")
             continue
         try:
-            values[f.name] = _DECODERS[f.type](body[f.name])
+            values[name] = decoder(body[name])
         except MalformedMessage as e:
-            raise MalformedMessage(f"{what}.{f.name}: {e}") from None
+            raise MalformedMessage(f"{what}.{name}: {e}") from None
     return values
 
 
@@ -176,7 +187,7 @@ def decode(body: dict):
     cls = BY_KIND.get(body.get("kind"))
     if cls is None:
         raise MalformedMessage(f"unknown kind {body.get('kind')!r}")
-    extra = {k for k in body if k != "kind" and not k.startswith("_")} - {f.name for f in fields(cls)}
+    extra = {k for k in body if k != "kind" and not k.startswith("_")} - {name for name, *_ in _codec(cls)}
     if extra:
         raise MalformedMessage(f"{cls.kind}: unknown fields {sorted(extra)}")
     return cls(**_values(cls, body, cls.kind))
