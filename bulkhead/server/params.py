@@ -94,11 +94,14 @@ def validate_common(body: _SamplingFields, limits: Limits) -> None:
                    "max_tokens", limit=1, value=max_tokens)
     if not 1 <= body.n <= limits.max_n:
         raise _bad(f"n must be between 1 and {limits.max_n}, got {body.n}", "n", limit=limits.max_n, value=body.n)
-    _check_range(body, "temperature", 0.0, 2.0)
+    if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
+        raise _bad(f"temperature must be in [0, 2], got {body.temperature}", "temperature", limit=2.0,
+                   value=body.temperature)
     if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
         raise _bad(f"seed must be a 64-bit signed integer, got {body.seed}", "seed", limit=SEED_RANGE[1],
                    value=body.seed)
-    _check_range(body, "top_p", 0.0, 1.0, low_refused=True)
+    if body.top_p is not None and not 0.0 < body.top_p <= 1.0:
+        raise _bad(f"top_p must be in (0, 1], got {body.top_p}", "top_p", limit=1.0, value=body.top_p)
     if body.top_k is not None and body.top_k < -1:
         raise _bad(f"top_k must be -1, 0 (off) or positive, got {body.top_k}", "top_k", value=body.top_k)
     if body.min_tokens < 0 or (max_tokens is not None and body.min_tokens > max_tokens):
@@ -118,21 +121,18 @@ def validate_common(body: _SamplingFields, limits: Limits) -> None:
         _check_token_id(token_id, limits, "logit_bias")
         if not -100 <= bias <= 100:
             raise _bad(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias", limit=100, value=bias)
-    _check_range(body, "presence_penalty", -2.0, 2.0)
-    _check_range(body, "frequency_penalty", -2.0, 2.0)
-    _check_range(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, low_refused=True)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise _bad(f"{name} must be in [-2, 2], got {value}", name, limit=2.0, value=value)
+    if body.repetition_penalty is not None and not 0.0 < body.repetition_penalty <= MAX_REPETITION_PENALTY:
+        raise _bad(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {body.repetition_penalty}",
+                   "repetition_penalty", limit=MAX_REPETITION_PENALTY, value=body.repetition_penalty)
     k = _logprobs_k(body)
     if k is not None and not 0 <= k <= limits.max_logprobs:
         param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
         raise _bad(f"{param} must be in [0, {limits.max_logprobs}], got {k}", param, limit=limits.max_logprobs,
                    value=k)
-
-
-def _check_range(body: _SamplingFields, name: str, low: float, high: float, low_refused: bool = False) -> None:
-    value = getattr(body, name)
-    if value is not None and not ((low < value if low_refused else low <= value) and value <= high):
-        raise _bad(f"{name} must be in {'(' if low_refused else '['}{low:g}, {high:g}], got {value}", name,
-                   limit=high, value=value)
 
 
 def _stop_list(body: _SamplingFields) -> list[str]:
