@@ -9,9 +9,7 @@ Per request (a DecodeJob's phase, changed only through bulkhead.protocol.lifecyc
     does not have) -> fail closed: DRAINING, and the pages are released only
     after prefill's drain_ack or the lease.
 
-Every decision about a job is a transition function of
-bulkhead.protocol.decode_job, the one the model checker explores; the
-handlers here carry out its effects on the engine and the link.
+The handlers carry out the effects of bulkhead.protocol.decode_job's transitions.
 """
 
 from __future__ import annotations

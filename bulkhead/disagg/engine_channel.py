@@ -1,19 +1,10 @@
 """How a worker's link thread and its engine thread talk: commands only.
 
 Only the engine thread touches the scheduler (bulkhead/engine/commands.py).
-A worker learns each tenant's weight and KV share from the tickets its link
-thread verifies, and reads the fair queue's service and per-tenant figures
-for its grants and heartbeats; both cross between the threads here, as
-`Call` commands on the engine's queue, never as a read or a write of the
-scheduler from the link thread.
-
-    tell_share(tenant, weight, kv_share)   link -> engine: a Call that updates the
-                                           table the scheduler's TenantShares reads
-    refresh() / latest                     engine -> link: a Call that copies an
-                                           EngineSnapshot on the engine thread; the
-                                           link thread reads the last one published
-
-Commands are applied in order, so a share told before a request is
+Each tenant's weight and KV share, learnt from verified tickets, goes to the
+engine as a `Call` (tell_share); the fair queue's service and per-tenant
+figures come back as an EngineSnapshot the engine thread copies (refresh,
+latest). Commands apply in order, so a share told before a request is
 submitted is in force when the engine queues it.
 """
 

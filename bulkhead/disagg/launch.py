@@ -31,16 +31,15 @@ def cluster_key(args) -> bytes:
 def worker_config_from_args(args, engine_config) -> WorkerConfig:
     """A worker started by hand, on its own host: its command line."""
     return WorkerConfig(args.role, args.worker_name or f"{args.role}-{os.getpid()}", args.router or "",
-                        args.cluster_key_file or cache_root() / "cluster.key", engine_config, args.transfer,
-                        args.drain_lease, args.log_level, drain_deadline_s=args.drain_deadline,
+                        args.cluster_key_file or cache_root() / "cluster.key", engine_config,
                         transfer_host=args.transfer_host, transfer_port=args.transfer_port,
-                        transfer_all_interfaces=args.transfer_all_interfaces,
-                        **lineage_settings(args))
+                        transfer_all_interfaces=args.transfer_all_interfaces, **_flag_settings(args))
 
 
-def lineage_settings(args) -> dict:
-    """The lineage flags as WorkerConfig fields."""
-    return {"lineage_log": str(args.lineage_log) if args.lineage_log else None,
+def _flag_settings(args) -> dict:
+    """The WorkerConfig fields every worker, local or by hand, takes from the flags as they are."""
+    return {"transfer": args.transfer, "drain_lease_s": args.drain_lease, "log_level": args.log_level,
+            "drain_deadline_s": args.drain_deadline, "lineage_log": str(args.lineage_log) if args.lineage_log else None,
             "lineage_key_file": str(args.lineage_key) if args.lineage_key else None,
             "lineage_max_bytes": args.lineage_max_bytes}
 
@@ -99,11 +98,9 @@ def build_worker(config: WorkerConfig, seams: Seams = PRODUCTION):
                 log.info("removed stale KV pool file %s", path)
 
         def pool_factory(layout, num_pages, scrub_mode):
-            opts = {} if config.transfer == "shm" else {"host": config.transfer_host}
-            if config.transfer == "tcp":
-                opts["port"] = config.transfer_port
-            if config.transfer == "mooncake":
-                opts["allow_all_interfaces"] = config.transfer_all_interfaces
+            opts = {"shm": {}, "tcp": {"host": config.transfer_host, "port": config.transfer_port},
+                    "mooncake": {"host": config.transfer_host,
+                                 "allow_all_interfaces": config.transfer_all_interfaces}}[config.transfer]
             holder["target"] = make_target(config.transfer, layout, num_pages, scrub_mode, **opts)
             return holder["target"].pool
 
@@ -158,9 +155,7 @@ def spawn_workers(args, control_address: str, key_file: Path, engine_configs: di
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
             engine = replace(engine_configs[role], threads=threads, core_lease=lease)
-            config = WorkerConfig(role, f"{role}-{i}", control_address, key_file, engine, args.transfer, args.drain_lease,
-                                  args.log_level, drain_deadline_s=args.drain_deadline,
-                                  **lineage_settings(args))
+            config = WorkerConfig(role, f"{role}-{i}", control_address, key_file, engine, **_flag_settings(args))
             cmd = [*seams.worker_command, "serve", "--role", role, "--worker-config", config.to_json()]
             procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
             log.info("started worker %s (pid %d); serving once every worker has registered", config.name,

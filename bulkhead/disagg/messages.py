@@ -5,24 +5,22 @@ one frozen type per message, the same classes the model checker explores).
     decode(dict)    -> message  or MalformedMessage: an unknown kind, a
                                 missing field or one of the wrong type
 
-A change to a message is a change to its class in bulkhead.protocol.messages:
-the sender builds it, the receiver's dispatch table (`handler_for`) picks
-its handler by type, and nobody edits a dict literal. Receivers drop and
-count what does not decode, as the control plane drops a bad MAC; no
-message can raise out of a link's loop. The types are re-exported here, so
-`messages.Assign` is `bulkhead.protocol.messages.Assign`. The codec lives
-on this side of the package line because it builds the engine's values
-(the ticket's Admitted decision, an output's typed error).
+Receivers drop and count what does not decode, as the control plane drops a
+bad MAC; no message can raise out of a link's loop. The types are
+re-exported here. The codec lives on this side of the package line because
+it builds the engine's values (the ticket's Admitted decision, an output's
+typed error).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import MISSING, fields
 
 from bulkhead.disagg.ticket import signed_ticket_from_dict, signed_ticket_to_dict
 from bulkhead.engine.outputs import RequestOutput, TokenLogprobs
-from bulkhead.disagg.wire_errors import error_from_wire
+from bulkhead.errors import AdapterUnavailable, BulkheadError, EngineFailure, Overloaded
 from bulkhead.protocol.manifest import Manifest
 from bulkhead.protocol.messages import (  # noqa: F401 - the message types, re-exported
     BY_KIND, MESSAGES, Assign, DrainAck, Drain, Endpoint, Finalize, Heartbeat, Leaving, Message, Output,
@@ -31,36 +29,47 @@ from bulkhead.protocol.messages import (  # noqa: F401 - the message types, re-e
 )
 from bulkhead.protocol.types import Outcome
 
+# The errors a worker's engine refuses a request with by design: the router
+# rebuilds their class from the code, so the client gets the error the
+# worker decided (class, status, type and code), not a generic failure.
+ERRORS_BY_CODE: dict[str, type[BulkheadError]] = {cls.code: cls for cls in (AdapterUnavailable, Overloaded)}
+
 
 class MalformedMessage(ValueError):
     """A control message that is not exactly one of the kinds in bulkhead.protocol.messages."""
 
 
+def error_from_wire(message: str, code: str | None, status: int | None = None,
+                    param: str | None = None) -> BulkheadError:
+    """A worker's typed error, rebuilt on the router's side; any code not in
+    ERRORS_BY_CODE is an EngineFailure keeping the worker's code and status."""
+    cls = ERRORS_BY_CODE.get(code or "")
+    if cls is not None:
+        return cls(message, param=param)
+    error = EngineFailure(message, code=code, param=param)
+    if status is not None:
+        error.status = int(status)
+    return error
+
+
 # -- codec -----------------------------------------------------------------------
 # How a field of each declared type goes to JSON and comes back (checked).
 
-def _int(v):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise MalformedMessage(f"expected an integer, got {type(v).__name__}")
-    return v
+def _typed(*kinds, what: str = ""):
+    no_bool = bool not in kinds  # a bool is an int to isinstance, never on the wire
 
-
-def _typed(kind):
     def check(v):
-        if not isinstance(v, kind):
-            raise MalformedMessage(f"expected {kind.__name__}, got {type(v).__name__}")
+        if not isinstance(v, kinds) or (no_bool and v.__class__ is bool):
+            raise MalformedMessage(f"expected {what or kinds[0].__name__}, got {type(v).__name__}")
         return v
     return check
 
 
-def _number(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise MalformedMessage(f"expected a number, got {type(v).__name__}")
-    return float(v)
+_INT, _NUMBER, _LIST = _typed(int, what="an integer"), _typed(int, float, what="a number"), _typed(list)
 
 
 def _ints(v):
-    return tuple(_int(x) for x in _typed(list)(v))
+    return tuple(_INT(x) for x in _LIST(v))
 
 
 def _optional(parse):
@@ -68,9 +77,11 @@ def _optional(parse):
 
 
 def _nested(from_json, kind=dict):
+    typed = _typed(kind)
+
     def parse(v):
         try:
-            return from_json(_typed(kind)(v))
+            return from_json(typed(v))
         except MalformedMessage:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -86,43 +97,19 @@ def _logprobs_from_list(items) -> tuple[TokenLogprobs, ...]:
     return tuple(TokenLogprobs(int(t), float(lp), tuple((int(a), float(b)) for a, b in top)) for t, lp, top in items)
 
 
-def _output_to_dict(out: RequestOutput) -> dict:
-    return {
-        "request_id": out.request_id, "token_ids": list(out.token_ids), "text": out.text,
-        "logprobs": _logprobs_to_list(out.logprobs), "finished": out.finished,
-        "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-        "completion_tokens": out.completion_tokens, "prompt_logprobs": _logprobs_to_list(out.prompt_logprobs),
-        "error": None if out.error is None else {"status": out.error.status, **out.error.to_dict()["error"]},
-    }
+def _error_to_dict(error: BulkheadError) -> dict:
+    return {"status": error.status, **error.to_dict()["error"]}
 
 
-def _output_from_dict(d: dict) -> RequestOutput:
-    error = None
-    if d["error"] is not None:  # the worker's typed error, with its status, code and message
-        e = d["error"]
-        error = error_from_wire(e.get("message", "worker error"), e.get("code"), e.get("status", 500), e.get("param"))
-    return RequestOutput(d["request_id"], tuple(d["token_ids"]), d["text"], _logprobs_from_list(d["logprobs"]),
-                         d["finished"], d["finish_reason"], d["prompt_tokens"], d["completion_tokens"], error,
-                         prompt_logprobs=_logprobs_from_list(d.get("prompt_logprobs", [])))
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+def _error_from_dict(e: dict) -> BulkheadError:  # the worker's typed error, with its status, code and message
+    return error_from_wire(e.get("message", "worker error"), e.get("code"), e.get("status", 500), e.get("param"))
 
 
 def _unb64(text) -> bytes:
     try:
         return base64.b64decode(_typed(str)(text), validate=True)
     except ValueError as e:
-        raise MalformedMessage(f"not base64: {e}") from e
-
-
-def _endpoint_from_dict(d: dict) -> Endpoint:
-    return Endpoint(_typed(str)(d["backend"]), d["descriptor"])
-
-
-def _endpoint_to_dict(e: Endpoint) -> dict:
-    return {"backend": e.backend, "descriptor": e.descriptor}
+        raise MalformedMessage(f"not base64: {e}") from None
 
 
 def _outcome(v) -> Outcome:
@@ -132,31 +119,63 @@ def _outcome(v) -> Outcome:
         raise MalformedMessage(f"unknown outcome {v!r}") from None
 
 
+# An Output's request output leaves its prefill-only fields (held pages, sampler state) behind.
+_OUTPUT_SKIPS = ("held_pages", "sampler_state")
+
 # Keyed by the annotation, as the message classes spell it (RequestId: a
 # string on the wire).
 _DECODERS = {
-    "str": _typed(str), "int": _int, "float": _number, "dict": _typed(dict), "list": _typed(list),
-    "RequestId": _typed(str), "Outcome": _outcome, "Endpoint": _nested(_endpoint_from_dict),
+    "str": _typed(str), "int": _INT, "float": lambda v: float(_NUMBER(v)), "bool": _typed(bool), "dict": _typed(dict),
+    "list": _typed(list), "RequestId": _typed(str), "Outcome": _outcome,
+    "Endpoint": _nested(lambda d: Endpoint(_typed(str)(d["backend"]), d["descriptor"])),
     "tuple[int, ...]": _ints, "str | None": _optional(_typed(str)), "dict | None": _optional(_typed(dict)),
     "SignedTicket": _nested(signed_ticket_from_dict), "Manifest": _nested(Manifest.from_dict),
-    "RequestOutput": _nested(_output_from_dict), "tuple[TokenLogprobs, ...]": _nested(_logprobs_from_list, list),
-    "bytes | None": _optional(_unb64),
+    "RequestOutput": _nested(lambda d: RequestOutput(**_values(RequestOutput, d, "output", _OUTPUT_SKIPS))),
+    "tuple[TokenLogprobs, ...]": _nested(_logprobs_from_list, list), "bytes | None": _optional(_unb64),
+    "BulkheadError | None": _optional(_nested(_error_from_dict)),
 }
 _ENCODERS = {
     "tuple[int, ...]": list, "SignedTicket": signed_ticket_to_dict, "Manifest": Manifest.to_dict,
-    "Outcome": lambda o: o.value, "Endpoint": _endpoint_to_dict,
-    "RequestOutput": _output_to_dict, "tuple[TokenLogprobs, ...]": _logprobs_to_list, "bytes | None": _b64,
+    "Outcome": lambda o: o.value, "Endpoint": lambda e: {"backend": e.backend, "descriptor": e.descriptor},
+    "RequestOutput": lambda out: _fields(out, _OUTPUT_SKIPS), "tuple[TokenLogprobs, ...]": _logprobs_to_list,
+    "bytes | None": lambda b: base64.b64encode(b).decode(), "BulkheadError | None": _error_to_dict,
 }
+
+
+@functools.cache
+def _codec(cls, skip=()) -> tuple[tuple[str, object, object, bool], ...]:
+    """(name, encoder or None, decoder, required) per field of cls (a message's codec runs per token)."""
+    return tuple((f.name, _ENCODERS.get(f.type), _DECODERS[f.type], f.default is MISSING)
+                 for f in fields(cls) if f.name not in skip)
+
+
+def _fields(obj, skip=()) -> dict:
+    body = {}
+    for name, encoder, _, _ in _codec(type(obj), skip):
+        value = getattr(obj, name)
+        body[name] = value if encoder is None or value is None else encoder(value)
+    return body
+
+
+def _values(cls, body: dict, what: str, skip=()) -> dict:
+    """cls's fields from body, each decoded by its type; a missing field
+    takes its default, or is malformed without one."""
+    values = {}
+    for name, _, decoder, required in _codec(cls, skip):
+        if name not in body:
+            if required:
+                raise MalformedMessage(f"{what}: missing {name}")
+            continue
+        try:
+            values[name] = decoder(body[name])
+        except MalformedMessage as e:
+            raise MalformedMessage(f"{what}.{name}: {e}") from None
+    return values
 
 
 def encode(message) -> dict:
     """The JSON object for one message: {"kind": ..., field: value, ...}."""
-    body = {"kind": message.kind}
-    for f in fields(message):
-        value = getattr(message, f.name)
-        encoder = _ENCODERS.get(f.type)
-        body[f.name] = value if encoder is None or value is None else encoder(value)
-    return body
+    return {"kind": message.kind, **_fields(message)}
 
 
 def decode(body: dict):
@@ -168,24 +187,7 @@ def decode(body: dict):
     cls = BY_KIND.get(body.get("kind"))
     if cls is None:
         raise MalformedMessage(f"unknown kind {body.get('kind')!r}")
-    known = {f.name for f in fields(cls)}
-    extra = {k for k in body if k != "kind" and not k.startswith("_")} - known
+    extra = {k for k in body if k != "kind" and not k.startswith("_")} - {name for name, *_ in _codec(cls)}
     if extra:
         raise MalformedMessage(f"{cls.kind}: unknown fields {sorted(extra)}")
-    values = {}
-    for f in fields(cls):
-        if f.name not in body:
-            if f.default is MISSING:
-                raise MalformedMessage(f"{cls.kind}: missing {f.name}")
-            continue
-        try:
-            values[f.name] = _DECODERS[f.type](body[f.name])
-        except MalformedMessage as e:
-            raise MalformedMessage(f"{cls.kind}.{f.name}: {e}") from None
-    return cls(**values)
-
-
-def handler_for(table: dict, message):
-    """The handler a dispatch table names for this message's type, or None
-    (a kind this actor does not take: dropped and counted by the caller)."""
-    return table.get(type(message))
+    return cls(**_values(cls, body, cls.kind))

@@ -9,9 +9,7 @@ A finalize (abort) at any point stops the work (DRAINING); drain_ack is sent
 once no write for the request can still land in decode's pool, and never
 for a write that may still land (decode's lease fences it).
 
-Every decision about a job is a transition function of
-bulkhead.protocol.prefill_job, the one the model checker explores; the
-handlers here carry out its effects on the engine, the transfer and the link.
+The handlers carry out the effects of bulkhead.protocol.prefill_job's transitions.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The router's workers: who is registered, who is live, and the pairing gate.
 
-A worker registers with its `/server_info` body (bulkhead.serving.info). The
-pairing gate refuses one whose model, KV layout, page size, dtype or
-vocabulary differ from the live workers' (PAIR_KEYS): KV written by one
-must mean the same to the other. Heartbeats refresh a worker's info and
-counters; `sweep()` declares a worker silent for `lost_after_s` lost, and
-the router forgets it once it has failed its requests, so it may register
-again. `limits()` is the one admission limit: the smallest context length
-and pool over live workers, so one decision covers every worker that could
-hold the request.
+The gate refuses a worker whose model, KV layout, page size, dtype or
+vocabulary differ from the live workers' (PAIR_KEYS): KV written by one must
+mean the same to the other. `sweep()` declares a worker silent for
+`lost_after_s` lost; the router forgets it once it has failed its requests.
+`limits()` is the one admission limit: the smallest over live workers.
 
-Threads: the router's link thread registers, refreshes and sweeps; request
-loops read `limits()` and `pick_pair()`. Every method takes `lock`. The
-router shares that lock (it is reentrant) with its route table, so that
-"the pair is still live" and "the route is recorded" are one step: a worker
-is declared lost either before a route to it exists or after, when the
-sweep finds the route.
+Every method takes `lock`, which the router shares (reentrant) with its
+route table, so "the pair is still live" and "the route is recorded" are one
+step: a worker is declared lost either before a route to it exists or after,
+when the sweep finds the route.
 """
 
 from __future__ import annotations

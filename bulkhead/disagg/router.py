@@ -1,18 +1,13 @@
 """The router: the HTTP API's backend in a disaggregated deployment.
 
-It owns the one admission decision (against the smallest limit of the
-prefill/decode pair, read live from the workers), signs the ticket, hands it
-to both workers, relays decode's page grant and prefill's manifest between
-them, streams decode's tokens back, and decides every request's single
-terminal outcome.
-
-In three pieces: the workers and the pairing gate (registry.py: who may
-join, who is live, the advertised limits), what the router reports
-(router_metrics.py: /server_info and /metrics), and here the route table
-(one Route per request in flight: its pair, its phase, where its outputs
-go), the request deadline and the control-message handlers. Loads no torch.
-Every decision about a route is a transition function of
-bulkhead.protocol.router_job, the one the model checker explores.
+It owns the one admission decision (against the pair's smallest limit, read
+live from the workers: registry.py), signs the ticket, hands it to both
+workers, relays decode's page grant and prefill's manifest between them,
+streams decode's tokens back, and decides every request's single terminal
+outcome. Here: the route table (one Route per request in flight), the
+request deadline and the control-message handlers; router_metrics.py holds
+what it reports. Loads no torch. Every decision about a route is a
+transition function of bulkhead.protocol.router_job (model checked).
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ from bulkhead.disagg.registry import LOST_AFTER_S, Worker, WorkerRegistry
 from bulkhead.disagg.router_metrics import (RouterCollector, router_fleet_figures, router_info, router_not_ready,
                                             sum_tenant_stats)
 from bulkhead.disagg.ticket import sign
-from bulkhead.disagg.wire_errors import error_from_wire
 from bulkhead.engine.admission import Limits
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import (
@@ -85,9 +79,8 @@ class DisaggBackend(Backend):
         # signed into the ticket (server/app.py sets them from keys.toml).
         self._weight_of: Callable[[str], float] = lambda _t: 1.0
         self._kv_share_of: Callable[[str], float | None] = lambda _t: None
-        self.counters = {"assigned": 0, "transfer_failed": 0, "prefill_failed": 0, "peer_lost": 0,
-                         "unexpected_sender": 0,
-                         "client_aborts": 0, "registrations": 0}
+        self.counters = dict.fromkeys(("assigned", "transfer_failed", "prefill_failed", "peer_lost",
+                                       "unexpected_sender", "client_aborts", "registrations"), 0)
 
     # -- Backend ------------------------------------------------------------
     def start(self) -> None:
@@ -278,9 +271,7 @@ class DisaggBackend(Backend):
         """One typed message to a worker (bulkhead/disagg/messages.py)."""
         self.link.send(worker, m.encode(message))
 
-    def _on_message(self, sender: str, body: dict) -> None:
-        """A message from a worker (link thread): decoded, then handled by
-        the handler the dispatch table names for its type."""
+    def _on_message(self, sender: str, body: dict) -> None:  # link thread
         try:
             message = m.decode(body)
         except m.MalformedMessage as e:
@@ -294,7 +285,7 @@ class DisaggBackend(Backend):
         if worker is None:
             self.send(sender, m.Reregister())
             return
-        handler = m.handler_for(self._handlers, message)
+        handler = self._handlers.get(type(message))
         if handler is None:
             self.signer.stats.dropped_malformed += 1  # a kind no worker sends the router
             log.warning("dropped an unexpected %s from %s", message.kind, sender)
@@ -331,7 +322,7 @@ class DisaggBackend(Backend):
         self.counters["prefill_failed"] += 1
         if self._route_for(sender, failed.request_id, "prefill"):
             # The worker's typed refusal (overloaded, adapter unavailable) reaches the client as itself.
-            self._fail(failed.request_id, error_from_wire(failed.reason, failed.code), "prefill_failed")
+            self._fail(failed.request_id, m.error_from_wire(failed.reason, failed.code), "prefill_failed")
 
     def _on_transfer_failed(self, sender: str, worker: Worker, failed: m.TransferFailed) -> None:
         self.counters["transfer_failed"] += 1
@@ -373,15 +364,8 @@ class DisaggBackend(Backend):
                 self._fail(rid, PeerLostError(f"worker {w.name} was lost while serving this request"), "peer_lost")
             self.registry.forget(w.name)
 
-    # -- observability ------------------------------------------------------------
-    def info(self) -> dict:
-        return router_info(self)
+    # -- observability (router_metrics.py: /server_info, /ready, /metrics, /metrics/fleet) ----------
+    info, not_ready, fleet_figures = router_info, router_not_ready, router_fleet_figures
 
-    def not_ready(self) -> list[str]:
-        return router_not_ready(self.registry)
-
-    def collector(self):
+    def collector(self) -> RouterCollector:
         return RouterCollector(self)
-
-    def fleet_figures(self):
-        return router_fleet_figures(self)

@@ -19,7 +19,6 @@ from bulkhead.serving.memory import rss_bytes
 from bulkhead.serving.tenant_metrics import tenant_metrics
 
 if TYPE_CHECKING:
-    from bulkhead.disagg.registry import WorkerRegistry
     from bulkhead.disagg.router import DisaggBackend
 
 
@@ -48,12 +47,12 @@ def router_info(router: DisaggBackend) -> dict:
     }
 
 
-def router_not_ready(registry: WorkerRegistry) -> list[str]:
+def router_not_ready(router: DisaggBackend) -> list[str]:
     """Why /ready is 503: no prefill/decode pair takes requests (none
     registered, lost, or the last of a role drained: every request would get
     a 503), or a live worker's lineage log cannot be written (as its last
     heartbeat said)."""
-    reasons = []
+    registry, reasons = router.registry, []
     for role in ("prefill", "decode"):
         if not any(w.role == role for w in registry.assignable()):
             others = [f"{w.name} {state_of(w)}" for w in registry.all() if w.role == role]

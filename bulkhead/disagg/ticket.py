@@ -1,25 +1,12 @@
 """The admission ticket on the wire: signed by the router, verified by workers.
 
-The types are the protocol's (bulkhead.protocol.ticket: a Ticket, and a
-SignedTicket wrapping it with its MAC), the same the model checker
-explores. Here: the ticket's JSON form, and the HMAC under the cluster key.
-A runtime ticket carries the `Admitted` value that `engine.admission.admit()`
-returned, with the room and epoch the router bootstrapped it in: the
-decision crosses the process boundary as itself (one form, and
-`max_tokens` only once, in its sampling parameters). Workers
-verify the signature and that the ticket is consistent with their own live
-limits (a re-check: a mismatch means the pairing gate failed, and the request
-fails closed); they never decide admission again.
-
-It also carries the tenant's share as the router's tenant table had it at
-admission (weight, KV share): the workers schedule by it (fair queue, KV
-quotas) without a copy of keys.toml, and a reload reaches them with the
-next request. Signed, so a worker can trust it.
-
-A request under a tenant's LoRA adapter carries the adapter's name, path
-and weights digest (AdapterRef), signed with the rest: a worker loads the
-files at that path and refuses the request (AdapterUnavailable) when they
-hash to another digest, rather than run it on other weights.
+The types are the protocol's (bulkhead.protocol.ticket), the ones the model
+checker explores; here are their JSON form and the HMAC under the cluster
+key. The ticket carries the `Admitted` decision itself, the tenant's share
+(weight, KV share: the workers' fair queue and quotas need no keys.toml) and
+any LoRA adapter's name, path and digest, all signed. Workers verify it and
+re-check it against their own limits (a mismatch means the pairing gate
+failed: the request fails closed); they never decide admission again.
 """
 
 from __future__ import annotations

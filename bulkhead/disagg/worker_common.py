@@ -117,8 +117,7 @@ class WorkerBase:
             "draining": self.draining, "drained": self.draining and self.holds_nothing()}
 
     def holds_nothing(self) -> bool:
-        """No job in any phase: nothing computing, no transfer, no page
-        waiting for an ack or a lease."""
+        """No job in any phase: nothing computing, moving or waiting for an ack or a lease."""
         with self.lock:
             return not self.jobs
 
@@ -191,24 +190,21 @@ class WorkerBase:
             self.send(self.heartbeat())
         self._leave_tick(now)
 
-    def on_message(self, body: dict) -> None:
-        """A message from the router (link thread): decoded, then handled by
-        the handler this worker's table names for its type."""
+    def on_message(self, body: dict) -> None:  # link thread
         try:
             message = m.decode(body)
         except m.MalformedMessage as e:
             self.signer.stats.dropped_malformed += 1
             log.warning("%s dropped a malformed message: %s", self.name, e)
             return
-        handler = m.handler_for(self.handlers(), message)
+        handler = self.handlers().get(type(message))
         if handler is None:
             self.signer.stats.dropped_malformed += 1  # a kind this role never takes
             log.warning("%s dropped an unexpected %s", self.name, message.kind)
             return
         handler(message)
 
-    def handlers(self) -> dict:
-        """This worker's dispatch table: message type -> handler."""
+    def handlers(self) -> dict:  # message type -> handler
         return {m.Registered: self._on_registered, m.Refused: self._on_refused, m.Reregister: self._on_reregister,
                 m.Drain: self._on_drain, m.Resume: self._on_resume}
 

@@ -1,11 +1,9 @@
 """The local workers' watch: a decode worker that dies leaves no KV behind.
 
-A decode worker's KV pool is a file under /dev/shm (transfer "shm") that it
-unlinks when it stops. Killed (SIGKILL, the OOM killer, a crash) it cannot,
-and the file, which holds its tenants' KV, stayed until the next `bulkhead
-serve` swept it at start-up (shm.sweep_stale_files): for as long as the rest
-of the cluster kept serving. `--role local` started the workers, so it sees
-each one exit: this thread then sweeps at once, and logs the exit.
+Killed (SIGKILL, the OOM killer, a crash), a decode worker cannot unlink its
+pool file under /dev/shm (transfer "shm"), which holds its tenants' KV, and
+it stayed until the next `bulkhead serve` swept it at start-up. `--role
+local` started the workers, so it sees each one exit and sweeps at once.
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@
 The router binds one ROUTER socket; every worker connects one DEALER socket
 to it. Other threads never touch a socket: they enqueue with `send()`, and
 the owning thread, woken by its socket or by a byte in the link's wake-up
-pipe, flushes the queue.
-
-Why a pipe and not a short poll: the links used to poll every 2 ms to pick
-up queued sends, three threads (router, prefill, decode) waking 1,500 times
-a second between them on a 2-core machine whose cores the workers' OpenMP
-threads were using. Each wake-up took a core from one of those threads,
-and its partner waited for it at the next barrier. Only the first send
-since the last flush writes the byte: a decode step's tokens, sent one
-after another, leave in one flush (a byte per send woke the router's link
-for every token and doubled its CPU time). Figures: docs/performance.md.
+pipe, flushes the queue. Why a pipe and not a short poll: three link threads
+polling every 2 ms woke 1,500 times a second between them, each wake-up
+taking a core from a worker's OpenMP team, whose partner then waited at the
+next barrier. Only the first send since the last flush writes the byte: a
+decode step's tokens leave in one flush (a byte per send doubled the router
+link's CPU time).
 """
 
 from __future__ import annotations
@@ -32,12 +28,10 @@ from bulkhead.disagg.signing import Signer
 
 log = logging.getLogger(__name__)
 
-# How often on_tick runs: heartbeats (every 0.5 s), grant retries (every
-# 50 ms while a grant waits for pages) and deadlines (seconds). Sends and
-# messages never wait for it. Each tick wakes the link thread, which takes a
-# core from a worker's OpenMP thread on a 2-core machine. In one 16-client
-# run at 10 ms the prefill link woke 1,652 times, nearly all ticks, and the
-# decode link 3,443; at 50 ms 394 and 2,197 (docs/performance.md).
+# How often on_tick runs: heartbeats, grant retries and deadlines; sends and
+# messages never wait for it. Each tick wakes the link thread and takes a core
+# from a worker: at 10 ms the prefill link woke 1,652 times in one 16-client
+# run, nearly all ticks; at 50 ms 394.
 TICK_S = 0.05
 
 
@@ -46,11 +40,6 @@ def _wait_ms(deadline: float) -> int:
     milliseconds, and a wait under one, passed as 0, returned at once (a spin
     until the tick: 22,378 polls in 50 ms, measured)."""
     return max(0, math.ceil((deadline - time.monotonic()) * 1000))
-
-
-def _close_all(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 class _Link:
@@ -65,7 +54,7 @@ class _Link:
         os.set_blocking(self._wake_w, False)
         # Closed with the link object, never when its thread ends: a send()
         # after stop() must not write into a descriptor number reused since.
-        weakref.finalize(self, _close_all, self._wake_r, self._wake_w)
+        weakref.finalize(self, lambda r, w: (os.close(r), os.close(w)), self._wake_r, self._wake_w)
         self.polls = 0  # times the link thread's poll returned, ticks included (tests: an idle link sleeps)
         self._wake_lock = threading.Lock()
         self._wake_pending = False  # a wake-up byte is on its way and the queue not yet flushed
@@ -84,10 +73,8 @@ class _Link:
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already: the thread will run
-        except OSError:
-            pass  # closed by the finalizer at exit: nothing will read it
+        except OSError:  # full of wake-ups already (the thread will run), or closed by the finalizer at exit
+            pass
 
     def start(self, on_message: Callable, on_tick: Callable[[], None] | None = None) -> None:
         # Bind/connect here, so a taken port fails the start instead of a thread.
@@ -148,14 +135,15 @@ class _Link:
             return False
         return True
 
-    def _deliver(self, frames, on_message) -> None:
-        raise NotImplementedError
-
-    def _open(self):
-        raise NotImplementedError
-
     def _flush(self, sock) -> None:
-        raise NotImplementedError
+        while True:
+            try:
+                item = self._out.get_nowait()
+            except queue.Empty:
+                return
+            self._send(sock, item)
+
+    # A link's kind supplies _open() (its socket), _send(sock, item) and _deliver(frames, on_message).
 
 
 class WorkerLink(_Link):
@@ -174,13 +162,8 @@ class WorkerLink(_Link):
         sock.connect(self.router_address)
         return sock
 
-    def _flush(self, sock) -> None:
-        while True:
-            try:
-                message = self._out.get_nowait()
-            except queue.Empty:
-                return
-            self.transmit(sock, message, self.signer.seal(message))
+    def _send(self, sock, message: dict) -> None:
+        self.transmit(sock, message, self.signer.seal(message))
 
     def transmit(self, sock, message: dict, frames: list[bytes]) -> None:
         """Put one sealed message on the wire. The seam where a harness's
@@ -214,17 +197,13 @@ class RouterLink(_Link):
         sock.bind(self.bind_address)
         return sock
 
-    def _flush(self, sock) -> None:
-        while True:
-            try:
-                worker, message = self._out.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                sock.send_multipart([worker.encode(), *self.signer.seal(message)])
-            except zmq.ZMQError as e:
-                log.warning("cannot send %s to %s: %s", message.get("kind"), worker, e)
-                self._on_undeliverable(worker, message)
+    def _send(self, sock, item: tuple[str, dict]) -> None:
+        worker, message = item
+        try:
+            sock.send_multipart([worker.encode(), *self.signer.seal(message)])
+        except zmq.ZMQError as e:
+            log.warning("cannot send %s to %s: %s", message.get("kind"), worker, e)
+            self._on_undeliverable(worker, message)
 
     def _deliver(self, frames, on_message) -> None:
         identity, rest = frames[0].decode(errors="replace"), frames[1:]

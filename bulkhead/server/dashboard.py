@@ -1,14 +1,5 @@
-"""`/dashboard`: a live picture of the pool for operators (docs/dashboard.md).
-
-    GET /dashboard        the page (HTML, CSS and JS in one file, nothing
-                          from the internet); open: it holds no figure
-    GET /dashboard/data   the figures it polls every second, with the plots'
-                          points after ?since=: an operator's, like /server_info
-
-Why the split: a browser cannot send an Authorization header when it loads
-a page, and a key in the URL lands in access logs and browser history. So
-the page asks for the operator key once, keeps it in sessionStorage (this
-tab only) and sends it as a Bearer header on each fetch.
+"""`/dashboard`: a live picture of the pool for operators (docs/dashboard.md
+says why the page is open and `/dashboard/data`, its figures, an operator's).
 
 `dashboard_view` reshapes /server_info's figures; it is pure (dicts in,
 dict out) so both deployments share it: a colocated engine is one pool, a

@@ -5,7 +5,7 @@ from its code, on decode's last output and on prefill's failure alike."""
 import pytest
 
 from bulkhead.disagg import messages as m
-from bulkhead.disagg.wire_errors import error_from_wire
+from bulkhead.disagg.messages import error_from_wire
 from bulkhead.engine.outputs import RequestOutput
 from bulkhead.errors import AdapterUnavailable, EngineFailure, Overloaded
 

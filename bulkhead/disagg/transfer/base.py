@@ -68,6 +68,7 @@ class TransferTarget(ABC):
 
     name: str
     pool: KVPool
+    sees_writes = False  # whether this backend calls the write guard (set_write_guard)
 
     def __init__(self) -> None:
         self.write_lock = threading.Lock()
@@ -78,23 +79,15 @@ class TransferTarget(ABC):
         """JSON-serializable; what a TransferSource needs to write into `pool`."""
 
     def set_write_guard(self, guard: WriteGuard) -> None:
-        """guard(dst_page, dst_generation, request_id) -> allowed.
-
-        Backends whose decode side sees each write (tcp) call it before
-        writing each page and refuse (count and drop) pages it rejects; the
-        source then raises TransferError. One-sided backends (shm, mooncake)
-        cannot call it: there, decode's commit-time generation and digest
-        checks and drain-before-reuse are the guard (see `sees_writes`)."""
+        """Where the backend sees each write (tcp), a page the guard rejects is
+        dropped and counted, and the source raises TransferError; elsewhere see
+        the module's table."""
         self._guard = guard
 
-    @property
-    def sees_writes(self) -> bool:
-        """Whether this backend calls the write guard."""
-        return False
-
-    @abstractmethod
     def stats(self) -> dict:
-        """Counters: bytes_received and pages_written (None where one-sided), writes_refused, ..."""
+        """Counters: bytes_received and pages_written (None where one-sided: decode cannot count what lands
+        in its memory), writes_refused, ..."""
+        return {"backend": self.name, "bytes_received": None, "pages_written": None, "writes_refused": 0}
 
     @abstractmethod
     def close(self) -> None:
@@ -114,15 +107,8 @@ class TransferSource(ABC):
         self._lock = threading.Lock()
         self._stats = {"backend": self.name, "bytes_sent": 0, "pages_sent": 0, "calls": 0, "errors": 0}
 
-    def write_pages(
-        self,
-        descriptor: dict,
-        request_id: str,
-        src: KVPool,
-        src_pages: list[int],
-        dst_pages: list[int],
-        dst_generations: list[int],
-    ) -> None:
+    def write_pages(self, descriptor: dict, request_id: str, src: KVPool, src_pages: list[int],
+                    dst_pages: list[int], dst_generations: list[int]) -> None:
         """Copy src page src_pages[i] (all layers, K and V) into decode page dst_pages[i].
 
         Returns only when every byte is in decode's pool; raises TransferError
@@ -184,16 +170,11 @@ def check_page_lists(src_pages, dst_pages, dst_generations, src_num_pages: int, 
 
 def check_geometry(src: torch.Tensor, dst_shape, dst_dtype: str) -> None:
     """Every dimension but the page count must match, and so must the dtype."""
-    src_shape = tuple(src.shape)
-    dst_shape = tuple(dst_shape)
+    src_shape, dst_shape, src_dtype = tuple(src.shape), tuple(dst_shape), str(src.dtype).removeprefix("torch.")
     if len(src_shape) != 6 or src_shape[1:] != dst_shape[1:]:
         raise TransferError(f"source pool {src_shape} and destination pool {dst_shape} differ in page geometry", drained=True)
-    if dtype_name(src.dtype) != dst_dtype:
-        raise TransferError(f"source pool is {dtype_name(src.dtype)}, destination is {dst_dtype}", drained=True)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    if src_dtype != dst_dtype:
+        raise TransferError(f"source pool is {src_dtype}, destination is {dst_dtype}", drained=True)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -91,10 +91,6 @@ class Target(TransferTarget):
         return {"backend": "mooncake", "session": self._session, "base": self.pool.data.data_ptr(),
                 "shape": list(self.pool.data.shape), "dtype": self.pool.layout.dtype}
 
-    def stats(self) -> dict:
-        return {"backend": "mooncake", "bytes_received": None, "pages_written": None, "writes_refused": 0,
-                "session": self._session}
-
     def close(self) -> None:
         if self._engine is not None:
             self._engine.unregister_memory(self.pool.data.data_ptr())

@@ -41,19 +41,16 @@ class ShmDescriptor:
         return {"backend": "shm", **asdict(self), "shape": list(self.shape)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ShmDescriptor:
-        if d.get("backend") != "shm":
-            raise TransferError(f"descriptor is for backend {d.get('backend')!r}, not shm", drained=True)
+    def from_dict(cls, d: dict) -> ShmDescriptor:  # its backend checked by TransferSource.write_pages
         return cls(d["path"], int(d["inode"]), int(d["dev"]), tuple(d["shape"]), d["dtype"], int(d["owner_pid"]))
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=torch_dtype(self.dtype)).element_size()
+
+def _nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
 def _map(fd: int, shape, dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    mm = mmap.mmap(fd, _nbytes(shape, dtype), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     huge_pages.advise(mm)  # the decode pool (bulkhead.kv.huge_pages); shmem takes it only where shmem_enabled allows
     return mm, torch.frombuffer(mm, dtype=dtype).view(shape)
 
@@ -100,7 +97,7 @@ class Target(TransferTarget):
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._finalizer = weakref.finalize(self, _unlink, self.path)  # also at interpreter exit
         try:
-            os.ftruncate(fd, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+            os.ftruncate(fd, _nbytes(shape, dtype))
             st = os.fstat(fd)
             self._mmap, data = _map(fd, shape, dtype)
         finally:
@@ -111,11 +108,6 @@ class Target(TransferTarget):
     def descriptor(self) -> dict:
         return self._descriptor.to_dict()
 
-    def stats(self) -> dict:
-        # one-sided: decode cannot count what lands in its memory
-        return {"backend": "shm", "bytes_received": None, "pages_written": None, "writes_refused": 0,
-                "path": self.path}
-
     def close(self) -> None:
         self._finalizer()  # unlink; the mapping stays valid for self.pool until dropped
 
@@ -123,21 +115,18 @@ class Target(TransferTarget):
 class Source(TransferSource):
     name = "shm"
 
-    def __init__(self, check_owner_pid: bool = True):
-        # check_owner_pid: off when decode runs in another pid namespace, where its pid means nothing here
+    def __init__(self):
         super().__init__()
-        self.check_owner_pid = check_owner_pid
         self._maps: dict[str, tuple[ShmDescriptor, mmap.mmap, torch.Tensor]] = {}
 
     def _check_alive(self, desc: ShmDescriptor) -> None:
-        if self.check_owner_pid:
-            try:
-                os.kill(desc.owner_pid, 0)
-            except ProcessLookupError:
-                self._maps.pop(desc.path, None)
-                raise TransferError(f"decode process {desc.owner_pid} owning {desc.path} is gone", drained=True)
-            except PermissionError:
-                pass  # alive, owned by another user
+        try:
+            os.kill(desc.owner_pid, 0)
+        except ProcessLookupError:
+            self._maps.pop(desc.path, None)
+            raise TransferError(f"decode process {desc.owner_pid} owning {desc.path} is gone", drained=True)
+        except PermissionError:
+            pass  # alive, owned by another user
         try:
             st = os.stat(desc.path)
         except FileNotFoundError:
@@ -157,9 +146,10 @@ class Source(TransferSource):
             raise TransferError(f"cannot open decode pool {desc.path}: {e}", drained=True) from e
         try:
             st = os.fstat(fd)
-            if (st.st_ino, st.st_dev) != (desc.inode, desc.dev) or st.st_size != desc.nbytes:
+            dtype = torch_dtype(desc.dtype)
+            if (st.st_ino, st.st_dev) != (desc.inode, desc.dev) or st.st_size != _nbytes(desc.shape, dtype):
                 raise TransferError(f"{desc.path} is not the pool the descriptor names", drained=True)
-            mm, data = _map(fd, desc.shape, torch_dtype(desc.dtype))
+            mm, data = _map(fd, desc.shape, dtype)
         finally:
             os.close(fd)
         self._maps[desc.path] = (desc, mm, data)

@@ -16,18 +16,18 @@ from bulkhead.disagg.transfer.base import TransferError, TransferSource
 from bulkhead.disagg.transfer.page_copy import gather_pages
 from bulkhead.disagg.transfer.tcp_receiver import Target
 
+_CONNECT_TIMEOUT_S = 5.0
 _SEND_PAGES = 32  # pages gathered per send: bounds prefill's staging copy (~24 MB for SmolLM2 fp32)
 
 
 class Source(TransferSource):
     name = "tcp"
 
-    def __init__(self, timeout_s: float = 30.0, connect_timeout_s: float = 5.0):
+    def __init__(self, timeout_s: float = 30.0):
         """timeout_s: the longest any one send or the ack may stall before the
         call fails: a dead or wedged decode becomes a TransferError, not a hang."""
         super().__init__()
         self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
         # One connection per receiver instance: (host, port, token). A decode
         # restarted on the same port has a new token, so its writers connect
         # again rather than write into the old process's dead socket.
@@ -40,7 +40,7 @@ class Source(TransferSource):
             for stale in [a for a in self._conns if a[:2] == addr[:2]]:  # an earlier process on that port
                 self._drop(stale)
             try:
-                conn = socket.create_connection(addr[:2], timeout=self.connect_timeout_s)
+                conn = socket.create_connection(addr[:2], timeout=_CONNECT_TIMEOUT_S)
             except OSError as e:
                 raise TransferError(f"cannot reach decode's receiver at {addr[0]}:{addr[1]}: {e}", drained=True) from e
             conn.settimeout(self.timeout_s)

@@ -30,6 +30,7 @@ _ACCEPT_POLL_S = 0.2  # how often the accept loop notices close()
 
 class Target(TransferTarget):
     name = "tcp"
+    sees_writes = True
 
     def __init__(self, layout: KVLayout, num_pages: int, scrub_mode: str = "zero",
                  host: str = "127.0.0.1", port: int = 0):
@@ -50,10 +51,6 @@ class Target(TransferTarget):
         self._stats_lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name="kv-tcp-accept", daemon=True)
         self._thread.start()
-
-    @property
-    def sees_writes(self) -> bool:
-        return True
 
     def descriptor(self) -> dict:
         return {"backend": "tcp", "host": self.host, "port": self.port, "token": self._token,
