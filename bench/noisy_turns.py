@@ -24,7 +24,9 @@ the decode engine's next step (at once when that engine has no work).
 
 Variants, request by request on one flood: `hand-off-turn` (as built: a
 turn that handed an idle tenant's first token over at its end keeps one
-more step, Engine._step_in_turn), `keep-turn` (its parent: a short prompt
+more step, Engine._step_in_turn), `slice-128` (the same with the parent's
+128-token slices of a long pass, not SchedulerConfig.slice_tokens' 64; the
+pass in flight is re-sized at each switch), `keep-turn` (a short prompt
 of another tenant that came during the prefill engine's step runs in the
 same turn) and `alternate` (turns strictly alternate). Prints each
 variant's light median and p99 time to first token alone and flooded, the
@@ -45,13 +47,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.noisy_clock import Flood, interleaved, parser, report  # noqa: E402
+from bench.noisy_clock import Flood, interleaved, parser, report, slice_budget  # noqa: E402
 from bulkhead.engine.admission import admit  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
 from bulkhead.engine.request import SamplingParams  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 
-VARIANTS = ("hand-off-turn", "keep-turn", "alternate")
+VARIANTS = ("hand-off-turn", "slice-128", "keep-turn", "alternate")
 
 
 class Turns(Flood):
@@ -186,7 +188,8 @@ def main(argv=None) -> int:
     b = Turns(args, random.Random(args.seed))
 
     def choose(v: str) -> None:
-        b.variant, b.keep_turn, b.hand_off_turn = v, v != "alternate", v == "hand-off-turn"
+        b.variant, b.keep_turn, b.hand_off_turn = v, v != "alternate", v in ("hand-off-turn", "slice-128")
+        slice_budget(b.pre.engine.scheduler, 128 if v == "slice-128" else b.pre.engine.scheduler.config.slice_tokens)
 
     report(args, ", prefill and decode engines taking turns", variants,
            *interleaved(b, args, variants, choose))

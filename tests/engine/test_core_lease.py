@@ -290,15 +290,15 @@ def assert_handed_over_clean(built, sink):
 
 
 def hand_over_light_beside_a_flood(built):
-    """A light prompt and five of the flood's short ones (whole passes):
-    the first step runs the light one and four others (a 512-token chunk
-    budget), so the light first token is handed over as the step ends,
-    with the fifth still waiting. Returns the hand-overs of the turn."""
+    """A light prompt and nine of the flood's short ones (whole passes:
+    within a slice): the first step runs the light one and eight others (a
+    512-token chunk budget), so the light first token is handed over as the
+    step ends, with the ninth still waiting. Returns the hand-overs of the turn."""
     sink = Collector()
-    heavy = prompts(5, length=120)
+    heavy = prompts(9, length=60)
     submit(built, sink, "light", heavy[0][:20], tenant="light", max_tokens=2)
     for i, prompt in enumerate(heavy):
-        submit(built, sink, f"heavy{i}", prompt[:120], tenant="heavy", max_tokens=2)
+        submit(built, sink, f"heavy{i}", prompt[:60], tenant="heavy", max_tokens=2)
     built.engine._take_commands(block=False)
     built.engine._step_in_turn(built.engine.runner.lease)
     assert built.engine.runner.lease.acquired == 1
@@ -312,7 +312,7 @@ def test_a_prefill_turn_that_handed_a_first_token_over_keeps_the_cores_one_more_
     # would wait out the decode worker's next step (a round of the flood's rows).
     built = _prefill_worker_engine(tiny_model_dir, tmp_path)
     sink = hand_over_light_beside_a_flood(built)
-    assert {"light", "heavy4"} <= set(sink.outputs)  # the next step ran in the same turn
+    assert {"light", "heavy8"} <= set(sink.outputs)  # the next step ran in the same turn
     assert_handed_over_clean(built, sink)
 
 
