@@ -19,7 +19,8 @@ has had its first token, the light tenant sends its requests one after
 another, each arriving a random time (0 .. --max-gap seconds, seeded) after
 the last one ended. Variants run on the same flood, request by request in
 turn, so they see the same heavy state: `latency-budget` (the scheduler as
-it is), `whole-batch` (every decode row in one step, as
+it is), `slice-128` (as it is with the parent's 128-token slices of a long
+pass, not SchedulerConfig.slice_tokens' 64), `whole-batch` (every decode row in one step, as
 before decode_rounds.py) and `shared-step` (whole batches and
 ChunkPlanner.first_tokens_first off: a light prompt shares its step with
 the flood's decode rows, as before it).
@@ -46,11 +47,12 @@ import torch  # noqa: E402
 from bench.workload import percentile  # noqa: E402
 from bulkhead.engine.admission import admit  # noqa: E402
 from bulkhead.engine.builder import EngineConfig, build_engine  # noqa: E402
+from bulkhead.engine.pass_slices import layers_per_slice  # noqa: E402
 from bulkhead.engine.request import SamplingParams  # noqa: E402
 from bulkhead.model.gguf_import import default_model_dir  # noqa: E402
 
 FIRST_ID, LAST_ID = 1000, 30000  # ordinary tokens of the bundled SmolLM2 (as bench/prompt_step.py)
-VARIANTS = ("latency-budget", "whole-batch", "shared-step")
+VARIANTS = ("latency-budget", "slice-128", "whole-batch", "shared-step")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -159,10 +161,19 @@ class Bench(Flood):
         return not self.engine.has_pending()
 
 
+def slice_budget(scheduler, tokens: int) -> None:
+    """Slices of tokens' worth of a pass from the next one on, the pass in flight's too."""
+    scheduler.planner.slice_tokens = tokens
+    flying = scheduler.in_flight
+    if flying is not None:
+        flying.per_slice = layers_per_slice(flying.num_layers, len(flying.work.token_ids), tokens)
+
+
 def set_variant(engine, name: str) -> None:
     """Put the scheduler as the variant has it; every variant undoes the others first."""
     planner = engine.scheduler.planner
     planner.__dict__.pop("first_tokens_first", None)
+    slice_budget(engine.scheduler, 128 if name == "slice-128" else engine.scheduler.config.slice_tokens)
     planner.rounds.budget = engine.scheduler.config.decode_step_tokens
     if name in ("whole-batch", "shared-step"):  # before decode rounds: every decode row in one step
         planner.rounds.budget = 0

@@ -91,6 +91,9 @@ class Engine:
         # release_reserved): a decode worker's transfer target checks each
         # remote write against the ledger under the same lock.
         self.page_lock = contextlib.nullcontext()
+        # Prefill-only: this turn handed an idle tenant's first token over
+        # (_hand_over), so the turn keeps the cores one more step (_step_in_turn).
+        self._handed_first = False
 
     # -- called from any thread ---------------------------------------------
     def submit(self, ticket: Admitted, sink: Sink) -> None:
@@ -185,15 +188,23 @@ class Engine:
         A short prompt that came during the step and gives an idle tenant its
         first token (ChunkPlanner.first_token_waits) gets a second step in
         the same turn: turns alternate, so it would otherwise wait for the
-        other worker's step too (a decode round of another tenant's flood),
-        and its KV hand-off then runs while the decode worker waits for the
-        cores, taking commands. One extra step a turn at most."""
+        other worker's step too (a decode round of another tenant's flood).
+        A prefill worker that handed such a first token over in the turn
+        keeps it for one more step where it has work: the hand-off (the
+        decode worker's grant, its checks and its first output) runs on the
+        decode worker's engine thread, which takes commands only between
+        its steps or while it waits for the cores, so the hand-off runs
+        beside this step instead of waiting out the decode worker's next
+        one. Two extra steps a turn at most."""
         with lease.turn(meanwhile=lambda: self._take_commands(block=True),
                         wake=lambda: self._commands.put(cmd.Wake()), stopped=self._stop.is_set) as held:
             if held:
+                self._handed_first = False
                 self.step()
                 self._take_commands(block=False)
                 if self.scheduler.planner.first_token_waits():
+                    self.step()
+                if self._handed_first and self.scheduler.has_work():
                     self.step()
 
     def _take_commands(self, block: bool) -> None:
@@ -251,6 +262,7 @@ class Engine:
             for part in (rest, StepPlan(slices, (), ())):
                 if part.prefills or part.decode:
                     self._run_plan(part)
+            self._handed_first = False  # what `rest` handed over went to the decode worker beside the slice
             return True
 
     def _run_plan(self, plan: StepPlan) -> None:
@@ -307,6 +319,9 @@ class Engine:
                    prompt_lps: tuple[TokenLogprobs, ...] = ()) -> None:
         """Prefill-only: the first token is sampled; keep the pages for the transfer."""
         rid = req.request_id
+        live = self.scheduler.waiting.active
+        if live.get(req.tenant) == 1 and len(live) > 1:  # an idle tenant's first token, beside another's work
+            self._handed_first = True
         state = self.sampler.get_state(rid)
         held = tuple(self.scheduler.page_table(req))
         self.scheduler.finish(rid, FinishReason.STOP, keep_pages=True)  # kept: held for the transfer

@@ -50,7 +50,7 @@ class EngineConfig:
     step_tokens: int = 0
     fair: bool = True
     kv_quotas: bool = True
-    slice_tokens: int = 128
+    slice_tokens: int = 64
     # Benchmark only (`--unsafe-no-guards`): False turns off the isolation
     # guards — scrub on free, transfer digests, the runner's per-step ownership
     # and finite-logit checks — so their cost can be measured. Never False

@@ -36,9 +36,12 @@ class SchedulerConfig:
     num_layers: int = 1  # the unit a long pass is sliced in (pass_slices.py)
     # While another tenant has work, a chunk longer than this runs as slices
     # of layers each costing about this many tokens of a whole pass: the
-    # longest another tenant's prompt or next token waits (128 tokens of
-    # SmolLM2: ~70 ms on two cores). 0 = whole passes and decode batches.
-    slice_tokens: int = 128
+    # longest another tenant's prompt or next token waits. A prompt waits out
+    # the slice in progress when it came, planned before it came, so no rule
+    # of who waits now can shorten it: 64, as decode_step_tokens, keeps the
+    # light tenant's median under a flood within 2x alone on the default
+    # deployment (128: 2.1x, issue 36). 0 = whole passes and decode batches.
+    slice_tokens: int = 64
     # A decode batch costing more than this many tokens of a pass runs in
     # groups of rows, one a step (decode_rounds.py). 64: under an 80-token
     # prompt's own pass (issue 14's light tenant), so its wait stays under 2x alone.

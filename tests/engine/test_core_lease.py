@@ -272,3 +272,58 @@ def test_a_tenants_second_request_waits_for_the_next_turn(make_engine, tmp_path)
     assert "second" not in sink.outputs and built.engine.stats.steps == 1
     built.engine.run_until_idle()
     assert_clean(built)
+
+
+def _prefill_worker_engine(tiny_model_dir, tmp_path):
+    from bulkhead.engine.builder import EngineConfig, build_engine
+
+    return build_engine(EngineConfig(model_dir=tiny_model_dir, model_id="tiny", kv_memory_bytes=64 * 2**20,
+                                     core_lease=str(tmp_path / "lease")), prefill_only=True)
+
+
+def assert_handed_over_clean(built, sink):
+    """A prefill worker keeps a hand-over's pages for the transfer: give them back, then check."""
+    built.engine.run_until_idle()
+    for rid in sink.outputs:
+        built.engine.release_reserved(rid)
+    assert_clean(built)
+
+
+def hand_over_light_beside_a_flood(built):
+    """A light prompt and nine of the flood's short ones (whole passes:
+    within a slice): the first step runs the light one and eight others (a
+    512-token chunk budget), so the light first token is handed over as the
+    step ends, with the ninth still waiting. Returns the hand-overs of the turn."""
+    sink = Collector()
+    heavy = prompts(9, length=60)
+    submit(built, sink, "light", heavy[0][:20], tenant="light", max_tokens=2)
+    for i, prompt in enumerate(heavy):
+        submit(built, sink, f"heavy{i}", prompt[:60], tenant="heavy", max_tokens=2)
+    built.engine._take_commands(block=False)
+    built.engine._step_in_turn(built.engine.runner.lease)
+    assert built.engine.runner.lease.acquired == 1
+    return sink
+
+
+def test_a_prefill_turn_that_handed_a_first_token_over_keeps_the_cores_one_more_step(tiny_model_dir, tmp_path):
+    # The hand-off runs on the decode worker's engine thread, which takes
+    # commands only between its steps or while it waits for the cores: had
+    # the turn ended with the hand-over, the light request's first token
+    # would wait out the decode worker's next step (a round of the flood's rows).
+    built = _prefill_worker_engine(tiny_model_dir, tmp_path)
+    sink = hand_over_light_beside_a_flood(built)
+    assert {"light", "heavy8"} <= set(sink.outputs)  # the next step ran in the same turn
+    assert_handed_over_clean(built, sink)
+
+
+def test_a_turn_keeps_no_extra_step_for_a_hand_over_that_a_slice_followed(tiny_model_dir, tmp_path):
+    # A slice runs after the step's other passes have emitted (Engine.step):
+    # the hand-off already went through beside it.
+    built, sink = _prefill_worker_engine(tiny_model_dir, tmp_path), Collector()
+    heavy, light = prompts(2, length=450)
+    submit(built, sink, "heavy", heavy, tenant="heavy", max_tokens=2)
+    submit(built, sink, "light", light[:20], tenant="light", max_tokens=2)
+    built.engine._take_commands(block=False)
+    built.engine._step_in_turn(built.engine.runner.lease)
+    assert "light" in sink.outputs and built.engine.stats.slices == 1  # one slice: no step after it
+    assert_handed_over_clean(built, sink)

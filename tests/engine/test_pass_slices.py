@@ -7,7 +7,7 @@ import torch
 
 from bulkhead.engine.pass_slices import InFlightPass, layers_per_slice
 from bulkhead.engine.request import FinishReason
-from bulkhead.engine.scheduler import PrefillWork
+from bulkhead.engine.scheduler import PrefillWork, SchedulerConfig
 from tests.engine.builders import complete_step, ticket
 from tests.engine.test_engine import Collector, assert_clean, prompts, submit
 from tests.engine.test_fairness import make
@@ -254,3 +254,46 @@ def test_finishing_the_request_in_flight_ends_its_pass():
     assert s.in_flight is None
     s.ledger.mark_scrubbed(s.ledger.dirty_pages())
     s.check_integrity()
+
+
+def test_a_long_pass_makes_a_prompt_arriving_mid_pass_wait_no_longer_than_a_decode_group():
+    """Issue 36: under a flood, a light prompt waits out the step in progress
+    when it came, planned before it came (so no rule of who waits then can
+    shorten it): a slice of the flood's long pass or a decode group. With
+    the defaults (SmolLM2's 30 layers, 512-token chunks, a tenant alone), a
+    slice costs no more tokens of a pass than a decode group may."""
+    cfg = SchedulerConfig(page_size=4, num_layers=30)
+    s = make(num_pages=1024, max_running=cfg.max_running, prefill_chunk=cfg.prefill_chunk,
+             step_tokens=cfg.step_tokens, num_layers=cfg.num_layers)
+    s.add(ticket("flood", prompt_len=1600, max_tokens=1, tenant="heavy"))
+    costs = []
+    for _ in range(200):
+        plan = s.schedule()
+        if plan is None:
+            break
+        for w in plan.prefills:
+            first, stop = w.layers or (0, cfg.num_layers)
+            costs.append(len(w.token_ids) * (stop - first) / cfg.num_layers)
+        complete_step(s, plan)
+    assert len(costs) > 4  # sliced: 1,600 tokens are three long chunks and a short one
+    assert max(costs) <= cfg.decode_step_tokens
+
+
+def test_the_slice_budget_changes_no_plan_of_one_tenants_short_prompts():
+    """The 16-client throughput workload (bench/peers.py: one tenant, ~256-token
+    prompts) runs whole passes, so its steps do not depend on slice_tokens."""
+    plans = []
+    for slice_tokens in (64, 128):
+        s = make(num_pages=1024, max_running=32, prefill_chunk=512, step_tokens=0, num_layers=30,
+                 slice_tokens=slice_tokens)
+        for i in range(16):
+            s.add(ticket(f"r{i}", prompt_len=256, max_tokens=8, tenant="solo"))
+        seen = []
+        for _ in range(200):
+            plan = s.schedule()
+            if plan is None:
+                break
+            seen.append(plan)
+            complete_step(s, plan)
+        plans.append(seen)
+    assert plans[0] == plans[1] and not any(w.layers for p in plans[0] for w in p.prefills)
