@@ -54,7 +54,7 @@ def _recorder(kind: str, *names: str, adapter: bool = False):
             fields[name] = list(fields[name])
         if adapter:
             fields.update(self._adapter_of(args[0]))
-        self._pending.append((time.time(), kind, fields))
+        self._emit(kind, fields)
     return record
 
 
